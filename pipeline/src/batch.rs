@@ -1,0 +1,272 @@
+//! The data unit: an Arrow [`RecordBatch`] plus the lineage of every row.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{Array, BooleanArray, RecordBatch};
+
+/// Where a run of rows came from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// Rows of one row group of an object (Parquet file); `row` positions count from the
+    /// start of the object, not of the row group.
+    Object {
+        /// The object's URL (`file:///…`, later `s3://…`).
+        url: Arc<str>,
+        /// Row group index within the object.
+        row_group: u32,
+    },
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Object { url, row_group } => write!(f, "{url} row group {row_group}"),
+        }
+    }
+}
+
+/// A contiguous run of rows from one origin, in one epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LineageSpan {
+    /// Where the rows came from.
+    pub origin: Origin,
+    /// Position of the first row (row index within the object for [`Origin::Object`]).
+    pub first: u64,
+    /// Number of consecutive rows.
+    pub len: u64,
+    /// Epoch the rows were read in (0-based).
+    pub epoch: u64,
+}
+
+impl LineageSpan {
+    fn follows(&self, prev: &LineageSpan) -> bool {
+        self.origin == prev.origin
+            && self.epoch == prev.epoch
+            && prev.first + prev.len == self.first
+    }
+}
+
+/// The lineage of a batch: its rows are, in order, the concatenation of these spans.
+///
+/// Kept as run-length ranges, not per-row records: a batch read from a file has one span, a
+/// re-batched one a few, a filtered one one per surviving run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lineage {
+    spans: Vec<LineageSpan>,
+}
+
+impl Lineage {
+    /// Lineage of `len` consecutive rows from one origin.
+    pub fn new(origin: Origin, first: u64, len: u64, epoch: u64) -> Self {
+        let mut l = Lineage::default();
+        l.push(LineageSpan {
+            origin,
+            first,
+            len,
+            epoch,
+        });
+        l
+    }
+
+    /// The spans, in row order.
+    pub fn spans(&self) -> &[LineageSpan] {
+        &self.spans
+    }
+
+    /// Total rows covered.
+    pub fn num_rows(&self) -> u64 {
+        self.spans.iter().map(|s| s.len).sum()
+    }
+
+    /// Appends a span, merging it into the last one when it continues it.
+    pub fn push(&mut self, span: LineageSpan) {
+        if span.len == 0 {
+            return;
+        }
+        if let Some(last) = self.spans.last_mut()
+            && span.follows(last)
+        {
+            last.len += span.len;
+            return;
+        }
+        self.spans.push(span);
+    }
+
+    /// Appends all spans of `other`.
+    pub fn extend(&mut self, other: &Lineage) {
+        for s in &other.spans {
+            self.push(s.clone());
+        }
+    }
+
+    /// Lineage of rows `offset..offset+len` of this batch.
+    pub fn slice(&self, offset: u64, len: u64) -> Lineage {
+        let mut out = Lineage::default();
+        let (mut skip, mut want) = (offset, len);
+        for s in &self.spans {
+            if want == 0 {
+                break;
+            }
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            let take = (s.len - skip).min(want);
+            out.push(LineageSpan {
+                origin: s.origin.clone(),
+                first: s.first + skip,
+                len: take,
+                epoch: s.epoch,
+            });
+            want -= take;
+            skip = 0;
+        }
+        out
+    }
+
+    /// Lineage of the rows kept by `mask` (nulls count as not kept, as in Arrow's `filter`).
+    pub fn filter(&self, mask: &BooleanArray) -> Lineage {
+        let values = match mask.nulls() {
+            Some(nulls) => &(mask.values() & nulls.inner()),
+            None => mask.values(),
+        };
+        let mut out = Lineage::default();
+        for (start, end) in values.set_slices() {
+            out.extend(&self.slice(start as u64, (end - start) as u64));
+        }
+        out
+    }
+
+    /// Describes row `index` of the batch, e.g. `file:///d/a.parquet row group 0, row 17 (epoch 0)`.
+    pub fn describe_row(&self, index: u64) -> String {
+        let one = self.slice(index, 1);
+        match one.spans.first() {
+            Some(s) => format!("{}, row {} (epoch {})", s.origin, s.first, s.epoch),
+            None => format!("row {index} of the batch (no lineage)"),
+        }
+    }
+}
+
+impl fmt::Display for Lineage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.spans.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(
+                f,
+                "{}, rows {}..{} (epoch {})",
+                s.origin,
+                s.first,
+                s.first + s.len,
+                s.epoch
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// An Arrow record batch and the origin of each of its rows.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// The rows.
+    pub data: RecordBatch,
+    /// Where each row came from; `lineage.num_rows() == data.num_rows()`.
+    pub lineage: Lineage,
+}
+
+impl Batch {
+    /// Pairs data with its lineage.
+    pub fn new(data: RecordBatch, lineage: Lineage) -> Self {
+        debug_assert_eq!(lineage.num_rows(), data.num_rows() as u64);
+        Batch { data, lineage }
+    }
+
+    /// Number of rows.
+    pub fn num_rows(&self) -> usize {
+        self.data.num_rows()
+    }
+
+    /// Bytes of Arrow memory held by the data (what queue budgets count).
+    pub fn memory_size(&self) -> usize {
+        self.data.get_array_memory_size()
+    }
+
+    /// Zero-copy slice of rows `offset..offset+len`.
+    pub fn slice(&self, offset: usize, len: usize) -> Batch {
+        Batch {
+            data: self.data.slice(offset, len),
+            lineage: self.lineage.slice(offset as u64, len as u64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(rg: u32) -> Origin {
+        Origin::Object {
+            url: Arc::from("file:///x.parquet"),
+            row_group: rg,
+        }
+    }
+
+    #[test]
+    fn push_merges_contiguous_spans() {
+        let mut l = Lineage::new(origin(0), 0, 10, 0);
+        l.push(LineageSpan {
+            origin: origin(0),
+            first: 10,
+            len: 5,
+            epoch: 0,
+        });
+        l.push(LineageSpan {
+            origin: origin(1),
+            first: 15,
+            len: 5,
+            epoch: 0,
+        });
+        assert_eq!(l.spans().len(), 2);
+        assert_eq!(l.num_rows(), 20);
+    }
+
+    #[test]
+    fn slice_crosses_spans() {
+        let mut l = Lineage::new(origin(0), 0, 10, 0);
+        l.push(LineageSpan {
+            origin: origin(1),
+            first: 10,
+            len: 10,
+            epoch: 0,
+        });
+        let s = l.slice(8, 4);
+        assert_eq!(s.num_rows(), 4);
+        assert_eq!(s.spans()[0].first, 8);
+        assert_eq!(s.spans()[1].first, 10);
+        assert_eq!(s.spans()[1].len, 2);
+    }
+
+    #[test]
+    fn filter_keeps_runs_and_treats_null_as_false() {
+        let l = Lineage::new(origin(0), 100, 6, 2);
+        let mask = BooleanArray::from(vec![
+            Some(true),
+            Some(true),
+            None,
+            Some(false),
+            Some(true),
+            Some(true),
+        ]);
+        let f = l.filter(&mask);
+        assert_eq!(f.num_rows(), 4);
+        assert_eq!(f.spans().len(), 2);
+        assert_eq!((f.spans()[0].first, f.spans()[0].len), (100, 2));
+        assert_eq!((f.spans()[1].first, f.spans()[1].len), (104, 2));
+        assert_eq!(
+            f.describe_row(2),
+            "file:///x.parquet row group 0, row 104 (epoch 2)"
+        );
+    }
+}

@@ -1,0 +1,532 @@
+//! The pipeline's config model: typed structs for every component. Field doc comments are the
+//! reference documentation (`docs/config.md` follows them); defaults are stated there.
+
+mod interpolate;
+mod load;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytesize::ByteSize;
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+pub use load::{Component, ConfigDocument, Located};
+
+use crate::types::DataTypeName;
+
+/// Top-level sections a pipeline file may hold. `sink` is read by the `sluice` binary (crate
+/// `sluice-sinks`); the pipeline crate accepts it so one file describes the whole job.
+pub const TOP_LEVEL_SECTIONS: &[&str] = &["source", "stages", "runtime", "sink"];
+
+/// One problem in a config file, with its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The config file (or `<string>`).
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// What is wrong and what is allowed there.
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(file: &str, line: usize, column: usize, message: String) -> Self {
+        ConfigError {
+            file: file.to_string(),
+            line,
+            column,
+            message,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.column, self.message
+        )
+    }
+}
+
+/// All problems found in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// A whole pipeline: where rows come from and what happens to them.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Where rows come from.
+    pub source: Located<SourceConfig>,
+    /// Transformations, applied in order.
+    pub stages: Vec<Located<StageConfig>>,
+    /// Threads and buffers.
+    pub runtime: RuntimeConfig,
+}
+
+impl PipelineConfig {
+    /// Reads the pipeline sections of a document, collecting every problem. Sections owned by
+    /// other crates (`sink`) are accepted but not read here.
+    pub fn from_document(doc: &ConfigDocument, errors: &mut Vec<ConfigError>) -> Option<Self> {
+        let present = doc.sections(TOP_LEVEL_SECTIONS, errors);
+        let source = doc.component::<SourceConfig>("source", errors);
+        if source.is_none() && !present.iter().any(|k| k == "source") && errors.is_empty() {
+            errors.push(ConfigError::new(
+                doc.origin(),
+                1,
+                1,
+                "missing required section `source` (for example `source: {type: parquet, path: data/*.parquet}`)"
+                    .to_string(),
+            ));
+        }
+        let stages = doc.component_list::<StageConfig>("stages", errors);
+        let runtime = doc
+            .value::<RuntimeConfig>("runtime", errors)
+            .unwrap_or_default();
+        Some(PipelineConfig {
+            source: source?,
+            stages,
+            runtime,
+        })
+    }
+}
+
+/// Threads and memory of the pipeline.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Size of the CPU pool that decodes and transforms batches. Default: the number of cores.
+    #[serde(default)]
+    pub threads: Option<usize>,
+    /// Batches transformed concurrently per group of stages (order is preserved). Default:
+    /// `threads`.
+    #[serde(default)]
+    pub parallelism: Option<usize>,
+    /// Capacity of each queue between stages, in bytes of Arrow memory (`64 MiB`, `1GB`, or a
+    /// number). A single batch larger than this still passes, alone. Default: `64 MiB`.
+    #[serde(default = "default_queue_bytes")]
+    pub queue_bytes: ByteSize,
+}
+
+fn default_queue_bytes() -> ByteSize {
+    ByteSize::mib(64)
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            threads: None,
+            parallelism: None,
+            queue_bytes: default_queue_bytes(),
+        }
+    }
+}
+
+/// Where rows come from (`type:` selects the kind).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceConfig {
+    /// Parquet files (`type: parquet`).
+    Parquet(ParquetSourceConfig),
+}
+
+impl Component for SourceConfig {
+    const WHAT: &'static str = "source";
+    const KINDS: &'static [&'static str] = &["parquet"];
+    fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
+        match kind {
+            "parquet" => ParquetSourceConfig::deserialize(d).map(SourceConfig::Parquet),
+            other => Err(de::Error::unknown_variant(other, Self::KINDS)),
+        }
+    }
+}
+
+/// `type: parquet` — one or more Parquet files.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetSourceConfig {
+    /// A path, `file://` URL or glob (`data/*.parquet`, `data/**/part-*.parquet`), or a list
+    /// of them. Relative paths resolve against the config file's directory. Files are read in
+    /// sorted order.
+    pub path: OneOrMany,
+    /// Columns to read (projection); default: all. Order of the output follows this list.
+    #[serde(default)]
+    pub columns: Option<Vec<String>>,
+    /// Maximum rows per decoded batch. Default: 8192.
+    #[serde(default = "default_batch_rows")]
+    pub batch_rows: usize,
+    /// Row groups fetched and decoded ahead, across files (bounds memory to about this many
+    /// decoded row groups). Default: 4.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: usize,
+    /// Passes over the files. Default: 1.
+    #[serde(default = "default_epochs")]
+    pub epochs: u64,
+}
+
+fn default_batch_rows() -> usize {
+    8192
+}
+fn default_prefetch() -> usize {
+    4
+}
+fn default_epochs() -> u64 {
+    1
+}
+
+/// A string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OneOrMany(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for OneOrMany {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = OneOrMany;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a path or a list of paths")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<OneOrMany, E> {
+                Ok(OneOrMany(vec![v.to_string()]))
+            }
+            fn visit_seq<S: de::SeqAccess<'de>>(self, mut s: S) -> Result<OneOrMany, S::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = s.next_element::<String>()? {
+                    out.push(v);
+                }
+                if out.is_empty() {
+                    return Err(de::Error::invalid_length(0, &"at least one path"));
+                }
+                Ok(OneOrMany(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A literal value in a config (`fill_null` values).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Literal {
+    /// `true` / `false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string.
+    Str(String),
+}
+
+impl fmt::Display for Literal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Literal::Bool(v) => write!(f, "{v}"),
+            Literal::Int(v) => write!(f, "{v}"),
+            Literal::Float(v) => write!(f, "{v}"),
+            Literal::Str(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Literal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Literal;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number, string or boolean")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Literal, E> {
+                Ok(Literal::Bool(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Literal, E> {
+                Ok(Literal::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Literal, E> {
+                i64::try_from(v)
+                    .map(Literal::Int)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Literal, E> {
+                Ok(Literal::Float(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Literal, E> {
+                Ok(Literal::Str(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A transformation (`type:` selects the kind). Stages run in order; stateless ones run on the
+/// CPU pool, several batches at a time, with the order of rows preserved.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageConfig {
+    /// Keep only these columns, in this order.
+    Select(SelectConfig),
+    /// Rename columns.
+    Rename(RenameConfig),
+    /// Change column types.
+    Cast(CastConfig),
+    /// Keep rows for which a predicate is true.
+    Filter(FilterConfig),
+    /// Replace nulls with a value.
+    FillNull(FillNullConfig),
+    /// `(x - mean) / std`.
+    Standardize(StandardizeConfig),
+    /// Class index → one-hot vector.
+    OneHot(OneHotConfig),
+    /// Bound values to `[min, max]`.
+    Clip(ClipConfig),
+    /// Re-batch to a fixed number of rows.
+    Batch(BatchConfig),
+}
+
+impl StageConfig {
+    /// The stage's `type` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StageConfig::Select(_) => "select",
+            StageConfig::Rename(_) => "rename",
+            StageConfig::Cast(_) => "cast",
+            StageConfig::Filter(_) => "filter",
+            StageConfig::FillNull(_) => "fill_null",
+            StageConfig::Standardize(_) => "standardize",
+            StageConfig::OneHot(_) => "one_hot",
+            StageConfig::Clip(_) => "clip",
+            StageConfig::Batch(_) => "batch",
+        }
+    }
+}
+
+impl Component for StageConfig {
+    const WHAT: &'static str = "stage";
+    const KINDS: &'static [&'static str] = &[
+        "select",
+        "rename",
+        "cast",
+        "filter",
+        "fill_null",
+        "standardize",
+        "one_hot",
+        "clip",
+        "batch",
+    ];
+    fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
+        Ok(match kind {
+            "select" => StageConfig::Select(SelectConfig::deserialize(d)?),
+            "rename" => StageConfig::Rename(RenameConfig::deserialize(d)?),
+            "cast" => StageConfig::Cast(CastConfig::deserialize(d)?),
+            "filter" => StageConfig::Filter(FilterConfig::deserialize(d)?),
+            "fill_null" => StageConfig::FillNull(FillNullConfig::deserialize(d)?),
+            "standardize" => StageConfig::Standardize(StandardizeConfig::deserialize(d)?),
+            "one_hot" => StageConfig::OneHot(OneHotConfig::deserialize(d)?),
+            "clip" => StageConfig::Clip(ClipConfig::deserialize(d)?),
+            "batch" => StageConfig::Batch(BatchConfig::deserialize(d)?),
+            other => return Err(de::Error::unknown_variant(other, Self::KINDS)),
+        })
+    }
+}
+
+/// `type: select`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SelectConfig {
+    /// Columns to keep, in output order.
+    pub columns: Vec<String>,
+}
+
+/// `type: rename`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RenameConfig {
+    /// `old_name: new_name` pairs.
+    pub columns: BTreeMap<String, String>,
+}
+
+/// `type: cast`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CastConfig {
+    /// `column: type` pairs. Types: `bool`, `int8`…`int64`, `uint8`…`uint64`, `float16`,
+    /// `float32`, `float64`, `string`, `large_string`, `binary`, `date32`, `timestamp_ms`,
+    /// `timestamp_us`. For a list column a scalar type applies to its elements. A value that
+    /// cannot be converted stops the run with the column, value and row named.
+    pub columns: BTreeMap<String, DataTypeName>,
+}
+
+/// `type: filter`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FilterConfig {
+    /// A SQL boolean expression over columns, e.g. `label < 5 AND (weight IS NULL OR weight
+    /// > 0.5)`. Supported: comparisons, `AND`/`OR`/`NOT`, `IS [NOT] NULL`, `[NOT] IN (…)`,
+    /// `[NOT] BETWEEN … AND …`, `+ - * / %`, parentheses, number/string/boolean literals.
+    /// Rows where it is false or NULL are removed (and counted in the run summary).
+    pub predicate: String,
+}
+
+/// `type: fill_null`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FillNullConfig {
+    /// `column: value` pairs; the value is converted to the column's type.
+    pub columns: BTreeMap<String, Literal>,
+}
+
+/// `type: standardize`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StandardizeConfig {
+    /// Numeric columns (or lists of numbers, standardized element-wise with one mean/std per
+    /// column). Output is float32 (float64 stays float64).
+    pub columns: Vec<String>,
+    /// Mean to subtract. When `mean` and `std` are both absent, each column's mean and
+    /// standard deviation are computed in a first pass over the source (through the stages
+    /// before this one) and reported in the run summary.
+    #[serde(default)]
+    pub mean: Option<f64>,
+    /// Standard deviation to divide by; must be > 0. A computed std of 0 becomes 1.
+    #[serde(default)]
+    pub std: Option<f64>,
+}
+
+/// `type: one_hot`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OneHotConfig {
+    /// An integer column of class indices in `0..num_classes`.
+    pub column: String,
+    /// Number of classes (vector length).
+    pub num_classes: usize,
+    /// Name of the output column (a fixed-size list of float32). Default: replace `column`.
+    #[serde(default)]
+    pub output: Option<String>,
+}
+
+/// `type: clip`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClipConfig {
+    /// Numeric columns (or lists of numbers, clipped element-wise).
+    pub columns: Vec<String>,
+    /// Lower bound (optional).
+    #[serde(default)]
+    pub min: Option<f64>,
+    /// Upper bound (optional).
+    #[serde(default)]
+    pub max: Option<f64>,
+}
+
+/// `type: batch`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Rows per output batch.
+    pub size: usize,
+    /// Drop the short final batch instead of emitting it (the dropped rows are counted in the
+    /// run summary). Default: false.
+    #[serde(default)]
+    pub drop_last: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<PipelineConfig, Vec<ConfigError>> {
+        let doc = ConfigDocument::from_str(text, "p.yaml", ".").map_err(|e| match e {
+            crate::Error::Config(c) => c.0,
+            other => panic!("{other}"),
+        })?;
+        let mut errors = Vec::new();
+        let cfg = PipelineConfig::from_document(&doc, &mut errors);
+        if errors.is_empty() {
+            Ok(cfg.expect("config"))
+        } else {
+            Err(errors)
+        }
+    }
+
+    #[test]
+    fn parses_a_full_pipeline() {
+        let cfg = load(
+            "source:\n  type: parquet\n  path: [a.parquet, 'b/*.parquet']\n  columns: [x, y]\nstages:\n  - {type: cast, columns: {x: float32}}\n  - type: filter\n    predicate: y < 5\n  - {type: batch, size: 32, drop_last: true}\nruntime:\n  threads: 2\n  queue_bytes: 1 MiB\nsink: {type: null}\n",
+        )
+        .unwrap();
+        let SourceConfig::Parquet(p) = &cfg.source.value;
+        assert_eq!(p.path.0, vec!["a.parquet", "b/*.parquet"]);
+        assert_eq!(p.batch_rows, 8192);
+        assert_eq!(cfg.stages.len(), 3);
+        assert_eq!(cfg.stages[1].location, "p.yaml:7:5");
+        assert_eq!(cfg.runtime.queue_bytes, ByteSize::mib(1));
+        assert_eq!(
+            cfg.stages[2].value,
+            StageConfig::Batch(BatchConfig {
+                size: 32,
+                drop_last: true
+            })
+        );
+    }
+
+    #[test]
+    fn reports_every_problem_with_positions() {
+        let errs = load(
+            "source:\n  type: parquet\n  path: a.parquet\n  colums: [x]\nstages:\n  - type: cast\n    columns: {x: float33}\n  - type: batch\n    size: many\n  - type: shuffle\n  - {type: clip}\n  - {columns: [x]}\nextra: 1\n",
+        )
+        .unwrap_err();
+        let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        let all = text.join("\n");
+        assert_eq!(errs.len(), 7, "{all}");
+        assert!(all.contains("p.yaml:13:1: unknown top-level key `extra`, expected one of: source, stages, runtime, sink"), "{all}");
+        assert!(
+            all.contains("p.yaml:4:3: source (parquet): unknown field `colums`, expected one of"),
+            "{all}"
+        );
+        assert!(
+            all.contains("p.yaml:7:18: stages[0] (cast): unknown type `float33`"),
+            "{all}"
+        );
+        assert!(all.contains("p.yaml:9:11: stages[1] (batch)"), "{all}");
+        assert!(
+            all.contains(
+                "p.yaml:10:11: stages[2]: unknown stage type `shuffle`, expected one of: select,"
+            ),
+            "{all}"
+        );
+        assert!(
+            all.contains("stages[3] (clip): missing field `columns`"),
+            "{all}"
+        );
+        assert!(all.contains("stages[4]: missing field `type`"), "{all}");
+    }
+
+    #[test]
+    fn missing_source_is_reported() {
+        let errs = load("stages: []\n").unwrap_err();
+        assert!(
+            errs[0]
+                .message
+                .contains("missing required section `source`"),
+            "{}",
+            errs[0]
+        );
+    }
+}

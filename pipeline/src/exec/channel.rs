@@ -1,0 +1,154 @@
+//! A queue between stages bounded in bytes of Arrow memory.
+//!
+//! The sender reserves the batch's size from a semaphore before enqueueing; the permit travels
+//! with the batch and is released when the receiver takes it. A batch larger than the whole
+//! capacity still passes, alone (it reserves the full capacity), so nothing can deadlock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use crate::batch::Batch;
+use crate::error::Result;
+
+/// Budget granularity: permits are KiB so a queue can hold up to 4 TiB.
+const UNIT: usize = 1024;
+
+/// Counters of one queue (two monotonic counters each, as Vector does: depth = pushed − popped).
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    /// Batches enqueued.
+    pub pushed: AtomicU64,
+    /// Batches dequeued.
+    pub popped: AtomicU64,
+    /// Bytes enqueued.
+    pub bytes_pushed: AtomicU64,
+    /// Bytes dequeued.
+    pub bytes_popped: AtomicU64,
+}
+
+struct Item {
+    batch: Result<Batch>,
+    bytes: u64,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Sending half.
+pub(crate) struct Sender {
+    tx: mpsc::UnboundedSender<Item>,
+    budget: Arc<Semaphore>,
+    capacity_units: u32,
+    stats: Arc<QueueStats>,
+}
+
+/// Receiving half.
+pub(crate) struct Receiver {
+    rx: mpsc::UnboundedReceiver<Item>,
+    stats: Arc<QueueStats>,
+}
+
+/// A queue holding at most `capacity_bytes` of batches (plus one oversized batch).
+pub(crate) fn channel(capacity_bytes: u64, stats: Arc<QueueStats>) -> (Sender, Receiver) {
+    let capacity_units = (capacity_bytes as usize)
+        .div_ceil(UNIT)
+        .clamp(1, u32::MAX as usize) as u32;
+    let (tx, rx) = mpsc::unbounded_channel();
+    (
+        Sender {
+            tx,
+            budget: Arc::new(Semaphore::new(capacity_units as usize)),
+            capacity_units,
+            stats: stats.clone(),
+        },
+        Receiver { rx, stats },
+    )
+}
+
+impl Sender {
+    /// Waits for room, then enqueues. Returns `false` when the receiver is gone.
+    pub(crate) async fn send(&self, batch: Result<Batch>) -> bool {
+        let bytes = batch.as_ref().map(|b| b.memory_size()).unwrap_or(0);
+        let units = bytes.div_ceil(UNIT).clamp(1, self.capacity_units as usize) as u32;
+        let Ok(permit) = self.budget.clone().acquire_many_owned(units).await else {
+            return false;
+        };
+        self.stats.pushed.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_pushed
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        self.tx
+            .send(Item {
+                batch,
+                bytes: bytes as u64,
+                _permit: permit,
+            })
+            .is_ok()
+    }
+}
+
+impl Receiver {
+    /// Next batch, or `None` when the sender finished.
+    pub(crate) async fn recv(&mut self) -> Option<Result<Batch>> {
+        let item = self.rx.recv().await?;
+        self.stats.popped.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_popped
+            .fetch_add(item.bytes, Ordering::Relaxed);
+        Some(item.batch)
+    }
+
+    pub(crate) fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Batch>>> {
+        self.rx.poll_recv(cx).map(|o| {
+            o.map(|item| {
+                self.stats.popped.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .bytes_popped
+                    .fetch_add(item.bytes, Ordering::Relaxed);
+                item.batch
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{Lineage, Origin};
+    use arrow::array::{Int64Array, RecordBatch};
+    use futures::FutureExt;
+
+    fn batch(rows: i64) -> Batch {
+        let data = RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(Int64Array::from_iter_values(0..rows)) as _,
+        )])
+        .unwrap();
+        let origin = Origin::Object {
+            url: Arc::from("file:///t"),
+            row_group: 0,
+        };
+        Batch::new(data, Lineage::new(origin, 0, rows as u64, 0))
+    }
+
+    #[tokio::test]
+    async fn blocks_when_full_and_admits_oversized_batches() {
+        let stats = Arc::new(QueueStats::default());
+        let (tx, mut rx) = channel(16 * 1024, stats.clone());
+        // 4096 rows of i64 = 32 KiB > capacity: admitted alone.
+        assert!(tx.send(Ok(batch(4096))).await);
+        // The next one must wait until the first is taken.
+        assert!(
+            tx.send(Ok(batch(8))).now_or_never().is_none(),
+            "queue over budget must block the sender"
+        );
+        assert_eq!(rx.recv().await.unwrap().unwrap().num_rows(), 4096);
+        assert!(tx.send(Ok(batch(8))).await);
+        assert_eq!(rx.recv().await.unwrap().unwrap().num_rows(), 8);
+        assert_eq!(stats.pushed.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.popped.load(Ordering::Relaxed), 2);
+    }
+}

@@ -1,0 +1,108 @@
+//! Counters the pipeline keeps while it runs: read by progress bars, run summaries and (later)
+//! the metrics exporter. Updated once per batch, never per row.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::channel::QueueStats;
+
+/// Counters of the source.
+#[derive(Debug, Default)]
+pub struct SourceMetrics {
+    /// Files (objects) the source will read.
+    pub files: AtomicU64,
+    /// Row groups decoded.
+    pub row_groups: AtomicU64,
+    /// Rows decoded.
+    pub rows: AtomicU64,
+    /// Rows the source will produce in total (all epochs), when known.
+    pub rows_expected: AtomicU64,
+    /// Compressed bytes of the row groups decoded (column chunk sizes from the footers).
+    pub bytes_read: AtomicU64,
+    /// Bytes of Arrow memory produced.
+    pub bytes_decoded: AtomicU64,
+}
+
+/// Counters of one stage.
+#[derive(Debug)]
+pub struct StageMetrics {
+    /// `stages[i] (kind)`.
+    pub name: String,
+    /// Rows received.
+    pub rows_in: AtomicU64,
+    /// Rows emitted.
+    pub rows_out: AtomicU64,
+    /// Batches emitted.
+    pub batches_out: AtomicU64,
+    /// Nanoseconds of CPU work spent in this stage.
+    pub busy_ns: AtomicU64,
+    /// Rows removed on purpose (filter predicate false, `drop_last` tail), never lost.
+    pub rows_removed: AtomicU64,
+    /// Human-readable notes produced while running (computed statistics, …).
+    pub notes: Mutex<Vec<String>>,
+}
+
+impl StageMetrics {
+    pub(crate) fn new(name: String) -> Self {
+        StageMetrics {
+            name,
+            rows_in: AtomicU64::new(0),
+            rows_out: AtomicU64::new(0),
+            batches_out: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            rows_removed: AtomicU64::new(0),
+            notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn note(&self, text: String) {
+        if let Ok(mut n) = self.notes.lock() {
+            n.push(text);
+        }
+    }
+}
+
+/// Everything counted for one pipeline run.
+#[derive(Debug, Default)]
+pub struct PipelineMetrics {
+    /// The source.
+    pub source: SourceMetrics,
+    stages: Mutex<Vec<Arc<StageMetrics>>>,
+    queues: Mutex<Vec<(String, Arc<QueueStats>)>>,
+    /// Rows delivered to the consumer of the stream.
+    pub rows_out: AtomicU64,
+    /// Batches delivered to the consumer of the stream.
+    pub batches_out: AtomicU64,
+    /// Arrow bytes delivered to the consumer of the stream.
+    pub bytes_out: AtomicU64,
+}
+
+impl PipelineMetrics {
+    pub(crate) fn set_stages(&self, stages: Vec<Arc<StageMetrics>>) {
+        if let Ok(mut s) = self.stages.lock() {
+            *s = stages;
+        }
+    }
+
+    pub(crate) fn add_queue(&self, name: String, q: Arc<QueueStats>) {
+        if let Ok(mut s) = self.queues.lock() {
+            s.push((name, q));
+        }
+    }
+
+    /// Per-stage counters, in pipeline order.
+    pub fn stages(&self) -> Vec<Arc<StageMetrics>> {
+        self.stages.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Queues (name of the consumer side, counters), in pipeline order.
+    pub fn queues(&self) -> Vec<(String, Arc<QueueStats>)> {
+        self.queues.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Convenience: load a counter.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,658 @@
+//! Running a pipeline: a task per stage group, connected by byte-bounded queues, CPU work on
+//! the bounded pool, and the public [`BatchStream`] at the end.
+//!
+//! ```text
+//! source task ──q──▶ map task (stages 0..k fused, `parallelism` batches in flight, ordered)
+//!             ──q──▶ batch task (re-batching) ──q──▶ … ──q──▶ BatchStream (consumer)
+//! ```
+//! Every task is owned by the stream: dropping the stream cancels the run.
+
+pub(crate) mod channel;
+pub mod metrics;
+mod pool;
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::task::JoinSet;
+
+use self::channel::{Receiver, Sender, channel};
+pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
+pub use self::pool::CpuPool;
+use crate::batch::Batch;
+use crate::config::{ConfigDocument, ConfigErrors, PipelineConfig, SourceConfig, StageConfig};
+use crate::error::{Error, Result, StageRef};
+use crate::source::parquet::ParquetSource;
+use crate::stage::{self, BuiltStage, ColumnStats, ComputedStats, Transform};
+
+/// A pipeline description, ready to be checked or run.
+///
+/// ```no_run
+/// # async fn demo() -> sluice_pipeline::Result<()> {
+/// use futures::StreamExt;
+/// let mut batches = sluice_pipeline::Pipeline::from_path("configs/quickstart.yaml")?.stream();
+/// while let Some(batch) = batches.next().await {
+///     let batch = batch?;
+///     println!("{} rows from {}", batch.num_rows(), batch.lineage);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    config: PipelineConfig,
+    base_dir: PathBuf,
+}
+
+/// What a pipeline will do, found without reading data: files, and the schema after each
+/// stage.
+#[derive(Debug)]
+pub struct Plan {
+    /// Number of files the source will read.
+    pub files: usize,
+    /// Rows the source will produce (all epochs).
+    pub rows: u64,
+    /// Schema produced by the source.
+    pub source_schema: SchemaRef,
+    /// Each stage and the schema it produces.
+    pub stages: Vec<(StageRef, SchemaRef)>,
+}
+
+struct StageSlot {
+    stage: StageRef,
+    built: BuiltStage,
+}
+
+impl Pipeline {
+    /// Loads a pipeline from a YAML file; relative paths in it resolve against its directory.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_document(&ConfigDocument::from_path(path)?)
+    }
+
+    /// Loads a pipeline from YAML text; relative paths resolve against the current directory.
+    pub fn from_yaml(text: &str) -> Result<Self> {
+        Self::from_document(&ConfigDocument::from_str(text, "<yaml>", ".")?)
+    }
+
+    /// Reads the pipeline sections of a document, reporting every problem at once.
+    pub fn from_document(doc: &ConfigDocument) -> Result<Self> {
+        let mut errors = Vec::new();
+        let config = PipelineConfig::from_document(doc, &mut errors);
+        match config {
+            Some(config) if errors.is_empty() => Ok(Pipeline {
+                config,
+                base_dir: doc.base_dir().to_path_buf(),
+            }),
+            _ => Err(Error::Config(ConfigErrors(errors))),
+        }
+    }
+
+    /// A pipeline from an already-built config.
+    pub fn from_config(config: PipelineConfig, base_dir: impl Into<PathBuf>) -> Self {
+        Pipeline {
+            config,
+            base_dir: base_dir.into(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PipelineConfig {
+        &self.config
+    }
+
+    async fn open_source(&self) -> Result<ParquetSource> {
+        let SourceConfig::Parquet(p) = &self.config.source.value;
+        ParquetSource::open(p, &self.base_dir, &self.config.source.location).await
+    }
+
+    fn stage_ref(&self, index: usize) -> StageRef {
+        let s = &self.config.stages[index];
+        StageRef {
+            index,
+            kind: s.value.kind(),
+            location: Some(s.location.clone()),
+        }
+    }
+
+    /// Opens the source (lists files, reads footers) and checks every stage against the schema
+    /// it will receive, without reading data.
+    pub async fn plan(&self) -> Result<Plan> {
+        let source = self.open_source().await?;
+        let mut schema = source.schema().clone();
+        let mut stages = Vec::new();
+        for (i, s) in self.config.stages.iter().enumerate() {
+            let sref = self.stage_ref(i);
+            let placeholder = placeholder_stats(&s.value);
+            let (_, out) = stage::build(&sref, &s.value, &schema, placeholder)?;
+            stages.push((sref, out.clone()));
+            schema = out;
+        }
+        Ok(Plan {
+            files: source.num_files(),
+            rows: source.total_rows(),
+            source_schema: source.schema().clone(),
+            stages,
+        })
+    }
+
+    /// Opens the source, builds every stage and computes the statistics `standardize` stages
+    /// need (one pass over the data for each such stage).
+    pub async fn prepare(&self) -> Result<PreparedPipeline> {
+        self.prepare_with(Arc::new(PipelineMetrics::default()))
+            .await
+    }
+
+    async fn prepare_with(&self, metrics: Arc<PipelineMetrics>) -> Result<PreparedPipeline> {
+        let pool = CpuPool::new(self.config.runtime.threads)?;
+        let source = self.open_source().await?;
+        let mut schema = source.schema().clone();
+        let mut slots: Vec<StageSlot> = Vec::new();
+        let stage_metrics: Vec<Arc<StageMetrics>> = (0..self.config.stages.len())
+            .map(|i| Arc::new(StageMetrics::new(self.stage_ref(i).to_string())))
+            .collect();
+        for (i, s) in self.config.stages.iter().enumerate() {
+            let sref = self.stage_ref(i);
+            let mut stats = placeholder_stats(&s.value);
+            if stats.is_some() {
+                // Validate against the schema first, then pay for the pass over the data.
+                stage::build(&sref, &s.value, &schema, stats.clone())?;
+                let computed =
+                    compute_stats(&source, &slots, &s.value, &pool, &self.config).await?;
+                for (name, st) in &computed {
+                    stage_metrics[i].note(format!(
+                        "computed over {} values of `{name}`: mean {:.6}, std {:.6}",
+                        st.count,
+                        st.mean,
+                        st.std()
+                    ));
+                }
+                stats = Some(computed);
+            }
+            let (built, out) = stage::build(&sref, &s.value, &schema, stats)?;
+            slots.push(StageSlot { stage: sref, built });
+            schema = out;
+        }
+        metrics.set_stages(stage_metrics);
+        metrics
+            .source
+            .files
+            .store(source.num_files() as u64, Ordering::Relaxed);
+        metrics
+            .source
+            .rows_expected
+            .store(source.total_rows(), Ordering::Relaxed);
+        Ok(PreparedPipeline {
+            source,
+            slots,
+            schema,
+            pool,
+            metrics,
+            queue_bytes: self.config.runtime.queue_bytes.as_u64(),
+            parallelism: self.config.runtime.parallelism,
+        })
+    }
+
+    /// The pipeline as a stream of batches. Preparation (listing, footers, statistics) happens
+    /// on first poll; any error arrives as the stream's first item. Must be polled inside a
+    /// tokio runtime.
+    pub fn stream(self) -> BatchStream {
+        let metrics = Arc::new(PipelineMetrics::default());
+        let m = metrics.clone();
+        BatchStream {
+            state: State::Preparing(async move { self.prepare_with(m).await }.boxed()),
+            metrics,
+        }
+    }
+}
+
+fn placeholder_stats(config: &StageConfig) -> Option<ComputedStats> {
+    match config {
+        StageConfig::Standardize(c) if c.mean.is_none() && c.std.is_none() => Some(
+            c.columns
+                .iter()
+                .map(|n| (n.clone(), ColumnStats::given(0.0, 1.0)))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// One pass over the source (one epoch) through the stages built so far, accumulating the
+/// mean and variance of the columns of a `standardize` stage.
+async fn compute_stats(
+    source: &ParquetSource,
+    slots: &[StageSlot],
+    config: &StageConfig,
+    pool: &CpuPool,
+    runtime: &PipelineConfig,
+) -> Result<ComputedStats> {
+    let StageConfig::Standardize(c) = config else {
+        return Err(Error::Internal(
+            "statistics requested for a non-standardize stage".into(),
+        ));
+    };
+    let prefix: Vec<StageSlot> = slots
+        .iter()
+        .map(|s| StageSlot {
+            stage: s.stage.clone(),
+            built: s.built.clone_stage(),
+        })
+        .collect();
+    let schema = prefix_schema(source, runtime, slots.len())?;
+    let prepared = PreparedPipeline {
+        source: source.single_epoch(),
+        slots: prefix,
+        schema: schema.clone(),
+        pool: pool.clone(),
+        metrics: Arc::new(PipelineMetrics::default()),
+        queue_bytes: runtime.runtime.queue_bytes.as_u64(),
+        parallelism: runtime.runtime.parallelism,
+    };
+    let mut indices = Vec::new();
+    for name in &c.columns {
+        let i = schema
+            .index_of(name)
+            .map_err(|_| Error::Internal(format!("column {name} vanished")))?;
+        indices.push((name.clone(), i));
+    }
+    let mut stats: ComputedStats = c
+        .columns
+        .iter()
+        .map(|n| (n.clone(), ColumnStats::empty()))
+        .collect();
+    let mut stream = prepared.stream();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let idx = indices.clone();
+        let mut st = std::mem::take(&mut stats);
+        stats = pool
+            .run(move || -> Result<ComputedStats> {
+                for ((_, i), (_, s)) in idx.iter().zip(st.iter_mut()) {
+                    s.update(batch.data.column(*i)).map_err(|e| Error::Arrow {
+                        context: "computing standardize statistics".into(),
+                        source: e,
+                    })?;
+                }
+                Ok(st)
+            })
+            .await??;
+    }
+    Ok(stats)
+}
+
+fn prefix_schema(source: &ParquetSource, _cfg: &PipelineConfig, _n: usize) -> Result<SchemaRef> {
+    Ok(source.schema().clone())
+}
+
+/// A pipeline whose source is open and whose stages are built: [`PreparedPipeline::stream`]
+/// starts it.
+#[derive(Debug)]
+pub struct PreparedPipeline {
+    source: ParquetSource,
+    slots: Vec<StageSlot>,
+    schema: SchemaRef,
+    pool: CpuPool,
+    metrics: Arc<PipelineMetrics>,
+    queue_bytes: u64,
+    parallelism: Option<usize>,
+}
+
+impl std::fmt::Debug for StageSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.stage)
+    }
+}
+
+impl PreparedPipeline {
+    /// Schema of the batches the stream yields.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Counters of this run.
+    pub fn metrics(&self) -> Arc<PipelineMetrics> {
+        self.metrics.clone()
+    }
+
+    /// The CPU pool this pipeline runs on (sinks encode on it too).
+    pub fn pool(&self) -> &CpuPool {
+        &self.pool
+    }
+
+    /// Rows the source will produce over all epochs.
+    pub fn source_rows(&self) -> u64 {
+        self.source.total_rows()
+    }
+
+    /// Starts the run. Must be called inside a tokio runtime.
+    pub fn stream(self) -> BatchStream {
+        let metrics = self.metrics.clone();
+        BatchStream {
+            state: State::Running(self.start()),
+            metrics,
+        }
+    }
+
+    fn start(self) -> Running {
+        let PreparedPipeline {
+            source,
+            slots,
+            schema: _,
+            pool,
+            metrics,
+            queue_bytes,
+            parallelism,
+        } = self;
+        let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
+        let mut tasks = JoinSet::new();
+        let new_queue = |name: String| {
+            let stats = Arc::new(channel::QueueStats::default());
+            metrics.add_queue(name, stats.clone());
+            channel(queue_bytes, stats)
+        };
+        let (tx, mut rx) = new_queue("source".into());
+        let mut schema = source.schema().clone();
+        tasks.spawn(source.run(tx, pool.clone(), metrics.clone()));
+        let stage_metrics = metrics.stages();
+        let mut i = 0;
+        while i < slots.len() {
+            match &slots[i].built {
+                BuiltStage::Map(_) => {
+                    let mut chain = Vec::new();
+                    while let Some(StageSlot {
+                        built: BuiltStage::Map(t),
+                        ..
+                    }) = slots.get(i)
+                    {
+                        chain.push((t.clone(), stage_metrics.get(i).cloned()));
+                        i += 1;
+                    }
+                    let (tx, next) = new_queue(format!("{}", slots[i - 1].stage));
+                    tasks.spawn(map_task(rx, tx, Arc::new(chain), pool.clone(), parallelism));
+                    rx = next;
+                }
+                BuiltStage::Rebatch { size, drop_last } => {
+                    let rebatcher = stage::rebatch::Rebatcher::new(
+                        slots[i].stage.clone(),
+                        *size,
+                        *drop_last,
+                        schema.clone(),
+                    );
+                    let (tx, next) = new_queue(format!("{}", slots[i].stage));
+                    tasks.spawn(rebatch_task(
+                        rx,
+                        tx,
+                        rebatcher,
+                        pool.clone(),
+                        stage_metrics.get(i).cloned(),
+                    ));
+                    rx = next;
+                    i += 1;
+                }
+            }
+            let _ = &mut schema;
+        }
+        Running {
+            rx,
+            tasks,
+            draining: false,
+            done: false,
+            metrics,
+        }
+    }
+}
+
+impl BuiltStage {
+    fn clone_stage(&self) -> BuiltStage {
+        match self {
+            BuiltStage::Map(t) => BuiltStage::Map(t.clone()),
+            BuiltStage::Rebatch { size, drop_last } => BuiltStage::Rebatch {
+                size: *size,
+                drop_last: *drop_last,
+            },
+        }
+    }
+}
+
+type Chain = Arc<Vec<(Arc<dyn Transform>, Option<Arc<StageMetrics>>)>>;
+
+fn apply_chain(chain: &Chain, mut batch: Batch) -> Result<Batch> {
+    for (t, m) in chain.iter() {
+        let rows_in = batch.num_rows() as u64;
+        let start = Instant::now();
+        batch = t.apply(batch)?;
+        if let Some(m) = m {
+            let rows_out = batch.num_rows() as u64;
+            m.rows_in.fetch_add(rows_in, Ordering::Relaxed);
+            m.rows_out.fetch_add(rows_out, Ordering::Relaxed);
+            m.rows_removed
+                .fetch_add(rows_in.saturating_sub(rows_out), Ordering::Relaxed);
+            m.batches_out.fetch_add(1, Ordering::Relaxed);
+            m.busy_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+    Ok(batch)
+}
+
+async fn map_task(mut rx: Receiver, tx: Sender, chain: Chain, pool: CpuPool, parallelism: usize) {
+    let input = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let mut out = input
+        .map(|item| {
+            let chain = chain.clone();
+            let pool = pool.clone();
+            async move {
+                let batch = item?;
+                pool.run(move || apply_chain(&chain, batch)).await?
+            }
+        })
+        .buffered(parallelism);
+    while let Some(result) = out.next().await {
+        match result {
+            Ok(b) if b.num_rows() == 0 => continue,
+            Ok(b) => {
+                if !tx.send(Ok(b)).await {
+                    return;
+                }
+            }
+            Err(e) => {
+                tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn rebatch_task(
+    mut rx: Receiver,
+    tx: Sender,
+    rebatcher: stage::rebatch::Rebatcher,
+    pool: CpuPool,
+    metrics: Option<Arc<StageMetrics>>,
+) {
+    let mut rebatcher = Some(rebatcher);
+    let count = |out: &[Batch]| {
+        if let Some(m) = &metrics {
+            m.batches_out.fetch_add(out.len() as u64, Ordering::Relaxed);
+            m.rows_out.fetch_add(
+                out.iter().map(|b| b.num_rows() as u64).sum(),
+                Ordering::Relaxed,
+            );
+        }
+    };
+    loop {
+        let item = rx.recv().await;
+        let Some(mut rb) = rebatcher.take() else {
+            return;
+        };
+        let result = match item {
+            Some(Ok(batch)) => {
+                if let Some(m) = &metrics {
+                    m.rows_in
+                        .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                }
+                pool.run(move || {
+                    let r = rb.push(batch);
+                    (rb, r)
+                })
+                .await
+                .map(|(rb, r)| {
+                    rebatcher = Some(rb);
+                    r
+                })
+                .and_then(|r| r)
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                let finished = rb.finish().map(|(tail, dropped)| {
+                    if let Some(m) = &metrics {
+                        m.rows_removed.fetch_add(dropped as u64, Ordering::Relaxed);
+                        if dropped > 0 {
+                            m.note(format!(
+                                "drop_last: dropped the final {dropped} rows (fewer than one batch)"
+                            ));
+                        }
+                    }
+                    tail.into_iter().collect::<Vec<_>>()
+                });
+                match finished {
+                    Ok(out) => {
+                        count(&out);
+                        for b in out {
+                            if !tx.send(Ok(b)).await {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tx.send(Err(e)).await;
+                    }
+                }
+                return;
+            }
+        };
+        match result {
+            Ok(out) => {
+                count(&out);
+                for b in out {
+                    if !tx.send(Ok(b)).await {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+struct Running {
+    rx: Receiver,
+    tasks: JoinSet<()>,
+    draining: bool,
+    done: bool,
+    metrics: Arc<PipelineMetrics>,
+}
+
+impl Running {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Batch>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if !self.draining {
+            match self.rx.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(b))) => {
+                    self.metrics
+                        .rows_out
+                        .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                    self.metrics.batches_out.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .bytes_out
+                        .fetch_add(b.memory_size() as u64, Ordering::Relaxed);
+                    return Poll::Ready(Some(Ok(b)));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    self.tasks.abort_all();
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => self.draining = true,
+            }
+        }
+        // The last queue closed: make sure every task ended normally, so a crashed task can
+        // never look like the end of the data.
+        loop {
+            match self.tasks.poll_join_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(()))) => continue,
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    self.tasks.abort_all();
+                    return Poll::Ready(Some(Err(Error::Internal(format!(
+                        "pipeline task failed: {e}"
+                    )))));
+                }
+                Poll::Ready(None) => {
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+}
+
+enum State {
+    Preparing(BoxFuture<'static, Result<PreparedPipeline>>),
+    Running(Running),
+    Done,
+}
+
+/// The pipeline's output: a `Stream` of [`Batch`]es (`Result<Batch>` items). The first error
+/// ends the stream. Dropping it cancels the run.
+pub struct BatchStream {
+    state: State,
+    metrics: Arc<PipelineMetrics>,
+}
+
+impl std::fmt::Debug for BatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchStream").finish_non_exhaustive()
+    }
+}
+
+impl BatchStream {
+    /// Live counters of this run (rows, bytes, per stage, queues).
+    pub fn metrics(&self) -> Arc<PipelineMetrics> {
+        self.metrics.clone()
+    }
+}
+
+impl Stream for BatchStream {
+    type Item = Result<Batch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            match &mut self.state {
+                State::Preparing(fut) => match fut.poll_unpin(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(prepared)) => self.state = State::Running(prepared.start()),
+                    Poll::Ready(Err(e)) => {
+                        self.state = State::Done;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                },
+                State::Running(r) => return r.poll_next(cx),
+                State::Done => return Poll::Ready(None),
+            }
+        }
+    }
+}

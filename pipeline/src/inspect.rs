@@ -1,0 +1,95 @@
+//! `sluice inspect`: what is in a set of Parquet files.
+
+use std::path::Path;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use futures::TryStreamExt;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+
+use crate::error::{Error, Result};
+use crate::source::reader::ObjectReader;
+use crate::storage::list_objects;
+
+/// One row group.
+#[derive(Debug, Clone)]
+pub struct RowGroupInfo {
+    /// Rows.
+    pub rows: u64,
+    /// Compressed bytes of its column chunks.
+    pub compressed_bytes: u64,
+    /// Uncompressed bytes.
+    pub uncompressed_bytes: u64,
+}
+
+/// One Parquet file.
+#[derive(Debug, Clone)]
+pub struct ParquetFileInfo {
+    /// Its URL.
+    pub url: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Rows.
+    pub rows: u64,
+    /// Arrow schema.
+    pub schema: SchemaRef,
+    /// Row groups.
+    pub row_groups: Vec<RowGroupInfo>,
+    /// Writer that produced it.
+    pub created_by: Option<String>,
+    /// The first rows (up to the number asked for).
+    pub head: Vec<RecordBatch>,
+}
+
+/// Lists the files named by `specs` and reads their footers and first `head_rows` rows.
+pub async fn inspect_parquet(
+    specs: &[String],
+    base_dir: &Path,
+    head_rows: usize,
+) -> Result<Vec<ParquetFileInfo>> {
+    let mut out = Vec::new();
+    for object in list_objects(specs, base_dir).await? {
+        let url = object.location.url.to_string();
+        let mut reader = ObjectReader::new(
+            object.location.store.clone(),
+            object.location.path.clone(),
+            object.size,
+        );
+        let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+            .await
+            .map_err(|e| Error::parquet(&url, None, e))?;
+        let pm = meta.metadata().clone();
+        let row_groups = pm
+            .row_groups()
+            .iter()
+            .map(|rg| RowGroupInfo {
+                rows: rg.num_rows() as u64,
+                compressed_bytes: rg.compressed_size() as u64,
+                uncompressed_bytes: rg.total_byte_size() as u64,
+            })
+            .collect();
+        let head = if head_rows > 0 && pm.file_metadata().num_rows() > 0 {
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta.clone())
+                .with_limit(head_rows)
+                .with_batch_size(head_rows)
+                .build()
+                .map_err(|e| Error::parquet(&url, None, e))?
+                .try_collect()
+                .await
+                .map_err(|e| Error::parquet(&url, Some(0), e))?
+        } else {
+            Vec::new()
+        };
+        out.push(ParquetFileInfo {
+            size: object.size,
+            rows: pm.file_metadata().num_rows() as u64,
+            schema: meta.schema().clone(),
+            row_groups,
+            created_by: pm.file_metadata().created_by().map(str::to_string),
+            head,
+            url,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,24 @@
+//! # sluice-pipeline
+//!
+//! The data side of Sluice: the YAML config model, sources (Parquet through `object_store`),
+//! Arrow stages (select, rename, cast, filter, fill_null, standardize, one_hot, clip, batch)
+//! and the [`Pipeline::stream`] API, which yields [`Batch`]es — Arrow record batches with the
+//! lineage of every row.
+//!
+//! Decode and transform work runs on a bounded rayon pool ([`CpuPool`]); stages are connected
+//! by queues bounded in bytes; row order is preserved.
+
+pub mod batch;
+pub mod config;
+mod error;
+pub mod exec;
+pub mod inspect;
+mod source;
+mod stage;
+pub mod storage;
+pub mod types;
+
+pub use batch::{Batch, Lineage, LineageSpan, Origin};
+pub use config::{ConfigDocument, ConfigError, ConfigErrors, PipelineConfig};
+pub use error::{Error, Result, StageRef};
+pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};

@@ -1,0 +1,4 @@
+//! Sources: where batches come from.
+
+pub mod parquet;
+pub(crate) mod reader;

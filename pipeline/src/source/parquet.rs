@@ -1,0 +1,369 @@
+//! `type: parquet`: row groups of one or more Parquet files, fetched asynchronously through
+//! `object_store` and decoded on the CPU pool, several row groups (across files) in flight.
+//!
+//! The unit of work is one row group of one file in one epoch: its column chunks are fetched
+//! (`next_row_group`, async I/O, only the projected columns), then decoded into Arrow batches
+//! on the CPU pool. Units are processed with bounded look-ahead (`prefetch`) and emitted in
+//! order: file (sorted by URL), row group, row.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
+use futures::StreamExt;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+
+use super::reader::ObjectReader;
+
+use crate::batch::{Batch, Lineage, Origin};
+use crate::config::ParquetSourceConfig;
+use crate::error::{Error, Result};
+use crate::exec::CpuPool;
+use crate::exec::channel::Sender;
+use crate::exec::metrics::PipelineMetrics;
+use crate::storage::{ListedObject, list_objects};
+
+/// One opened file: its location and decoded footer.
+#[derive(Debug)]
+pub(crate) struct ParquetFile {
+    object: ListedObject,
+    metadata: ArrowReaderMetadata,
+    /// Root column indices to read, in file order.
+    mask: ProjectionMask,
+    /// Reorders the decoded columns into the requested order.
+    reorder: Vec<usize>,
+    /// First row of each row group within the file.
+    row_group_starts: Vec<u64>,
+}
+
+/// A Parquet source with its files listed and footers read.
+#[derive(Debug, Clone)]
+pub(crate) struct ParquetSource {
+    files: Vec<Arc<ParquetFile>>,
+    schema: SchemaRef,
+    config: ParquetSourceConfig,
+    location: String,
+}
+
+impl ParquetSource {
+    /// Lists the files, reads every footer and checks that all share the projected schema.
+    pub(crate) async fn open(
+        config: &ParquetSourceConfig,
+        base_dir: &std::path::Path,
+        location: &str,
+    ) -> Result<Self> {
+        if config.batch_rows == 0 || config.prefetch == 0 {
+            return Err(Error::Source {
+                at: location.to_string(),
+                message: "`batch_rows` and `prefetch` must be at least 1".into(),
+            });
+        }
+        let objects = list_objects(&config.path.0, base_dir).await?;
+        // Footers are small: fetch them concurrently, bounded.
+        let metas: Vec<Result<(ListedObject, ArrowReaderMetadata)>> =
+            futures::stream::iter(objects.into_iter().map(|object| async move {
+                let mut reader = ObjectReader::new(
+                    object.location.store.clone(),
+                    object.location.path.clone(),
+                    object.size,
+                );
+                let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+                    .await
+                    .map_err(|e| Error::parquet(&object.location.url, None, e))?;
+                Ok((object, meta))
+            }))
+            .buffered(16)
+            .collect()
+            .await;
+
+        let mut files = Vec::with_capacity(metas.len());
+        let mut schema: Option<(SchemaRef, Arc<str>)> = None;
+        for m in metas {
+            let (object, metadata) = m?;
+            let file_schema = metadata.schema().clone();
+            let (root_indices, reorder, projected) =
+                project(&file_schema, config.columns.as_deref()).map_err(|message| {
+                    Error::Source {
+                        at: location.to_string(),
+                        message: format!("{}: {message}", object.location.url),
+                    }
+                })?;
+            match &schema {
+                None => schema = Some((projected.clone(), object.location.url.clone())),
+                Some((first, first_url)) => {
+                    if let Some(detail) = schema_difference(first, &projected) {
+                        return Err(Error::SchemaMismatch {
+                            url: object.location.url.to_string(),
+                            first_url: first_url.to_string(),
+                            detail,
+                        });
+                    }
+                }
+            }
+            let parquet_meta = metadata.metadata();
+            let mask =
+                ProjectionMask::roots(parquet_meta.file_metadata().schema_descr(), root_indices);
+            let mut row_group_starts = Vec::with_capacity(parquet_meta.num_row_groups());
+            let mut next = 0u64;
+            for rg in parquet_meta.row_groups() {
+                row_group_starts.push(next);
+                next += rg.num_rows() as u64;
+            }
+            files.push(Arc::new(ParquetFile {
+                object,
+                metadata,
+                mask,
+                reorder,
+                row_group_starts,
+            }));
+        }
+        let Some((schema, _)) = schema else {
+            return Err(Error::Internal("listing returned no files".into()));
+        };
+        Ok(ParquetSource {
+            files,
+            schema,
+            config: config.clone(),
+            location: location.to_string(),
+        })
+    }
+
+    /// The same source limited to one epoch (for statistics passes).
+    pub(crate) fn single_epoch(&self) -> Self {
+        let mut s = self.clone();
+        s.config.epochs = 1;
+        s
+    }
+
+    /// Schema of the batches produced.
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Number of files.
+    pub(crate) fn num_files(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Rows produced over all epochs.
+    pub(crate) fn total_rows(&self) -> u64 {
+        let per_epoch: u64 = self
+            .files
+            .iter()
+            .map(|f| f.metadata.metadata().file_metadata().num_rows() as u64)
+            .sum();
+        per_epoch * self.config.epochs
+    }
+
+    /// Reads every unit in order into `tx`. Stops at the first error (sent downstream) or when
+    /// the receiver is gone.
+    pub(crate) async fn run(self, tx: Sender, pool: CpuPool, metrics: Arc<PipelineMetrics>) {
+        metrics
+            .source
+            .files
+            .store(self.files.len() as u64, Ordering::Relaxed);
+        metrics
+            .source
+            .rows_expected
+            .store(self.total_rows(), Ordering::Relaxed);
+        let mut units = Vec::new();
+        for epoch in 0..self.config.epochs {
+            for file in &self.files {
+                for rg in 0..file.row_group_starts.len() {
+                    units.push((epoch, file.clone(), rg));
+                }
+            }
+        }
+        let batch_rows = self.config.batch_rows;
+        let schema = self.schema.clone();
+        let mut decoded =
+            futures::stream::iter(units.into_iter().map(|(epoch, file, rg)| {
+                let pool = pool.clone();
+                let schema = schema.clone();
+                let metrics = metrics.clone();
+                async move {
+                    read_row_group(&file, rg, epoch, batch_rows, &pool, &schema, &metrics).await
+                }
+            }))
+            .buffered(self.config.prefetch);
+        while let Some(result) = decoded.next().await {
+            match result {
+                Ok(batches) => {
+                    for b in batches {
+                        if !tx.send(Ok(b)).await {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+        let _ = &self.location;
+    }
+}
+
+async fn read_row_group(
+    file: &ParquetFile,
+    rg: usize,
+    epoch: u64,
+    batch_rows: usize,
+    pool: &CpuPool,
+    schema: &SchemaRef,
+    metrics: &PipelineMetrics,
+) -> Result<Vec<Batch>> {
+    let url = &file.object.location.url;
+    let reader = ObjectReader::new(
+        file.object.location.store.clone(),
+        file.object.location.path.clone(),
+        file.object.size,
+    );
+    let mut stream =
+        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
+            .with_projection(file.mask.clone())
+            .with_row_groups(vec![rg])
+            .with_batch_size(batch_rows)
+            .build()
+            .map_err(|e| Error::parquet(url, Some(rg), e))?;
+    let decoder = stream
+        .next_row_group()
+        .await
+        .map_err(|e| Error::parquet(url, Some(rg), e))?
+        .ok_or_else(|| Error::Internal(format!("{url}: row group {rg} missing")))?;
+    let compressed: i64 = {
+        let meta = file.metadata.metadata().row_group(rg);
+        meta.columns()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| file.mask.leaf_included(*i))
+            .map(|(_, c)| c.compressed_size())
+            .sum()
+    };
+    let record_batches = pool
+        .run(move || decoder.collect::<Result<Vec<_>, _>>())
+        .await?
+        .map_err(|e| {
+            Error::parquet(
+                url,
+                Some(rg),
+                parquet::errors::ParquetError::ArrowError(e.to_string()),
+            )
+        })?;
+    let origin = Origin::Object {
+        url: url.clone(),
+        row_group: rg as u32,
+    };
+    let mut first = file.row_group_starts[rg];
+    let mut out = Vec::with_capacity(record_batches.len());
+    let mut bytes = 0u64;
+    let mut rows = 0u64;
+    for rb in record_batches {
+        let rb = rb
+            .project(&file.reorder)
+            .and_then(|rb| RecordBatch::try_new(schema.clone(), rb.columns().to_vec()))
+            .map_err(|e| Error::Arrow {
+                context: format!("{url}: row group {rg}"),
+                source: e,
+            })?;
+        let n = rb.num_rows() as u64;
+        bytes += rb.get_array_memory_size() as u64;
+        rows += n;
+        out.push(Batch::new(
+            rb,
+            Lineage::new(origin.clone(), first, n, epoch),
+        ));
+        first += n;
+    }
+    metrics.source.row_groups.fetch_add(1, Ordering::Relaxed);
+    metrics.source.rows.fetch_add(rows, Ordering::Relaxed);
+    metrics
+        .source
+        .bytes_decoded
+        .fetch_add(bytes, Ordering::Relaxed);
+    metrics
+        .source
+        .bytes_read
+        .fetch_add(compressed.max(0) as u64, Ordering::Relaxed);
+    Ok(out)
+}
+
+/// Computes the root columns to read (file order), how to reorder them into the requested
+/// order, and the output schema.
+fn project(
+    file_schema: &Schema,
+    columns: Option<&[String]>,
+) -> Result<(Vec<usize>, Vec<usize>, SchemaRef), String> {
+    let Some(columns) = columns else {
+        let all: Vec<usize> = (0..file_schema.fields().len()).collect();
+        return Ok((all.clone(), all, Arc::new(unify(file_schema.clone()))));
+    };
+    let mut wanted = Vec::with_capacity(columns.len());
+    for name in columns {
+        match file_schema.index_of(name) {
+            Ok(i) => {
+                if wanted.contains(&i) {
+                    return Err(format!("column `{name}` is listed twice in `columns`"));
+                }
+                wanted.push(i)
+            }
+            Err(_) => {
+                let available: Vec<&str> = file_schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect();
+                return Err(format!(
+                    "column `{name}` does not exist; available columns: {}",
+                    available.join(", ")
+                ));
+            }
+        }
+    }
+    let mut sorted = wanted.clone();
+    sorted.sort_unstable();
+    // Decoded batches hold the roots in file order; position of each wanted root there:
+    let reorder = wanted
+        .iter()
+        .map(|w| sorted.iter().position(|s| s == w).unwrap_or(0))
+        .collect();
+    let projected = file_schema.project(&wanted).map_err(|e| e.to_string())?;
+    Ok((sorted, reorder, Arc::new(unify(projected))))
+}
+
+/// Drops schema metadata so files written by different tools compare equal.
+fn unify(schema: Schema) -> Schema {
+    Schema::new(schema.fields().clone())
+}
+
+fn schema_difference(a: &Schema, b: &Schema) -> Option<String> {
+    if a.fields().len() != b.fields().len() {
+        return Some(format!(
+            "{} columns instead of {}",
+            b.fields().len(),
+            a.fields().len()
+        ));
+    }
+    for (fa, fb) in a.fields().iter().zip(b.fields()) {
+        if fa.name() != fb.name() {
+            return Some(format!(
+                "column `{}` where `{}` was expected",
+                fb.name(),
+                fa.name()
+            ));
+        }
+        if !fa.data_type().equals_datatype(fb.data_type()) {
+            return Some(format!(
+                "column `{}` is {} instead of {}",
+                fa.name(),
+                fb.data_type(),
+                fa.data_type()
+            ));
+        }
+    }
+    None
+}

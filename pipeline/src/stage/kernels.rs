@@ -1,0 +1,476 @@
+//! The per-batch work of each stateless stage, written with Arrow compute kernels.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, Float64Array, LargeListArray,
+    ListArray, RecordBatch, Scalar,
+};
+use arrow::compute::kernels::{cmp, numeric, zip::zip};
+use arrow::compute::{CastOptions, cast, cast_with_options, filter_record_batch, is_null};
+use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, SchemaRef};
+use arrow::error::ArrowError;
+
+use super::expr::Expr;
+use super::with_columns;
+use crate::batch::Batch;
+use crate::error::{Error, Result, StageRef};
+
+/// The element type of a (possibly nested) list, or the type itself.
+pub(crate) fn leaf_type(t: &DataType) -> &DataType {
+    match t {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            leaf_type(f.data_type())
+        }
+        other => other,
+    }
+}
+
+pub(crate) fn is_numeric_or_numeric_list(t: &DataType) -> bool {
+    leaf_type(t).is_numeric()
+}
+
+/// `from` with its leaf type replaced by `leaf` when `leaf` is a scalar type (casting a list
+/// to `float32` means casting its elements).
+pub(crate) fn elementwise_type(from: &DataType, leaf: &DataType) -> DataType {
+    let nested = |f: &Arc<Field>| {
+        Arc::new(
+            f.as_ref()
+                .clone()
+                .with_data_type(elementwise_type(f.data_type(), leaf)),
+        )
+    };
+    if leaf.is_nested() {
+        return leaf.clone();
+    }
+    match from {
+        DataType::List(f) => DataType::List(nested(f)),
+        DataType::LargeList(f) => DataType::LargeList(nested(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(nested(f), *n),
+        _ => leaf.clone(),
+    }
+}
+
+/// Applies `f` to the leaf values of a (possibly nested) list array, or to the array itself.
+fn map_leaf(
+    array: &ArrayRef,
+    f: &dyn Fn(&ArrayRef) -> Result<ArrayRef, ArrowError>,
+) -> Result<ArrayRef, ArrowError> {
+    match array.data_type() {
+        DataType::List(field) => {
+            let l = array.as_list::<i32>();
+            let values = map_leaf(l.values(), f)?;
+            let field = Arc::new(
+                field
+                    .as_ref()
+                    .clone()
+                    .with_data_type(values.data_type().clone()),
+            );
+            Ok(Arc::new(ListArray::try_new(
+                field,
+                l.offsets().clone(),
+                values,
+                l.nulls().cloned(),
+            )?))
+        }
+        DataType::LargeList(field) => {
+            let l = array.as_list::<i64>();
+            let values = map_leaf(l.values(), f)?;
+            let field = Arc::new(
+                field
+                    .as_ref()
+                    .clone()
+                    .with_data_type(values.data_type().clone()),
+            );
+            Ok(Arc::new(LargeListArray::try_new(
+                field,
+                l.offsets().clone(),
+                values,
+                l.nulls().cloned(),
+            )?))
+        }
+        DataType::FixedSizeList(field, n) => {
+            let l = array.as_fixed_size_list();
+            // A sliced fixed-size list shares its child; transform only the visible part.
+            let values = l
+                .values()
+                .slice(l.offset() * *n as usize, l.len() * *n as usize);
+            let values = map_leaf(&values, f)?;
+            let field = Arc::new(
+                field
+                    .as_ref()
+                    .clone()
+                    .with_data_type(values.data_type().clone()),
+            );
+            Ok(Arc::new(FixedSizeListArray::try_new(
+                field,
+                *n,
+                values,
+                l.nulls().cloned(),
+            )?))
+        }
+        _ => f(array),
+    }
+}
+
+fn arrow_err(stage: &StageRef, e: ArrowError) -> Error {
+    Error::Arrow {
+        context: stage.to_string(),
+        source: e,
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Select {
+    pub indices: Vec<usize>,
+    pub schema: SchemaRef,
+}
+
+impl super::Transform for Select {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let columns = self
+            .indices
+            .iter()
+            .map(|&i| batch.data.column(i).clone())
+            .collect();
+        let data = RecordBatch::try_new(self.schema.clone(), columns)
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(Batch::new(data, batch.lineage))
+    }
+}
+
+/// Same columns, new schema (rename).
+#[derive(Debug)]
+pub(crate) struct Replace {
+    stage: StageRef,
+    schema: SchemaRef,
+}
+
+impl Replace {
+    pub(crate) fn rename(stage: StageRef, schema: SchemaRef) -> Self {
+        Replace { stage, schema }
+    }
+}
+
+impl super::Transform for Replace {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let cols = batch.data.columns().to_vec();
+        with_columns(&self.stage, batch, &self.schema, cols)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Cast {
+    pub stage: StageRef,
+    pub targets: Vec<(usize, DataType)>,
+    pub schema: SchemaRef,
+}
+
+impl super::Transform for Cast {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let strict = CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        let mut cols = batch.data.columns().to_vec();
+        for (i, to) in &self.targets {
+            let col = &cols[*i];
+            match cast_with_options(col, to, &strict) {
+                Ok(c) => cols[*i] = c,
+                Err(e) => {
+                    let name = batch.data.schema().field(*i).name().clone();
+                    return Err(Error::Data {
+                        stage: self.stage.clone(),
+                        message: format!("cannot cast column `{name}` to {to}: {e}"),
+                        rows: first_failing_cast(col, to)
+                            .map(|r| batch.lineage.describe_row(r as u64))
+                            .unwrap_or_else(|| batch.lineage.to_string()),
+                    });
+                }
+            }
+        }
+        with_columns(&self.stage, batch, &self.schema, cols)
+    }
+}
+
+/// Index of the first row a lenient cast turns into null although it was not null.
+fn first_failing_cast(col: &ArrayRef, to: &DataType) -> Option<usize> {
+    let lenient = cast(col, to).ok()?;
+    (0..col.len()).find(|&r| col.is_valid(r) && lenient.is_null(r))
+}
+
+#[derive(Debug)]
+pub(crate) struct Filter {
+    pub stage: StageRef,
+    pub predicate: Expr,
+}
+
+impl super::Transform for Filter {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let mask = self
+            .predicate
+            .evaluate_mask(&batch.data)
+            .map_err(|e| Error::Data {
+                stage: self.stage.clone(),
+                message: format!("predicate failed: {e}"),
+                rows: batch.lineage.to_string(),
+            })?;
+        let data =
+            filter_record_batch(&batch.data, &mask).map_err(|e| arrow_err(&self.stage, e))?;
+        let lineage = batch.lineage.filter(&mask);
+        Ok(Batch::new(data, lineage))
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct FillNull {
+    pub stage: StageRef,
+    pub fills: Vec<(usize, ArrayRef)>,
+    pub schema: SchemaRef,
+}
+
+impl super::Transform for FillNull {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let mut cols = batch.data.columns().to_vec();
+        for (i, value) in &self.fills {
+            let col = &cols[*i];
+            if col.null_count() == 0 {
+                continue;
+            }
+            let mask = is_null(col.as_ref()).map_err(|e| arrow_err(&self.stage, e))?;
+            cols[*i] = zip(&mask, &Scalar::new(value.clone()), col)
+                .map_err(|e| arrow_err(&self.stage, e))?;
+        }
+        with_columns(&self.stage, batch, &self.schema, cols)
+    }
+}
+
+/// Mean and standard deviation of a column, merged across batches with Chan et al.'s formula.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ColumnStats {
+    pub count: u64,
+    pub mean: f64,
+    /// Sum of squared deviations from the mean.
+    pub m2: f64,
+    given_std: Option<f64>,
+}
+
+impl ColumnStats {
+    pub(crate) fn empty() -> Self {
+        ColumnStats {
+            count: 0,
+            mean: 0.0,
+            m2: 0.0,
+            given_std: None,
+        }
+    }
+
+    pub(crate) fn given(mean: f64, std: f64) -> Self {
+        ColumnStats {
+            count: 0,
+            mean,
+            m2: 0.0,
+            given_std: Some(std),
+        }
+    }
+
+    /// Population standard deviation; 1 when it is 0 (constant column), as scikit-learn does.
+    pub(crate) fn std(&self) -> f64 {
+        if let Some(s) = self.given_std {
+            return s;
+        }
+        let s = if self.count > 0 {
+            (self.m2 / self.count as f64).sqrt()
+        } else {
+            0.0
+        };
+        if s > 0.0 && s.is_finite() { s } else { 1.0 }
+    }
+
+    /// Folds in every non-null leaf value of `array`.
+    pub(crate) fn update(&mut self, array: &ArrayRef) -> Result<(), ArrowError> {
+        let leaf = leaf_values(array);
+        let x = cast(&leaf, &DataType::Float64)?;
+        let n = (x.len() - x.null_count()) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let xf = x.as_primitive::<Float64Type>();
+        let sum = arrow::compute::sum(xf).unwrap_or(0.0);
+        let mean = sum / n as f64;
+        let centered = numeric::sub(&x, &Scalar::new(Float64Array::from(vec![mean])))?;
+        let sq = numeric::mul(&centered, &centered)?;
+        let m2 = arrow::compute::sum(sq.as_primitive::<Float64Type>()).unwrap_or(0.0);
+        let total = self.count + n;
+        let delta = mean - self.mean;
+        self.mean += delta * n as f64 / total as f64;
+        self.m2 += m2 + delta * delta * (self.count as f64) * (n as f64) / total as f64;
+        self.count = total;
+        Ok(())
+    }
+}
+
+/// The visible leaf values of a (possibly nested) list array, or the array itself.
+fn leaf_values(array: &ArrayRef) -> ArrayRef {
+    match array.data_type() {
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let (start, end) = (
+                l.value_offsets()[0] as usize,
+                l.value_offsets()[l.len()] as usize,
+            );
+            leaf_values(&l.values().slice(start, end - start))
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            let (start, end) = (
+                l.value_offsets()[0] as usize,
+                l.value_offsets()[l.len()] as usize,
+            );
+            leaf_values(&l.values().slice(start, end - start))
+        }
+        DataType::FixedSizeList(_, n) => {
+            let l = array.as_fixed_size_list();
+            leaf_values(
+                &l.values()
+                    .slice(l.offset() * *n as usize, l.len() * *n as usize),
+            )
+        }
+        _ => array.clone(),
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Standardize {
+    pub stage: StageRef,
+    pub columns: Vec<(usize, DataType, ColumnStats)>,
+    pub schema: SchemaRef,
+}
+
+impl super::Transform for Standardize {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let mut cols = batch.data.columns().to_vec();
+        for (i, to, stats) in &self.columns {
+            let leaf = leaf_type(to).clone();
+            let (mean, std) = (stats.mean, stats.std());
+            let scalar = |v: f64| -> ArrayRef {
+                if leaf == DataType::Float64 {
+                    Arc::new(Float64Array::from(vec![v]))
+                } else {
+                    Arc::new(Float32Array::from(vec![v as f32]))
+                }
+            };
+            let (m, s) = (Scalar::new(scalar(mean)), Scalar::new(scalar(std)));
+            cols[*i] = map_leaf(&cols[*i], &|x| {
+                let x = cast(x, &leaf)?;
+                numeric::div(&numeric::sub(&x, &m)?, &s)
+            })
+            .map_err(|e| arrow_err(&self.stage, e))?;
+        }
+        with_columns(&self.stage, batch, &self.schema, cols)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Clip {
+    pub stage: StageRef,
+    pub columns: Vec<(usize, Option<ArrayRef>, Option<ArrayRef>)>,
+    pub schema: SchemaRef,
+}
+
+impl super::Transform for Clip {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let mut cols = batch.data.columns().to_vec();
+        for (i, lo, hi) in &self.columns {
+            cols[*i] = map_leaf(&cols[*i], &|x| {
+                let mut x = x.clone();
+                if let Some(lo) = lo {
+                    let lo = Scalar::new(lo.clone());
+                    x = zip(&cmp::lt(&x, &lo)?, &lo, &x)?;
+                }
+                if let Some(hi) = hi {
+                    let hi = Scalar::new(hi.clone());
+                    x = zip(&cmp::gt(&x, &hi)?, &hi, &x)?;
+                }
+                Ok(x)
+            })
+            .map_err(|e| arrow_err(&self.stage, e))?;
+        }
+        with_columns(&self.stage, batch, &self.schema, cols)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct OneHot {
+    pub stage: StageRef,
+    pub input: usize,
+    pub output: usize,
+    pub num_classes: usize,
+    pub schema: SchemaRef,
+}
+
+impl super::Transform for OneHot {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let col = batch.data.column(self.input);
+        let name = batch.data.schema().field(self.input).name().clone();
+        let idx = cast(col, &DataType::Int64).map_err(|e| arrow_err(&self.stage, e))?;
+        let idx = idx.as_primitive::<Int64Type>();
+        let k = self.num_classes;
+        // Validate with kernels first, so the loop below is branch-free on good data.
+        let bad = self
+            .first_invalid(idx)
+            .map_err(|e| arrow_err(&self.stage, e))?;
+        if let Some(r) = bad {
+            let what = if idx.is_null(r) {
+                "is null".to_string()
+            } else {
+                format!("is {}, outside 0..{k}", idx.value(r))
+            };
+            return Err(Error::Data {
+                stage: self.stage.clone(),
+                message: format!(
+                    "class index in column `{name}` {what} (fill nulls with `fill_null` or filter them out first)"
+                ),
+                rows: batch.lineage.describe_row(r as u64),
+            });
+        }
+        // No Arrow kernel builds one-hot vectors: fill one preallocated buffer.
+        let mut values = vec![0f32; idx.len() * k];
+        for (row, &c) in idx.values().iter().enumerate() {
+            values[row * k + c as usize] = 1.0;
+        }
+        let field = Arc::new(Field::new_list_field(DataType::Float32, false));
+        let list = FixedSizeListArray::try_new(
+            field,
+            k as i32,
+            Arc::new(Float32Array::from(values)),
+            None,
+        )
+        .map_err(|e| arrow_err(&self.stage, e))?;
+        let mut cols = batch.data.columns().to_vec();
+        if self.output == cols.len() {
+            cols.push(Arc::new(list));
+        } else {
+            cols[self.output] = Arc::new(list);
+        }
+        with_columns(&self.stage, batch, &self.schema, cols)
+    }
+}
+
+impl OneHot {
+    fn first_invalid(&self, idx: &arrow::array::Int64Array) -> Result<Option<usize>, ArrowError> {
+        let lo = Scalar::new(arrow::array::Int64Array::from(vec![0]));
+        let hi = Scalar::new(arrow::array::Int64Array::from(vec![
+            self.num_classes as i64,
+        ]));
+        let below = cmp::lt(idx, &lo)?;
+        let above = cmp::gt_eq(idx, &hi)?;
+        let out_of_range = arrow::compute::or(&below, &above)?;
+        // Bits under null slots are unspecified: mask them, then mark nulls as invalid.
+        let bits = match idx.nulls() {
+            Some(n) => &(out_of_range.values() & n.inner()) | &!n.inner(),
+            None => out_of_range.values().clone(),
+        };
+        Ok(bits.set_indices().next())
+    }
+}

@@ -1,0 +1,357 @@
+//! Stages: built from their config against the schema they receive (so unknown columns and
+//! impossible casts fail before any data moves), then applied batch by batch with Arrow
+//! kernels.
+
+mod expr;
+mod kernels;
+pub(crate) mod rebatch;
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use crate::batch::Batch;
+use crate::config::{Literal, StageConfig};
+use crate::error::{Error, Result, StageRef};
+
+pub(crate) use kernels::ColumnStats;
+
+/// A stateless, per-batch transformation.
+pub(crate) trait Transform: Send + Sync + fmt::Debug {
+    /// Applies the transformation; the output has the schema computed at build time.
+    fn apply(&self, batch: Batch) -> Result<Batch>;
+}
+
+/// A stage ready to run.
+#[derive(Debug)]
+pub(crate) enum BuiltStage {
+    /// Stateless: runs on the CPU pool, several batches at once.
+    Map(Arc<dyn Transform>),
+    /// Re-batching to a fixed size.
+    Rebatch { size: usize, drop_last: bool },
+}
+
+/// Statistics computed for a `standardize` stage without given `mean`/`std`, per column.
+pub(crate) type ComputedStats = Vec<(String, ColumnStats)>;
+
+pub(crate) fn column_index(stage: &StageRef, schema: &Schema, name: &str) -> Result<usize> {
+    schema.index_of(name).map_err(|_| Error::Stage {
+        stage: stage.clone(),
+        message: format!(
+            "column `{name}` does not exist; available columns: {}",
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
+}
+
+/// Builds a stage for `input`, returning it and its output schema. `stats` must be given for
+/// a `standardize` stage without `mean`/`std`.
+pub(crate) fn build(
+    stage: &StageRef,
+    config: &StageConfig,
+    input: &SchemaRef,
+    stats: Option<ComputedStats>,
+) -> Result<(BuiltStage, SchemaRef)> {
+    let err = |message: String| Error::Stage {
+        stage: stage.clone(),
+        message,
+    };
+    match config {
+        StageConfig::Select(c) => {
+            let mut indices = Vec::with_capacity(c.columns.len());
+            for name in &c.columns {
+                let i = column_index(stage, input, name)?;
+                if indices.contains(&i) {
+                    return Err(err(format!("column `{name}` is selected twice")));
+                }
+                indices.push(i);
+            }
+            let schema = Arc::new(input.project(&indices).map_err(|e| err(e.to_string()))?);
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::Select {
+                    indices,
+                    schema: schema.clone(),
+                })),
+                schema,
+            ))
+        }
+        StageConfig::Rename(c) => {
+            let mut fields: Vec<Field> =
+                input.fields().iter().map(|f| f.as_ref().clone()).collect();
+            for (old, new) in &c.columns {
+                let i = column_index(stage, input, old)?;
+                fields[i] = fields[i].clone().with_name(new);
+            }
+            let mut seen = std::collections::HashSet::new();
+            for f in &fields {
+                if !seen.insert(f.name().clone()) {
+                    return Err(err(format!(
+                        "renaming would create two columns named `{}`",
+                        f.name()
+                    )));
+                }
+            }
+            let schema = Arc::new(Schema::new(fields));
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::Replace::rename(
+                    stage.clone(),
+                    schema.clone(),
+                ))),
+                schema,
+            ))
+        }
+        StageConfig::Cast(c) => {
+            let mut targets = Vec::new();
+            let mut fields: Vec<Field> =
+                input.fields().iter().map(|f| f.as_ref().clone()).collect();
+            for (name, ty) in &c.columns {
+                let i = column_index(stage, input, name)?;
+                let from = input.field(i).data_type();
+                let to = kernels::elementwise_type(from, ty.data_type());
+                if !arrow::compute::can_cast_types(from, &to) {
+                    return Err(err(format!("column `{name}`: cannot cast {from} to {ty}")));
+                }
+                fields[i] = fields[i].clone().with_data_type(to.clone());
+                targets.push((i, to));
+            }
+            let schema = Arc::new(Schema::new(fields));
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::Cast {
+                    stage: stage.clone(),
+                    targets,
+                    schema: schema.clone(),
+                })),
+                schema,
+            ))
+        }
+        StageConfig::Filter(c) => {
+            let predicate = expr::compile(&c.predicate, input).map_err(err)?;
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::Filter {
+                    stage: stage.clone(),
+                    predicate,
+                })),
+                input.clone(),
+            ))
+        }
+        StageConfig::FillNull(c) => {
+            let mut fills = Vec::new();
+            let mut fields: Vec<Field> =
+                input.fields().iter().map(|f| f.as_ref().clone()).collect();
+            for (name, value) in &c.columns {
+                let i = column_index(stage, input, name)?;
+                let ty = input.field(i).data_type();
+                let scalar =
+                    literal_array(value, ty).map_err(|m| err(format!("column `{name}`: {m}")))?;
+                fields[i] = fields[i].clone().with_nullable(false);
+                fills.push((i, scalar));
+            }
+            let schema = Arc::new(Schema::new(fields));
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::FillNull {
+                    stage: stage.clone(),
+                    fills,
+                    schema: schema.clone(),
+                })),
+                schema,
+            ))
+        }
+        StageConfig::Standardize(c) => {
+            let mut cols = Vec::new();
+            let mut fields: Vec<Field> =
+                input.fields().iter().map(|f| f.as_ref().clone()).collect();
+            let given = match (c.mean, c.std) {
+                (Some(m), Some(s)) => {
+                    if !(s > 0.0 && s.is_finite()) || !m.is_finite() {
+                        return Err(err(format!(
+                            "`std` must be a positive number and `mean` finite (got mean {m}, std {s})"
+                        )));
+                    }
+                    Some(ColumnStats::given(m, s))
+                }
+                (None, None) => None,
+                _ => return Err(err(
+                    "give both `mean` and `std`, or neither (then they are computed from the data)"
+                        .into(),
+                )),
+            };
+            for name in &c.columns {
+                let i = column_index(stage, input, name)?;
+                let from = input.field(i).data_type();
+                if !kernels::is_numeric_or_numeric_list(from) {
+                    return Err(err(format!(
+                        "column `{name}` is {from}; standardize needs numbers or lists of numbers"
+                    )));
+                }
+                let out_elem = if kernels::leaf_type(from) == &DataType::Float64 {
+                    DataType::Float64
+                } else {
+                    DataType::Float32
+                };
+                let to = kernels::elementwise_type(from, &out_elem);
+                fields[i] = fields[i].clone().with_data_type(to.clone());
+                let st = match &given {
+                    Some(g) => g.clone(),
+                    None => stats
+                        .as_ref()
+                        .and_then(|s| s.iter().find(|(n, _)| n == name))
+                        .map(|(_, s)| s.clone())
+                        .ok_or_else(|| {
+                            Error::Internal(format!(
+                                "{stage}: statistics for `{name}` were not computed"
+                            ))
+                        })?,
+                };
+                cols.push((i, to, st));
+            }
+            let schema = Arc::new(Schema::new(fields));
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::Standardize {
+                    stage: stage.clone(),
+                    columns: cols,
+                    schema: schema.clone(),
+                })),
+                schema,
+            ))
+        }
+        StageConfig::OneHot(c) => {
+            let i = column_index(stage, input, &c.column)?;
+            let from = input.field(i).data_type();
+            if !from.is_integer() {
+                return Err(err(format!(
+                    "column `{}` is {from}; one_hot needs integer class indices",
+                    c.column
+                )));
+            }
+            if c.num_classes == 0 || c.num_classes > i32::MAX as usize {
+                return Err(err("`num_classes` must be between 1 and 2^31-1".into()));
+            }
+            let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
+            let out_type = DataType::FixedSizeList(
+                Arc::new(Field::new_list_field(DataType::Float32, false)),
+                c.num_classes as i32,
+            );
+            let mut fields: Vec<Field> =
+                input.fields().iter().map(|f| f.as_ref().clone()).collect();
+            let out_index = if out_name == c.column {
+                fields[i] = Field::new(&out_name, out_type, false);
+                i
+            } else {
+                if input.index_of(&out_name).is_ok() {
+                    return Err(err(format!("output column `{out_name}` already exists")));
+                }
+                fields.push(Field::new(&out_name, out_type, false));
+                fields.len() - 1
+            };
+            let schema = Arc::new(Schema::new(fields));
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::OneHot {
+                    stage: stage.clone(),
+                    input: i,
+                    output: out_index,
+                    num_classes: c.num_classes,
+                    schema: schema.clone(),
+                })),
+                schema,
+            ))
+        }
+        StageConfig::Clip(c) => {
+            if c.min.is_none() && c.max.is_none() {
+                return Err(err("give `min`, `max` or both".into()));
+            }
+            if let (Some(lo), Some(hi)) = (c.min, c.max)
+                && lo > hi
+            {
+                return Err(err(format!("`min` ({lo}) is greater than `max` ({hi})")));
+            }
+            let mut cols = Vec::new();
+            for name in &c.columns {
+                let i = column_index(stage, input, name)?;
+                let from = input.field(i).data_type();
+                if !kernels::is_numeric_or_numeric_list(from) {
+                    return Err(err(format!(
+                        "column `{name}` is {from}; clip needs numbers or lists of numbers"
+                    )));
+                }
+                let leaf = kernels::leaf_type(from);
+                let bound = |v: Option<f64>| -> Result<Option<ArrayRef>> {
+                    v.map(|v| {
+                        literal_array(&Literal::Float(v), leaf)
+                            .map_err(|m| err(format!("column `{name}`: {m}")))
+                    })
+                    .transpose()
+                };
+                cols.push((i, bound(c.min)?, bound(c.max)?));
+            }
+            Ok((
+                BuiltStage::Map(Arc::new(kernels::Clip {
+                    stage: stage.clone(),
+                    columns: cols,
+                    schema: input.clone(),
+                })),
+                input.clone(),
+            ))
+        }
+        StageConfig::Batch(c) => {
+            if c.size == 0 {
+                return Err(err("`size` must be at least 1".into()));
+            }
+            Ok((
+                BuiltStage::Rebatch {
+                    size: c.size,
+                    drop_last: c.drop_last,
+                },
+                input.clone(),
+            ))
+        }
+    }
+}
+
+/// A one-element array holding `value` converted to `ty`, or why it cannot be.
+pub(crate) fn literal_array(value: &Literal, ty: &DataType) -> Result<ArrayRef, String> {
+    use arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
+    let raw: ArrayRef = match value {
+        Literal::Bool(b) => Arc::new(BooleanArray::from(vec![*b])),
+        Literal::Int(i) => Arc::new(Int64Array::from(vec![*i])),
+        Literal::Float(f) => Arc::new(Float64Array::from(vec![*f])),
+        Literal::Str(s) => Arc::new(StringArray::from(vec![s.as_str()])),
+    };
+    if raw.data_type() == ty {
+        return Ok(raw);
+    }
+    let opts = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let cast = arrow::compute::cast_with_options(&raw, ty, &opts)
+        .map_err(|e| format!("value {value} cannot be used as {ty}: {e}"))?;
+    // Reject lossy conversions (1.5 into an integer column, 300 into uint8).
+    if matches!(value, Literal::Float(_) | Literal::Int(_)) && ty.is_numeric() {
+        let back = arrow::compute::cast(&cast, raw.data_type()).map_err(|e| e.to_string())?;
+        if back.as_ref() != raw.as_ref() {
+            return Err(format!("value {value} does not fit exactly in {ty}"));
+        }
+    }
+    Ok(cast)
+}
+
+/// Replaces some columns of a batch, keeping lineage.
+pub(crate) fn with_columns(
+    stage: &StageRef,
+    batch: Batch,
+    schema: &SchemaRef,
+    columns: Vec<ArrayRef>,
+) -> Result<Batch> {
+    let data = RecordBatch::try_new(schema.clone(), columns).map_err(|e| Error::Arrow {
+        context: stage.to_string(),
+        source: e,
+    })?;
+    Ok(Batch::new(data, batch.lineage))
+}

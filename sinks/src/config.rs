@@ -1,0 +1,120 @@
+//! Sink configs (`sink:` section, `type:` selects the kind).
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use sluice_pipeline::config::Component;
+
+/// Where the pipeline's batches go.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkConfig {
+    /// `type: parquet`.
+    Parquet(ParquetSinkConfig),
+    /// `type: arrow_ipc`.
+    ArrowIpc(ArrowIpcSinkConfig),
+    /// `type: null`.
+    Null(NullSinkConfig),
+}
+
+impl SinkConfig {
+    /// The `type` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkConfig::Parquet(_) => "parquet",
+            SinkConfig::ArrowIpc(_) => "arrow_ipc",
+            SinkConfig::Null(_) => "null",
+        }
+    }
+}
+
+impl Component for SinkConfig {
+    const WHAT: &'static str = "sink";
+    const KINDS: &'static [&'static str] = &["parquet", "arrow_ipc", "null"];
+    fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
+        match kind {
+            "parquet" => ParquetSinkConfig::deserialize(d).map(SinkConfig::Parquet),
+            "arrow_ipc" => ArrowIpcSinkConfig::deserialize(d).map(SinkConfig::ArrowIpc),
+            "null" => NullSinkConfig::deserialize(d).map(SinkConfig::Null),
+            other => Err(de::Error::unknown_variant(other, Self::KINDS)),
+        }
+    }
+}
+
+/// Parquet column compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ParquetCompression {
+    /// zstd (level from `zstd_level`).
+    #[default]
+    Zstd,
+    /// Snappy.
+    Snappy,
+    /// LZ4 (raw).
+    Lz4,
+    /// No compression.
+    None,
+}
+
+/// `type: parquet` — one Parquet file, written atomically: the data goes to a temporary object
+/// and appears under `path` only when complete. A failed or interrupted run leaves nothing
+/// under `path`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetSinkConfig {
+    /// Output file (path or `file://` URL; relative to the config file's directory).
+    pub path: String,
+    /// Rows per row group. Default: 65536.
+    #[serde(default = "default_row_group_size")]
+    pub row_group_size: usize,
+    /// `zstd` (default), `snappy`, `lz4` or `none`.
+    #[serde(default)]
+    pub compression: ParquetCompression,
+    /// zstd level, 1–22. Default: 3.
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: i32,
+    /// Replace an existing file. Default: true.
+    #[serde(default = "default_true")]
+    pub overwrite: bool,
+}
+
+/// Arrow IPC buffer compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IpcCompression {
+    /// zstd.
+    #[default]
+    Zstd,
+    /// LZ4 frame.
+    Lz4,
+    /// No compression.
+    None,
+}
+
+/// `type: arrow_ipc` — one Arrow IPC *file* (random-access format, readable by
+/// `pyarrow.ipc.open_file`), written atomically like the Parquet sink.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArrowIpcSinkConfig {
+    /// Output file (path or `file://` URL; relative to the config file's directory).
+    pub path: String,
+    /// `zstd` (default), `lz4` or `none`.
+    #[serde(default)]
+    pub compression: IpcCompression,
+    /// Replace an existing file. Default: true.
+    #[serde(default = "default_true")]
+    pub overwrite: bool,
+}
+
+/// `type: null` — discards batches, counting rows and bytes (for benchmarks).
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NullSinkConfig {}
+
+fn default_row_group_size() -> usize {
+    65536
+}
+fn default_zstd_level() -> i32 {
+    3
+}
+fn default_true() -> bool {
+    true
+}

@@ -1,0 +1,111 @@
+//! `type: arrow_ipc`.
+
+use arrow::ipc::CompressionType;
+use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
+use async_trait::async_trait;
+use sluice_pipeline::{Batch, CpuPool};
+
+use crate::config::{ArrowIpcSinkConfig, IpcCompression};
+use crate::file::{SharedBuf, Upload};
+use crate::{Error, Result, Sink, SinkContext, SinkReport};
+
+pub(crate) struct IpcSink {
+    writer: Option<FileWriter<SharedBuf>>,
+    buf: SharedBuf,
+    upload: Upload,
+    pool: CpuPool,
+    rows: u64,
+    batches: u64,
+}
+
+impl IpcSink {
+    pub(crate) async fn new(c: &ArrowIpcSinkConfig, cx: &SinkContext) -> Result<Self> {
+        let compression = match c.compression {
+            IpcCompression::Zstd => Some(CompressionType::ZSTD),
+            IpcCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
+            IpcCompression::None => None,
+        };
+        let upload = Upload::start(&c.path, c.overwrite, cx).await?;
+        let url = upload.location.url.to_string();
+        let enc = |e: arrow::error::ArrowError| Error::Encode {
+            url: url.clone(),
+            message: e.to_string(),
+        };
+        let options = IpcWriteOptions::default()
+            .try_with_compression(compression)
+            .map_err(enc)?;
+        let buf = SharedBuf::default();
+        let writer =
+            FileWriter::try_new_with_options(buf.clone(), &cx.schema, options).map_err(enc)?;
+        Ok(IpcSink {
+            writer: Some(writer),
+            buf,
+            upload,
+            pool: cx.pool.clone(),
+            rows: 0,
+            batches: 0,
+        })
+    }
+
+    fn encode_err(&self, e: impl std::fmt::Display) -> Error {
+        Error::Encode {
+            url: self.upload.location.url.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for IpcSink {
+    async fn write(&mut self, batch: &Batch) -> Result<()> {
+        let mut writer = self
+            .writer
+            .take()
+            .ok_or_else(|| Error::Internal("IPC writer used after an error".into()))?;
+        let data = batch.data.clone();
+        let (writer, result) = self
+            .pool
+            .run(move || {
+                let r = writer.write(&data);
+                (writer, r)
+            })
+            .await
+            .map_err(|e| self.encode_err(e))?;
+        result.map_err(|e| self.encode_err(e))?;
+        self.writer = Some(writer);
+        self.rows += batch.num_rows() as u64;
+        self.batches += 1;
+        let bytes = self.buf.take();
+        self.upload.put(bytes).await
+    }
+
+    async fn finish(mut self: Box<Self>) -> Result<SinkReport> {
+        let Some(mut writer) = self.writer.take() else {
+            self.upload.abort().await;
+            return Err(Error::Internal("IPC writer used after an error".into()));
+        };
+        if let Err(e) = writer.finish() {
+            let err = self.encode_err(e);
+            self.upload.abort().await;
+            return Err(err);
+        }
+        let bytes = self.buf.take();
+        let this = *self;
+        let mut upload = this.upload;
+        if let Err(e) = upload.put(bytes).await {
+            upload.abort().await;
+            return Err(e);
+        }
+        let (url, written) = upload.complete().await?;
+        Ok(SinkReport {
+            rows: this.rows,
+            batches: this.batches,
+            bytes: written,
+            location: Some(url),
+        })
+    }
+
+    async fn abort(self: Box<Self>) {
+        self.upload.abort().await;
+    }
+}

@@ -1,0 +1,98 @@
+//! # sluice-sinks
+//!
+//! Where Sluice batches go: Parquet files (zstd, atomic), Arrow IPC files (zstd, atomic) and
+//! the `null` sink (counts, for benchmarks). Later: tensor loader, Kafka.
+//!
+//! A sink is built from its [`SinkConfig`] once the pipeline's output schema is known, takes
+//! batches through [`Sink::write`], and either [`Sink::finish`]es (output becomes visible under
+//! its final name) or [`Sink::abort`]s (nothing is left behind).
+
+mod config;
+mod file;
+mod ipc;
+mod null;
+mod parquet_sink;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use sluice_pipeline::{Batch, CpuPool};
+
+pub use config::{
+    ArrowIpcSinkConfig, IpcCompression, NullSinkConfig, ParquetCompression, ParquetSinkConfig,
+    SinkConfig,
+};
+
+/// Errors of the sinks crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The output location is invalid or already taken.
+    #[error("sink: {0}")]
+    Location(#[from] sluice_pipeline::Error),
+    /// The output exists and `overwrite: false`.
+    #[error(
+        "sink: {url} already exists and `overwrite` is false; remove it or set `overwrite: true`"
+    )]
+    Exists { url: String },
+    /// Writing to storage failed.
+    #[error("sink: writing {url} failed: {source}")]
+    Storage {
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// Encoding failed.
+    #[error("sink: encoding {url} failed: {message}")]
+    Encode { url: String, message: String },
+    /// A bug.
+    #[error("sink: internal error (a bug in Sluice, please report it): {0}")]
+    Internal(String),
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a sink did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SinkReport {
+    /// Rows written.
+    pub rows: u64,
+    /// Batches written.
+    pub batches: u64,
+    /// Bytes written to storage (encoded size), or Arrow bytes for the null sink.
+    pub bytes: u64,
+    /// Where the output is, if anywhere.
+    pub location: Option<String>,
+}
+
+/// A destination for batches.
+#[async_trait]
+pub trait Sink: Send {
+    /// Writes one batch.
+    async fn write(&mut self, batch: &Batch) -> Result<()>;
+    /// Completes the output and makes it visible.
+    async fn finish(self: Box<Self>) -> Result<SinkReport>;
+    /// Discards everything written; no partial output remains.
+    async fn abort(self: Box<Self>);
+}
+
+/// Everything a sink needs to start.
+#[derive(Debug, Clone)]
+pub struct SinkContext {
+    /// Schema of the batches it will receive.
+    pub schema: SchemaRef,
+    /// Directory relative output paths resolve against (the config file's).
+    pub base_dir: std::path::PathBuf,
+    /// The CPU pool encoding runs on.
+    pub pool: CpuPool,
+}
+
+impl SinkConfig {
+    /// Builds the sink.
+    pub async fn build(&self, cx: &SinkContext) -> Result<Box<dyn Sink>> {
+        match self {
+            SinkConfig::Parquet(c) => Ok(Box::new(parquet_sink::ParquetSink::new(c, cx).await?)),
+            SinkConfig::ArrowIpc(c) => Ok(Box::new(ipc::IpcSink::new(c, cx).await?)),
+            SinkConfig::Null(_) => Ok(Box::new(null::NullSink::default())),
+        }
+    }
+}

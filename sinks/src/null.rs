@@ -1,0 +1,28 @@
+//! `type: null`.
+
+use async_trait::async_trait;
+use sluice_pipeline::Batch;
+
+use crate::{Result, Sink, SinkReport};
+
+/// Counts and discards.
+#[derive(Debug, Default)]
+pub(crate) struct NullSink {
+    report: SinkReport,
+}
+
+#[async_trait]
+impl Sink for NullSink {
+    async fn write(&mut self, batch: &Batch) -> Result<()> {
+        self.report.rows += batch.num_rows() as u64;
+        self.report.batches += 1;
+        self.report.bytes += batch.memory_size() as u64;
+        Ok(())
+    }
+
+    async fn finish(self: Box<Self>) -> Result<SinkReport> {
+        Ok(self.report)
+    }
+
+    async fn abort(self: Box<Self>) {}
+}

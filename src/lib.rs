@@ -1,0 +1,14 @@
+//! # sluice
+//!
+//! Streaming data pipelines that keep model trainers fed. This facade crate re-exports the
+//! pieces and runs whole jobs (pipeline + sink) as the `sluice` binary does:
+//!
+//! - [`pipeline`] (`sluice-pipeline`): config model, sources, Arrow stages, the `Stream` API;
+//! - [`sinks`] (`sluice-sinks`): Parquet, Arrow IPC and null sinks;
+//! - [`Job`]: a pipeline file with its `sink:`, prepared and run to completion.
+
+mod job;
+
+pub use job::{Job, JobError, PreparedJob, RunReport, StageReport};
+pub use sluice_pipeline as pipeline;
+pub use sluice_sinks as sinks;

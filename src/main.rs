@@ -1,0 +1,383 @@
+//! The `sluice` command line: `run`, `validate`, `inspect`.
+//!
+//! Exit codes: 0 success; 1 the job or config failed (message on stderr); 2 bad command-line
+//! usage; 130 interrupted (Ctrl-C/SIGTERM; no partial output left).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sluice::pipeline::{ConfigDocument, Error as PipelineError, PipelineMetrics};
+use sluice::{Job, JobError, RunReport};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Streaming data pipelines that keep model trainers fed"
+)]
+struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Only errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ProgressMode {
+    /// A bar when stderr is a terminal.
+    Auto,
+    /// Never.
+    Never,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a pipeline file to its sink and print a summary.
+    Run {
+        /// The pipeline YAML file.
+        config: PathBuf,
+        /// Progress bar on stderr.
+        #[arg(long, value_enum, default_value = "auto")]
+        progress: ProgressMode,
+        /// Also write the run summary as JSON to this file.
+        #[arg(long)]
+        summary_json: Option<PathBuf>,
+    },
+    /// Check pipeline files: every config problem with file:line:column, then (unless
+    /// --no-data) the source's files and the schema through every stage.
+    Validate {
+        /// Pipeline YAML files.
+        #[arg(required = true)]
+        configs: Vec<PathBuf>,
+        /// Only check the YAML; do not open the source.
+        #[arg(long)]
+        no_data: bool,
+    },
+    /// Show schema, row count, row groups and first rows of Parquet files (paths or globs).
+    Inspect {
+        /// Paths, directories or globs.
+        #[arg(required = true)]
+        paths: Vec<String>,
+        /// Rows to print per file.
+        #[arg(long, short = 'n', default_value_t = 5)]
+        rows: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (_, 0) => "warn",
+        (_, 1) => "info",
+        (_, 2) => "debug",
+        _ => "trace",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sluice-io")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Run {
+                config,
+                progress,
+                summary_json,
+            } => run(&config, progress, summary_json.as_deref(), cli.quiet).await,
+            Command::Validate { configs, no_data } => validate(&configs, no_data).await,
+            Command::Inspect { paths, rows } => inspect(&paths, rows).await,
+        }
+    });
+    // Do not wait for background I/O of an aborted run.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+fn print_error(e: &dyn std::fmt::Display) {
+    for line in e.to_string().lines() {
+        eprintln!("error: {line}");
+    }
+}
+
+async fn interrupted() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn run(
+    config: &Path,
+    progress: ProgressMode,
+    summary_json: Option<&Path>,
+    quiet: bool,
+) -> ExitCode {
+    let job = match Job::from_path(config) {
+        Ok(j) => j,
+        Err(e) => {
+            print_error(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    let prepared = tokio::select! {
+        p = job.prepare() => p,
+        _ = interrupted() => Err(JobError::Interrupted),
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => return fail(&e),
+    };
+    let bar = progress_bar(progress, prepared.source_rows());
+    let ticker = bar.clone().map(|bar| {
+        let metrics = prepared.metrics();
+        tokio::spawn(async move { tick(bar, metrics).await })
+    });
+    let result = prepared.run(interrupted()).await;
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    match result {
+        Ok(report) => {
+            if !quiet {
+                print_summary(config, &report);
+            }
+            if let Some(path) = summary_json {
+                let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+                if let Err(e) = std::fs::write(path, text) {
+                    eprintln!("error: cannot write {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &JobError) -> ExitCode {
+    print_error(e);
+    if matches!(e, JobError::Interrupted) {
+        ExitCode::from(130)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn progress_bar(mode: ProgressMode, total: u64) -> Option<ProgressBar> {
+    if matches!(mode, ProgressMode::Never) || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:40} {human_pos}/{human_len} rows  {per_sec}  {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    Some(bar)
+}
+
+async fn tick(bar: ProgressBar, metrics: std::sync::Arc<PipelineMetrics>) {
+    let mut every = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        every.tick().await;
+        bar.set_position(PipelineMetrics::get(&metrics.source.rows));
+        let mb = PipelineMetrics::get(&metrics.source.bytes_decoded) as f64 / 1e6;
+        let secs = bar.elapsed().as_secs_f64().max(1e-3);
+        bar.set_message(format!("{:.1} MB/s", mb / secs));
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn print_summary(config: &Path, r: &RunReport) {
+    println!("sluice run {}: ok", config.display());
+    println!(
+        "  source   {} file(s), {} row group(s), {} rows read ({:.2} MB compressed, {:.2} MB decoded)",
+        r.files,
+        r.row_groups,
+        r.rows_read,
+        r.bytes_read as f64 / 1e6,
+        r.bytes_decoded as f64 / 1e6
+    );
+    for s in &r.stages {
+        let removed = if s.rows_removed > 0 {
+            format!(", {} removed on purpose", s.rows_removed)
+        } else {
+            String::new()
+        };
+        println!(
+            "  {}: {} rows in, {} out{removed}",
+            s.name, s.rows_in, s.rows_out
+        );
+        for n in &s.notes {
+            println!("      {n}");
+        }
+    }
+    println!(
+        "  sink     {}: {} rows in {} batches, {:.2} MB{}",
+        r.sink,
+        r.rows_written,
+        r.batches_written,
+        r.bytes_written as f64 / 1e6,
+        r.output
+            .as_ref()
+            .map(|o| format!(" -> {o}"))
+            .unwrap_or_default()
+    );
+    println!(
+        "  elapsed  {:.3} s: {:.0} rows/s, {:.1} MB/s (decoded Arrow bytes)",
+        r.elapsed_seconds, r.rows_per_second, r.mb_per_second
+    );
+}
+
+#[allow(clippy::print_stdout)]
+async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
+    let mut failed = false;
+    for path in configs {
+        let job = ConfigDocument::from_path(path)
+            .map_err(JobError::from)
+            .and_then(|doc| Job::from_document(&doc));
+        let job = match job {
+            Ok(j) => j,
+            Err(e) => {
+                print_error(&e);
+                let n = match &e {
+                    JobError::Pipeline(PipelineError::Config(c)) => c.0.len(),
+                    _ => 1,
+                };
+                eprintln!("{}: {n} problem(s) found", path.display());
+                failed = true;
+                continue;
+            }
+        };
+        if no_data {
+            println!("{}: ok (YAML only)", path.display());
+            continue;
+        }
+        match job.pipeline().plan().await {
+            Ok(plan) => {
+                println!(
+                    "{}: ok — {} file(s), {} rows",
+                    path.display(),
+                    plan.files,
+                    plan.rows
+                );
+                println!("  source: {}", schema_line(&plan.source_schema));
+                for (stage, schema) in &plan.stages {
+                    println!("  {stage}: {}", schema_line(schema));
+                }
+                if let Some(sink) = &job.sink {
+                    println!("  sink: {} at {}", sink.value.kind(), sink.location);
+                }
+            }
+            Err(e) => {
+                print_error(&e);
+                eprintln!("{}: 1 problem found", path.display());
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn schema_line(schema: &arrow::datatypes::Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[allow(clippy::print_stdout)]
+async fn inspect(paths: &[String], rows: usize) -> ExitCode {
+    let cwd = PathBuf::from(".");
+    match sluice::pipeline::inspect::inspect_parquet(paths, &cwd, rows).await {
+        Ok(files) => {
+            for f in files {
+                println!("{}", f.url);
+                println!(
+                    "  {} rows, {} row group(s), {} bytes{}",
+                    f.rows,
+                    f.row_groups.len(),
+                    f.size,
+                    f.created_by
+                        .map(|c| format!(", written by {c}"))
+                        .unwrap_or_default()
+                );
+                println!("  schema:");
+                for field in f.schema.fields() {
+                    println!(
+                        "    {}: {}{}",
+                        field.name(),
+                        field.data_type(),
+                        if field.is_nullable() {
+                            ""
+                        } else {
+                            " (not null)"
+                        }
+                    );
+                }
+                println!("  row groups:");
+                for (i, rg) in f.row_groups.iter().enumerate() {
+                    println!(
+                        "    {i}: {} rows, {} bytes compressed, {} uncompressed",
+                        rg.rows, rg.compressed_bytes, rg.uncompressed_bytes
+                    );
+                }
+                if !f.head.is_empty() {
+                    println!("  first rows:");
+                    match arrow::util::pretty::pretty_format_batches(&f.head) {
+                        Ok(t) => {
+                            for line in t.to_string().lines() {
+                                println!("    {line}");
+                            }
+                        }
+                        Err(e) => println!("    (cannot display: {e})"),
+                    }
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            print_error(&e);
+            ExitCode::FAILURE
+        }
+    }
+}

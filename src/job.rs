@@ -54,7 +54,7 @@ impl Job {
                 sink,
                 base_dir: doc.base_dir().to_path_buf(),
             }),
-            _ => Err(sluice_pipeline::Error::Config(ConfigErrors(errors)).into()),
+            _ => Err(sluice_pipeline::Error::Config(ConfigErrors::sorted(errors)).into()),
         }
     }
 

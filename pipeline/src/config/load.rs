@@ -95,12 +95,54 @@ impl ConfigDocument {
             Some((m, _)) => m.to_string(),
             None => raw,
         };
+        let message = self.explain(line, column, message);
         let message = if context.is_empty() {
             message
         } else {
             format!("{context}: {message}")
         };
         ConfigError::new(&self.origin, line, column, message)
+    }
+
+    /// Turns terse scalar errors ("invalid u64") into "`size`: expected a non-negative
+    /// integer, found `many`" using the text at the error's position.
+    fn explain(&self, line: usize, column: usize, message: String) -> String {
+        let expected = match message.as_str() {
+            "invalid u64" | "invalid u32" | "invalid u16" | "invalid u8" | "invalid usize" => {
+                "a non-negative integer"
+            }
+            "invalid i64" | "invalid i32" | "invalid i16" | "invalid i8" | "invalid isize" => {
+                "an integer"
+            }
+            "invalid f64" | "invalid f32" => "a number",
+            "invalid boolean" => "true or false",
+            _ => return message,
+        };
+        let Some(text) = self.text.lines().nth(line.saturating_sub(1)) else {
+            return message;
+        };
+        let chars: Vec<char> = text.chars().collect();
+        let at = column.saturating_sub(1).min(chars.len());
+        let value: String = chars[at..]
+            .iter()
+            .take_while(|c| !matches!(c, ',' | '}' | ']' | '#'))
+            .collect();
+        let before: String = chars[..at].iter().collect();
+        let key = before
+            .trim_end()
+            .strip_suffix(':')
+            .map(|k| {
+                k.rsplit(|c: char| c == '{' || c == ',' || c == '-' || c.is_whitespace())
+                    .next()
+                    .unwrap_or("")
+                    .trim_matches(|c| c == '"' || c == '\'')
+                    .to_string()
+            })
+            .filter(|k| !k.is_empty());
+        match key {
+            Some(k) => format!("`{k}`: expected {expected}, found `{}`", value.trim()),
+            None => format!("expected {expected}, found `{}`", value.trim()),
+        }
     }
 
     fn loc(&self, l: &serde_saphyr::Location) -> String {
@@ -172,7 +214,7 @@ impl ConfigDocument {
         key: &str,
         errors: &mut Vec<ConfigError>,
     ) -> Option<Located<T>> {
-        let kind = match self.run(key, KindReader) {
+        let mut kind = match self.run(key, KindReader) {
             Ok(Some(k)) => k,
             Ok(None) => return None,
             Err(e) => {
@@ -180,8 +222,10 @@ impl ConfigDocument {
                 return None;
             }
         };
+        let keys = std::mem::take(&mut kind.keys);
         let (kind, location) = self.check_kind::<T>(key, kind, errors)?;
-        match self.run(key, ComponentReader::<T>::new(&kind)) {
+        let skip = self.unknown_keys::<T>(key, &kind, &keys, errors);
+        match self.run(key, ComponentReader::<T>::new(&kind, &skip)) {
             Ok(Some(value)) => Some(Located { value, location }),
             Ok(None) => None,
             Err(e) => {
@@ -207,14 +251,16 @@ impl ConfigDocument {
             }
         };
         let mut out = Vec::new();
-        for (index, kind) in kinds.into_iter().enumerate() {
+        for (index, mut kind) in kinds.into_iter().enumerate() {
             let context = format!("{key}[{index}]");
+            let keys = std::mem::take(&mut kind.keys);
             let Some((kind, location)) = self.check_kind::<T>(&context, kind, errors) else {
                 continue;
             };
+            let skip = self.unknown_keys::<T>(&context, &kind, &keys, errors);
             let reader = NthReader {
                 index,
-                inner: ComponentReader::<T>::new(&kind),
+                inner: ComponentReader::<T>::new(&kind, &skip),
             };
             match self.run(key, reader) {
                 Ok(Some(Some(value))) => out.push(Located { value, location }),
@@ -262,6 +308,37 @@ impl ConfigDocument {
             }
             Some(k) => Some((k.value, location)),
         }
+    }
+
+    /// Reports keys the component's struct does not have (all of them, with positions) and
+    /// returns them so the typed pass skips them.
+    fn unknown_keys<T: Component>(
+        &self,
+        context: &str,
+        kind: &str,
+        keys: &[Spanned<String>],
+        errors: &mut Vec<ConfigError>,
+    ) -> Vec<String> {
+        let Some(fields) = component_fields::<T>(kind) else {
+            return Vec::new();
+        };
+        let mut unknown = Vec::new();
+        for k in keys {
+            if !fields.contains(&k.value.as_str()) {
+                errors.push(ConfigError::new(
+                    &self.origin,
+                    k.referenced.line() as usize,
+                    k.referenced.column() as usize,
+                    format!(
+                        "{context} ({kind}): unknown field `{}`, expected one of {}",
+                        k.value,
+                        fields.join(", ")
+                    ),
+                ));
+                unknown.push(k.value.clone());
+            }
+        }
+        unknown
     }
 }
 
@@ -343,6 +420,7 @@ impl<T: DeserializeOwned> ValueReader for TypedReader<T> {
 /// The `type` of a component and where the component starts.
 struct KindInfo {
     kind: Option<Spanned<String>>,
+    keys: Vec<Spanned<String>>,
     at: serde_saphyr::Location,
 }
 
@@ -353,7 +431,8 @@ impl ValueReader for KindReader {
     fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<KindInfo, D::Error> {
         let s: Spanned<KindOnly> = Spanned::deserialize(d)?;
         Ok(KindInfo {
-            kind: s.value.0,
+            kind: s.value.kind,
+            keys: s.value.keys,
             at: s.referenced,
         })
     }
@@ -361,7 +440,19 @@ impl ValueReader for KindReader {
 
 use serde::Deserialize;
 
-struct KindOnly(Option<Spanned<String>>);
+struct KindOnly {
+    kind: Option<Spanned<String>>,
+    keys: Vec<Spanned<String>>,
+}
+
+/// `type: null` is YAML's null, but means the `null` sink.
+fn kind_name(v: Spanned<Option<String>>) -> Spanned<String> {
+    Spanned::new(
+        v.value.unwrap_or_else(|| "null".to_string()),
+        v.referenced,
+        v.defined,
+    )
+}
 
 impl<'de> Deserialize<'de> for KindOnly {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -373,14 +464,16 @@ impl<'de> Deserialize<'de> for KindOnly {
             }
             fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<KindOnly, M::Error> {
                 let mut kind = None;
-                while let Some(k) = m.next_key::<String>()? {
-                    if k == "type" {
-                        kind = Some(m.next_value::<Spanned<String>>()?);
+                let mut keys = Vec::new();
+                while let Some(k) = m.next_key::<Spanned<String>>()? {
+                    if k.value == "type" {
+                        kind = Some(kind_name(m.next_value::<Spanned<Option<String>>>()?));
                     } else {
                         m.next_value::<IgnoredAny>()?;
+                        keys.push(k);
                     }
                 }
-                Ok(KindOnly(kind))
+                Ok(KindOnly { kind, keys })
             }
         }
         d.deserialize_map(V)
@@ -389,13 +482,17 @@ impl<'de> Deserialize<'de> for KindOnly {
 
 struct ComponentReader<'k, T> {
     kind: &'k str,
+    /// Keys already reported as unknown: hidden from the typed pass so it can report the next
+    /// problem.
+    skip: &'k [String],
     _t: PhantomData<T>,
 }
 
 impl<'k, T> ComponentReader<'k, T> {
-    fn new(kind: &'k str) -> Self {
+    fn new(kind: &'k str, skip: &'k [String]) -> Self {
         ComponentReader {
             kind,
+            skip,
             _t: PhantomData,
         }
     }
@@ -418,19 +515,19 @@ impl<'de, T: Component> Visitor<'de> for ComponentReader<'_, T> {
             self.kind,
             de::value::MapAccessDeserializer::new(WithoutKey {
                 inner: m,
-                skip: "type",
+                skip: self.skip,
             }),
         )
     }
 }
 
-/// A view of a mapping without one key.
-struct WithoutKey<M> {
+/// A view of a mapping without `type` and the given keys.
+struct WithoutKey<'k, M> {
     inner: M,
-    skip: &'static str,
+    skip: &'k [String],
 }
 
-impl<'de, M: MapAccess<'de>> MapAccess<'de> for WithoutKey<M> {
+impl<'de, M: MapAccess<'de>> MapAccess<'de> for WithoutKey<'_, M> {
     type Error = M::Error;
     fn next_key_seed<K: DeserializeSeed<'de>>(
         &mut self,
@@ -439,7 +536,7 @@ impl<'de, M: MapAccess<'de>> MapAccess<'de> for WithoutKey<M> {
         loop {
             match self.inner.next_key::<String>()? {
                 None => return Ok(None),
-                Some(k) if k == self.skip => {
+                Some(k) if k == "type" || self.skip.contains(&k) => {
                     self.inner.next_value::<IgnoredAny>()?;
                 }
                 Some(k) => {
@@ -522,5 +619,39 @@ impl<'de, R: ValueReader> Visitor<'de> for NthReader<R> {
             i += 1;
         }
         Ok(out)
+    }
+}
+
+/// The field names of the struct behind component `kind`, found by letting serde's derived
+/// code announce them to a deserializer that only listens.
+fn component_fields<T: Component>(kind: &str) -> Option<&'static [&'static str]> {
+    let mut fields = None;
+    let _ = T::deserialize_kind(kind, FieldsProbe(&mut fields));
+    fields
+}
+
+struct FieldsProbe<'a>(&'a mut Option<&'static [&'static str]>);
+
+impl<'de> Deserializer<'de> for FieldsProbe<'_> {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom("probe"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = Some(fields);
+        Err(de::Error::custom("probe"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
     }
 }

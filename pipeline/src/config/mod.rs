@@ -71,6 +71,14 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+impl ConfigErrors {
+    /// The errors in file order.
+    pub fn sorted(mut errors: Vec<ConfigError>) -> Self {
+        errors.sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
+        ConfigErrors(errors)
+    }
+}
+
 /// A whole pipeline: where rows come from and what happens to them.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {

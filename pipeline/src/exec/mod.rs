@@ -67,6 +67,8 @@ pub struct Plan {
 struct StageSlot {
     stage: StageRef,
     built: BuiltStage,
+    /// Schema the stage receives.
+    input: SchemaRef,
 }
 
 impl Pipeline {
@@ -89,7 +91,7 @@ impl Pipeline {
                 config,
                 base_dir: doc.base_dir().to_path_buf(),
             }),
-            _ => Err(Error::Config(ConfigErrors(errors))),
+            _ => Err(Error::Config(ConfigErrors::sorted(errors))),
         }
     }
 
@@ -162,8 +164,15 @@ impl Pipeline {
             if stats.is_some() {
                 // Validate against the schema first, then pay for the pass over the data.
                 stage::build(&sref, &s.value, &schema, stats.clone())?;
-                let computed =
-                    compute_stats(&source, &slots, &s.value, &pool, &self.config).await?;
+                let computed = compute_stats(
+                    &source,
+                    &slots,
+                    &s.value,
+                    &pool,
+                    &self.config,
+                    schema.clone(),
+                )
+                .await?;
                 for (name, st) in &computed {
                     stage_metrics[i].note(format!(
                         "computed over {} values of `{name}`: mean {:.6}, std {:.6}",
@@ -175,7 +184,11 @@ impl Pipeline {
                 stats = Some(computed);
             }
             let (built, out) = stage::build(&sref, &s.value, &schema, stats)?;
-            slots.push(StageSlot { stage: sref, built });
+            slots.push(StageSlot {
+                stage: sref,
+                built,
+                input: schema.clone(),
+            });
             schema = out;
         }
         metrics.set_stages(stage_metrics);
@@ -231,6 +244,7 @@ async fn compute_stats(
     config: &StageConfig,
     pool: &CpuPool,
     runtime: &PipelineConfig,
+    schema: SchemaRef,
 ) -> Result<ComputedStats> {
     let StageConfig::Standardize(c) = config else {
         return Err(Error::Internal(
@@ -242,9 +256,9 @@ async fn compute_stats(
         .map(|s| StageSlot {
             stage: s.stage.clone(),
             built: s.built.clone_stage(),
+            input: s.input.clone(),
         })
         .collect();
-    let schema = prefix_schema(source, runtime, slots.len())?;
     let prepared = PreparedPipeline {
         source: source.single_epoch(),
         slots: prefix,
@@ -284,10 +298,6 @@ async fn compute_stats(
             .await??;
     }
     Ok(stats)
-}
-
-fn prefix_schema(source: &ParquetSource, _cfg: &PipelineConfig, _n: usize) -> Result<SchemaRef> {
-    Ok(source.schema().clone())
 }
 
 /// A pipeline whose source is open and whose stages are built: [`PreparedPipeline::stream`]
@@ -357,7 +367,6 @@ impl PreparedPipeline {
             channel(queue_bytes, stats)
         };
         let (tx, mut rx) = new_queue("source".into());
-        let mut schema = source.schema().clone();
         tasks.spawn(source.run(tx, pool.clone(), metrics.clone()));
         let stage_metrics = metrics.stages();
         let mut i = 0;
@@ -382,7 +391,7 @@ impl PreparedPipeline {
                         slots[i].stage.clone(),
                         *size,
                         *drop_last,
-                        schema.clone(),
+                        slots[i].input.clone(),
                     );
                     let (tx, next) = new_queue(format!("{}", slots[i].stage));
                     tasks.spawn(rebatch_task(
@@ -396,7 +405,6 @@ impl PreparedPipeline {
                     i += 1;
                 }
             }
-            let _ = &mut schema;
         }
         Running {
             rx,

@@ -1,0 +1,280 @@
+//! Bad input gets a clear message, exit code 1, no panic and no partial output.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use common::*;
+
+struct Case {
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("out")).unwrap();
+        Case { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn yaml(&self, text: &str) -> PathBuf {
+        let p = self.path("p.yaml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Runs `sluice <cmd> p.yaml`, expects exit 1 and returns stderr.
+    fn fails(&self, cmd: &str, config: &Path) -> String {
+        let out = sluice().arg(cmd).arg(config).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        stderr
+    }
+
+    fn assert_no_output(&self) {
+        assert_eq!(
+            files_under(&self.path("out")),
+            Vec::<String>::new(),
+            "partial output left behind"
+        );
+    }
+}
+
+fn digits() -> String {
+    repo()
+        .join("data/digits/train.parquet")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn unknown_key_names_position_and_allowed_keys() {
+    let c = Case::new();
+    let p = c.yaml(&format!(
+        "source:\n  type: parquet\n  path: {}\nstages:\n  - type: batch\n    size: 8\n    dorp_last: true\nsink: {{type: parquet, path: out/x.parquet}}\n",
+        digits()
+    ));
+    for cmd in ["validate", "run"] {
+        let err = c.fails(cmd, &p);
+        assert!(
+            err.contains("p.yaml:7:5: stages[0] (batch): unknown field `dorp_last`, expected one of size, drop_last"),
+            "{err}"
+        );
+    }
+    c.assert_no_output();
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let c = Case::new();
+    let p = c.yaml("source:\n  type: parquet\n  path: 3\n  colums: [a]\nstages:\n  - {type: batch, size: many}\n  - {type: explode}\nsink: {type: parquet}\nextra: true\n");
+    let err = c.fails("validate", &p);
+    assert!(
+        err.contains("p.yaml:9:1: unknown top-level key `extra`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("p.yaml:4:3: source (parquet): unknown field `colums`"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "p.yaml:6:25: stages[0] (batch): `size`: expected a non-negative integer, found `many`"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "stages[1]: unknown stage type `explode`, expected one of: select, rename, cast"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("sink (parquet): missing field `path`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("p.yaml:3:3: source (parquet): invalid type: integer `3`, expected a path"),
+        "{err}"
+    );
+    assert!(err.contains("6 problem(s) found"), "{err}");
+}
+
+#[test]
+fn wrong_type_is_reported_with_position() {
+    let c = Case::new();
+    let p = c.yaml(&format!(
+        "source:\n  type: parquet\n  path: {}\n  batch_rows: lots\n",
+        digits()
+    ));
+    let err = c.fails("validate", &p);
+    assert!(
+        err.contains("p.yaml:4:15: source (parquet): `batch_rows`: expected a non-negative integer, found `lots`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_required_field() {
+    let c = Case::new();
+    let p = c.yaml(&format!(
+        "source:\n  type: parquet\n  path: {}\nstages:\n  - type: one_hot\n    column: label\n",
+        digits()
+    ));
+    let err = c.fails("validate", &p);
+    assert!(
+        err.contains("stages[0] (one_hot): missing field `num_classes`"),
+        "{err}"
+    );
+    assert!(err.contains("p.yaml:"), "{err}");
+}
+
+#[test]
+fn unset_environment_variable() {
+    let c = Case::new();
+    let p = c.yaml("source:\n  type: parquet\n  path: ${SLUICE_TEST_SURELY_UNSET}/x.parquet\n");
+    let err = c.fails("run", &p);
+    assert!(
+        err.contains("p.yaml:3:9: environment variable `SLUICE_TEST_SURELY_UNSET` is not set"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_file() {
+    let c = Case::new();
+    let p = c.yaml("source:\n  type: parquet\n  path: nowhere/*.parquet\nsink: {type: parquet, path: out/x.parquet}\n");
+    let err = c.fails("run", &p);
+    assert!(err.contains("no files match `nowhere/*.parquet`"), "{err}");
+    c.assert_no_output();
+    let err = c.fails("run", &c.path("absent.yaml"));
+    assert!(err.contains("cannot read config file"), "{err}");
+}
+
+#[test]
+fn not_parquet_and_truncated_parquet() {
+    let c = Case::new();
+    std::fs::write(c.path("fake.parquet"), "id,label\n1,2\n").unwrap();
+    let p = c.yaml("source:\n  type: parquet\n  path: fake.parquet\nsink: {type: parquet, path: out/x.parquet}\n");
+    let err = c.fails("run", &p);
+    assert!(err.contains("fake.parquet: cannot decode Parquet"), "{err}");
+    assert!(err.contains("not Parquet or is truncated"), "{err}");
+    c.assert_no_output();
+
+    let bytes = std::fs::read(repo().join("data/digits/train.parquet")).unwrap();
+    std::fs::write(c.path("fake.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+    let err = c.fails("run", &p);
+    assert!(err.contains("fake.parquet: cannot decode Parquet"), "{err}");
+    c.assert_no_output();
+
+    let out = sluice()
+        .arg("inspect")
+        .arg(c.path("fake.parquet"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot decode Parquet"));
+}
+
+#[test]
+fn corrupt_row_group_names_file_and_row_group() {
+    let c = Case::new();
+    let mut bytes = std::fs::read(repo().join("data/digits/train.parquet")).unwrap();
+    // Damage the middle of the data pages (the footer stays intact).
+    for b in &mut bytes[20000..20400] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(c.path("bad.parquet"), &bytes).unwrap();
+    let p = c.yaml("source:\n  type: parquet\n  path: bad.parquet\nsink: {type: parquet, path: out/x.parquet}\n");
+    let err = c.fails("run", &p);
+    assert!(err.contains("bad.parquet (row group "), "{err}");
+    c.assert_no_output();
+}
+
+#[test]
+fn column_that_does_not_exist() {
+    let c = Case::new();
+    let p = c.yaml(&format!(
+        "source:\n  type: parquet\n  path: {}\n  columns: [id, labels]\n",
+        digits()
+    ));
+    let err = c.fails("validate", &p);
+    assert!(
+        err.contains("column `labels` does not exist; available columns: id, label, pixels"),
+        "{err}"
+    );
+
+    let p = c.yaml(&format!(
+        "source:\n  type: parquet\n  path: {}\nstages:\n  - type: rename\n    columns: {{label: y}}\n  - type: clip\n    columns: [label]\n    max: 3\nsink: {{type: parquet, path: out/x.parquet}}\n",
+        digits()
+    ));
+    let err = c.fails("run", &p);
+    assert!(err.contains("stages[1] (clip) at "), "{err}");
+    assert!(
+        err.contains("p.yaml:7:5: column `label` does not exist; available columns: id, y, pixels"),
+        "{err}"
+    );
+    c.assert_no_output();
+}
+
+#[test]
+fn failing_cast_names_column_value_and_row_and_leaves_no_output() {
+    let c = Case::new();
+    // Three row groups; the bad value is in the last one, after output has started.
+    let batch = |ids: std::ops::Range<i64>, bad: Option<i64>| {
+        let s: Vec<String> = ids
+            .clone()
+            .map(|i| {
+                if Some(i) == bad {
+                    "12x".to_string()
+                } else {
+                    i.to_string()
+                }
+            })
+            .collect();
+        RecordBatch::try_from_iter([
+            ("id", arc(Int64Array::from_iter_values(ids))),
+            ("n", arc(StringArray::from(s))),
+        ])
+        .unwrap()
+    };
+    write_parquet(
+        &c.path("s.parquet"),
+        &[
+            batch(0..100, None),
+            batch(100..200, None),
+            batch(200..300, Some(250)),
+        ],
+        100,
+    );
+    let p = c.yaml("source:\n  type: parquet\n  path: s.parquet\n  batch_rows: 50\nstages:\n  - type: cast\n    columns: {n: int64}\nsink: {type: parquet, path: out/x.parquet, row_group_size: 10}\nruntime: {threads: 1}\n");
+    let err = c.fails("run", &p);
+    assert!(err.contains("stages[0] (cast) at "), "{err}");
+    assert!(err.contains("cannot cast column `n` to Int64"), "{err}");
+    assert!(err.contains("12x"), "the bad value is shown: {err}");
+    assert!(
+        err.contains("s.parquet row group 2, row 250 (epoch 0)"),
+        "{err}"
+    );
+    c.assert_no_output();
+}
+
+#[test]
+fn bad_class_index_in_one_hot() {
+    let c = Case::new();
+    let p = c.yaml(&format!(
+        "source:\n  type: parquet\n  path: {}\nstages:\n  - {{type: one_hot, column: label, num_classes: 5}}\nsink: {{type: null}}\n",
+        digits()
+    ));
+    let err = c.fails("run", &p);
+    assert!(err.contains("class index in column `label` is"), "{err}");
+    assert!(err.contains("outside 0..5"), "{err}");
+    assert!(err.contains("train.parquet row group 0, row "), "{err}");
+}

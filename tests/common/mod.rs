@@ -1,0 +1,103 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::properties::WriterProperties;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `sluice` built by cargo for this test run, with a clean environment for output paths.
+pub fn sluice() -> assert_cmd::Command {
+    let mut c = assert_cmd::cargo::cargo_bin_cmd!("sluice");
+    c.env_remove("SLUICE_OUT_DIR").env_remove("RUST_LOG");
+    c
+}
+
+/// Reads every batch of a Parquet file.
+pub fn read_parquet(path: &Path) -> Vec<RecordBatch> {
+    let f = std::fs::File::open(path).unwrap();
+    ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
+}
+
+/// Writes batches to a Parquet file with `rows_per_group` rows per row group.
+pub fn write_parquet(path: &Path, batches: &[RecordBatch], rows_per_group: usize) {
+    let f = std::fs::File::create(path).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rows_per_group))
+        .build();
+    let mut w = ArrowWriter::try_new(f, batches[0].schema(), Some(props)).unwrap();
+    for b in batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Every entry (recursively) under `dir`, as relative paths.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// An order-sensitive FNV-1a checksum over the given Int64 columns.
+pub fn checksum_i64(batches: &[RecordBatch], columns: &[&str]) -> u64 {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in batches {
+        let cols: Vec<_> = columns
+            .iter()
+            .map(|c| {
+                b.column_by_name(c)
+                    .unwrap()
+                    .as_primitive::<Int64Type>()
+                    .clone()
+            })
+            .collect();
+        for r in 0..b.num_rows() {
+            for c in &cols {
+                for byte in c.value(r).to_le_bytes() {
+                    h ^= byte as u64;
+                    h = h.wrapping_mul(0x100000001b3);
+                }
+            }
+        }
+    }
+    h
+}
+
+/// Total rows.
+pub fn rows(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::num_rows).sum()
+}
+
+pub fn arc<T: arrow::array::Array + 'static>(a: T) -> arrow::array::ArrayRef {
+    Arc::new(a)
+}

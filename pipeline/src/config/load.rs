@@ -424,6 +424,7 @@ struct KindInfo {
     at: serde_saphyr::Location,
 }
 
+#[derive(Clone, Copy)]
 struct KindReader;
 
 impl ValueReader for KindReader {
@@ -575,13 +576,6 @@ impl<'de, R: ValueReader + Copy> Visitor<'de> for ListReader<R> {
         Ok(out)
     }
 }
-
-impl Clone for KindReader {
-    fn clone(&self) -> Self {
-        KindReader
-    }
-}
-impl Copy for KindReader {}
 
 /// Applies a reader to element `index` of a sequence, skipping the others.
 struct NthReader<R> {

@@ -384,8 +384,8 @@ pub struct CastConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FilterConfig {
-    /// A SQL boolean expression over columns, e.g. `label < 5 AND (weight IS NULL OR weight
-    /// > 0.5)`. Supported: comparisons, `AND`/`OR`/`NOT`, `IS [NOT] NULL`, `[NOT] IN (…)`,
+    /// A SQL boolean expression over columns, e.g.
+    /// `label < 5 AND (weight IS NULL OR weight > 0.5)`. Supported: comparisons, `AND`/`OR`/`NOT`, `IS [NOT] NULL`, `[NOT] IN (…)`,
     /// `[NOT] BETWEEN … AND …`, `+ - * / %`, parentheses, number/string/boolean literals.
     /// Rows where it is false or NULL are removed (and counted in the run summary).
     pub predicate: String,

@@ -169,7 +169,7 @@ pub(crate) fn build(
                 input.fields().iter().map(|f| f.as_ref().clone()).collect();
             let given = match (c.mean, c.std) {
                 (Some(m), Some(s)) => {
-                    if !(s > 0.0 && s.is_finite()) || !m.is_finite() {
+                    if !(s > 0.0 && s.is_finite() && m.is_finite()) {
                         return Err(err(format!(
                             "`std` must be a positive number and `mean` finite (got mean {m}, std {s})"
                         )));

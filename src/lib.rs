@@ -12,3 +12,8 @@ mod job;
 pub use job::{Job, JobError, PreparedJob, RunReport, StageReport};
 pub use sluice_pipeline as pipeline;
 pub use sluice_sinks as sinks;
+
+/// The README's Rust examples compile (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

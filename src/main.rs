@@ -363,14 +363,7 @@ async fn inspect(paths: &[String], rows: usize) -> ExitCode {
                 }
                 if !f.head.is_empty() {
                     println!("  first rows:");
-                    match arrow::util::pretty::pretty_format_batches(&f.head) {
-                        Ok(t) => {
-                            for line in t.to_string().lines() {
-                                println!("    {line}");
-                            }
-                        }
-                        Err(e) => println!("    (cannot display: {e})"),
-                    }
+                    print_rows(&f.head);
                 }
             }
             ExitCode::SUCCESS
@@ -378,6 +371,44 @@ async fn inspect(paths: &[String], rows: usize) -> ExitCode {
         Err(e) => {
             print_error(&e);
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// One line per row, long values (lists) shortened so the output stays readable.
+#[allow(clippy::print_stdout)]
+fn print_rows(batches: &[arrow::array::RecordBatch]) {
+    use arrow::util::display::{ArrayFormatter, FormatOptions};
+    const MAX: usize = 72;
+    let opts = FormatOptions::default().with_null("null");
+    let mut row_no = 0;
+    for b in batches {
+        let formatters: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts))
+            .collect();
+        for r in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .schema()
+                .fields()
+                .iter()
+                .zip(&formatters)
+                .map(|(field, fmt)| {
+                    let v = match fmt {
+                        Ok(f) => f.value(r).to_string(),
+                        Err(_) => "?".into(),
+                    };
+                    let v = if v.chars().count() > MAX {
+                        format!("{}…", v.chars().take(MAX).collect::<String>())
+                    } else {
+                        v
+                    };
+                    format!("{}={v}", field.name())
+                })
+                .collect();
+            println!("    [{row_no}] {}", cells.join(", "));
+            row_no += 1;
         }
     }
 }

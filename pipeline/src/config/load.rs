@@ -616,9 +616,9 @@ impl<'de, R: ValueReader> Visitor<'de> for NthReader<R> {
     }
 }
 
-/// The field names of the struct behind component `kind`, found by letting serde's derived
-/// code announce them to a deserializer that only listens.
-fn component_fields<T: Component>(kind: &str) -> Option<&'static [&'static str]> {
+/// The field names of the struct behind component `kind` (`None` for an unknown kind), found
+/// by letting serde's derived code announce them to a deserializer that only listens.
+pub fn component_fields<T: Component>(kind: &str) -> Option<&'static [&'static str]> {
     let mut fields = None;
     let _ = T::deserialize_kind(kind, FieldsProbe(&mut fields));
     fields

@@ -11,7 +11,7 @@ use bytesize::ByteSize;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
-pub use load::{Component, ConfigDocument, Located};
+pub use load::{Component, ConfigDocument, Located, component_fields};
 
 use crate::types::DataTypeName;
 

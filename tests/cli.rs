@@ -1,0 +1,111 @@
+//! The `sluice` command line: inspect, validate, usage errors, interruption.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use predicates::str::contains;
+
+#[test]
+fn inspect_shows_schema_rows_row_groups_and_first_rows() {
+    sluice()
+        .args(["inspect", "-n", "2"])
+        .arg(repo().join("data/digits/train.parquet"))
+        .assert()
+        .success()
+        .stdout(contains("1437 rows, 3 row group(s)"))
+        .stdout(contains("    label: Int64"))
+        .stdout(contains("pixels: FixedSizeList(64 x UInt8"))
+        .stdout(contains("    2: 413 rows"))
+        .stdout(contains("[0] id=1, label=1, pixels=[0, 0, 0, 12, 13, 5"))
+        .stdout(contains("[1] id=2, label=2"))
+        .stdout(contains("[2]").not());
+}
+
+#[test]
+fn inspect_accepts_globs() {
+    let glob = repo().join("data/digits/*.parquet").display().to_string();
+    sluice()
+        .args(["inspect", "-n", "0", &glob])
+        .assert()
+        .success()
+        .stdout(contains("test.parquet"))
+        .stdout(contains("train.parquet"));
+}
+
+#[test]
+fn validate_prints_the_schema_through_every_stage() {
+    sluice()
+        .arg("validate")
+        .arg(repo().join("configs/quickstart.yaml"))
+        .assert()
+        .success()
+        .stdout(contains("ok — 1 file(s), 1437 rows"))
+        .stdout(contains("stages[0] (cast) at "))
+        .stdout(contains("pixels: FixedSizeList(64 x Float32"));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    sluice().arg("frobnicate").assert().code(2);
+    sluice().arg("run").assert().code(2);
+    sluice()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(contains("validate"));
+}
+
+use predicates::prelude::PredicateBooleanExt;
+
+#[cfg(unix)]
+#[test]
+fn interrupt_stops_cleanly_without_partial_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let config = dir.path().join("p.yaml");
+    // Long enough that it is still running when interrupted (≈2.9M rows).
+    std::fs::write(
+        &config,
+        format!(
+            "source: {{type: parquet, path: '{}', epochs: 2000}}\nstages:\n- {{type: cast, columns: {{pixels: float32}}}}\nsink: {{type: parquet, path: out/big.parquet, compression: none}}\n",
+            repo().join("data/digits/train.parquet").display()
+        ),
+    )
+    .unwrap();
+    let bin = assert_cmd::cargo::cargo_bin!("sluice");
+    let mut child = std::process::Command::new(bin)
+        .arg("run")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait (bounded) until output has started: the upload's staging file exists.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while files_under(&out).is_empty() {
+        assert!(Instant::now() < deadline, "the run never started writing");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it could be interrupted"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_eq!(
+        files_under(&out),
+        Vec::<String>::new(),
+        "partial output left behind"
+    );
+}

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use futures::FutureExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sluice::pipeline::{ConfigDocument, Error as PipelineError, PipelineMetrics};
 use sluice::{Job, JobError, RunReport};
@@ -121,19 +122,40 @@ fn print_error(e: &dyn std::fmt::Display) {
     }
 }
 
-async fn interrupted() {
+/// Resolves on the first Ctrl-C or SIGTERM. The signal handlers are installed before this
+/// returns, so a signal that arrives while the job is still starting is not lost.
+fn interrupt_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                    let _ = tx.send(true);
+                });
             }
-            return;
+            _ => {
+                tracing::warn!("cannot install signal handlers; Ctrl-C will kill the process");
+                std::mem::forget(tx);
+            }
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = tx.send(true);
+    });
+    async move {
+        let _ = rx.wait_for(|fired| *fired).await;
+    }
 }
 
 async fn run(
@@ -142,6 +164,7 @@ async fn run(
     summary_json: Option<&Path>,
     quiet: bool,
 ) -> ExitCode {
+    let interrupt = interrupt_signal().shared();
     let job = match Job::from_path(config) {
         Ok(j) => j,
         Err(e) => {
@@ -151,7 +174,7 @@ async fn run(
     };
     let prepared = tokio::select! {
         p = job.prepare() => p,
-        _ = interrupted() => Err(JobError::Interrupted),
+        _ = interrupt.clone() => Err(JobError::Interrupted),
     };
     let prepared = match prepared {
         Ok(p) => p,
@@ -162,7 +185,7 @@ async fn run(
         let metrics = prepared.metrics();
         tokio::spawn(async move { tick(bar, metrics).await })
     });
-    let result = prepared.run(interrupted()).await;
+    let result = prepared.run(interrupt).await;
     if let Some(t) = ticker {
         t.abort();
     }

@@ -45,7 +45,6 @@ pub(crate) struct ParquetSource {
     files: Vec<Arc<ParquetFile>>,
     schema: SchemaRef,
     config: ParquetSourceConfig,
-    location: String,
 }
 
 impl ParquetSource {
@@ -127,7 +126,6 @@ impl ParquetSource {
             files,
             schema,
             config: config.clone(),
-            location: location.to_string(),
         })
     }
 
@@ -204,7 +202,6 @@ impl ParquetSource {
                 }
             }
         }
-        let _ = &self.location;
     }
 }
 

@@ -1,0 +1,148 @@
+//! File sinks: what is written reads back identical; abort and failures leave nothing behind.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field};
+use sluice_pipeline::{Batch, CpuPool, Lineage, Origin};
+use sluice_sinks::{
+    ArrowIpcSinkConfig, IpcCompression, ParquetCompression, ParquetSinkConfig, SinkConfig,
+    SinkContext,
+};
+
+fn batch(start: i64, n: i64) -> Batch {
+    let field = Arc::new(Field::new_list_field(DataType::Float32, false));
+    let values = Float32Array::from_iter_values((0..n * 3).map(|v| (start * 3 + v) as f32 * 0.5));
+    let data = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(start..start + n)) as _,
+        ),
+        (
+            "name",
+            Arc::new(StringArray::from_iter(
+                (start..start + n).map(|i| (i % 3 != 0).then(|| format!("row{i}"))),
+            )) as _,
+        ),
+        (
+            "v",
+            Arc::new(FixedSizeListArray::try_new(field, 3, Arc::new(values), None).unwrap()) as _,
+        ),
+    ])
+    .unwrap();
+    let origin = Origin::Object {
+        url: Arc::from("file:///test"),
+        row_group: 0,
+    };
+    Batch::new(data, Lineage::new(origin, start as u64, n as u64, 0))
+}
+
+fn context(dir: &std::path::Path) -> SinkContext {
+    SinkContext {
+        schema: batch(0, 1).data.schema(),
+        base_dir: dir.to_path_buf(),
+        pool: CpuPool::new(Some(2)).unwrap(),
+    }
+}
+
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn parquet(path: &str, overwrite: bool) -> SinkConfig {
+    SinkConfig::Parquet(ParquetSinkConfig {
+        path: path.into(),
+        row_group_size: 100,
+        compression: ParquetCompression::Zstd,
+        zstd_level: 3,
+        overwrite,
+    })
+}
+
+#[tokio::test]
+async fn parquet_and_ipc_read_back_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let cx = context(dir.path());
+    let input: Vec<Batch> = (0..5).map(|i| batch(i * 70, 70)).collect();
+    let ipc = SinkConfig::ArrowIpc(ArrowIpcSinkConfig {
+        path: "nested/dir/out.arrow".into(),
+        compression: IpcCompression::Zstd,
+        overwrite: true,
+    });
+    for config in [parquet("out.parquet", true), ipc] {
+        let mut sink = config.build(&cx).await.unwrap();
+        for b in &input {
+            sink.write(b).await.unwrap();
+        }
+        let report = sink.finish().await.unwrap();
+        assert_eq!(report.rows, 350);
+        assert_eq!(report.batches, 5);
+        assert!(report.bytes > 0);
+    }
+    let expected =
+        arrow::compute::concat_batches(&cx.schema, input.iter().map(|b| &b.data)).unwrap();
+
+    let f = std::fs::File::open(dir.path().join("out.parquet")).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
+    assert_eq!(
+        reader.metadata().num_row_groups(),
+        4,
+        "row_group_size 100 over 350 rows"
+    );
+    let got: Vec<RecordBatch> = reader.build().unwrap().map(|b| b.unwrap()).collect();
+    assert_eq!(
+        arrow::compute::concat_batches(&cx.schema, &got).unwrap(),
+        expected
+    );
+
+    let f = std::fs::File::open(dir.path().join("nested/dir/out.arrow")).unwrap();
+    let got: Vec<RecordBatch> = arrow::ipc::reader::FileReader::try_new(f, None)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(
+        arrow::compute::concat_batches(&cx.schema, &got).unwrap(),
+        expected
+    );
+}
+
+#[tokio::test]
+async fn abort_leaves_nothing_and_keeps_an_existing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cx = context(dir.path());
+    std::fs::write(dir.path().join("out.parquet"), b"previous").unwrap();
+    let mut sink = parquet("out.parquet", true).build(&cx).await.unwrap();
+    for i in 0..20 {
+        sink.write(&batch(i * 1000, 1000)).await.unwrap();
+    }
+    sink.abort().await;
+    assert_eq!(entries(dir.path()), vec!["out.parquet"]);
+    assert_eq!(
+        std::fs::read(dir.path().join("out.parquet")).unwrap(),
+        b"previous",
+        "old file untouched"
+    );
+}
+
+#[tokio::test]
+async fn overwrite_false_refuses_an_existing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cx = context(dir.path());
+    std::fs::write(dir.path().join("out.parquet"), b"previous").unwrap();
+    let err = parquet("out.parquet", false)
+        .build(&cx)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("out.parquet already exists and `overwrite` is false"),
+        "{err}"
+    );
+}

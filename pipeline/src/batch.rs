@@ -188,9 +188,18 @@ impl Batch {
         self.data.num_rows()
     }
 
-    /// Bytes of Arrow memory held by the data (what queue budgets count).
+    /// Bytes of Arrow memory this batch's rows occupy (what queue budgets count). For a
+    /// zero-copy slice this is the slice's share, not the whole shared buffer.
     pub fn memory_size(&self) -> usize {
-        self.data.get_array_memory_size()
+        self.data
+            .columns()
+            .iter()
+            .map(|c| {
+                c.to_data()
+                    .get_slice_memory_size()
+                    .unwrap_or_else(|_| c.get_array_memory_size())
+            })
+            .sum()
     }
 
     /// Zero-copy slice of rows `offset..offset+len`.
@@ -211,6 +220,19 @@ mod tests {
             url: Arc::from("file:///x.parquet"),
             row_group: rg,
         }
+    }
+
+    #[test]
+    fn memory_size_counts_only_the_slice() {
+        use arrow::array::Int64Array;
+        let data = RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(Int64Array::from_iter_values(0..1000)) as _,
+        )])
+        .unwrap();
+        let b = Batch::new(data, Lineage::new(origin(0), 0, 1000, 0));
+        assert_eq!(b.memory_size(), 8000);
+        assert_eq!(b.slice(10, 100).memory_size(), 800);
     }
 
     #[test]

@@ -51,11 +51,7 @@ pub async fn inspect_parquet(
     let mut out = Vec::new();
     for object in list_objects(specs, base_dir).await? {
         let url = object.location.url.to_string();
-        let mut reader = ObjectReader::new(
-            object.location.store.clone(),
-            object.location.path.clone(),
-            object.size,
-        );
+        let mut reader = ObjectReader::new(&object.location, object.size);
         let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
             .await
             .map_err(|e| Error::parquet(&url, None, e))?;

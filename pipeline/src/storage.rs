@@ -1,17 +1,101 @@
 //! Turning the paths and URLs of a config into object-store locations, and listing globs.
 //!
-//! Everything goes through `object_store`, so local files and (later) S3/GCS/Azure share one
-//! code path. Relative paths resolve against the config file's directory.
+//! Everything goes through `object_store`, so local files, S3 (`s3://`), GCS (`gs://`), Azure
+//! (`az://`, `abfs://`, `abfss://`) and HTTP(S) share one code path. Relative paths resolve
+//! against the config file's directory. Credentials and endpoints come from the standard
+//! environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_SERVICE_ACCOUNT`,
+//! `AZURE_STORAGE_ACCOUNT_NAME`, …) and can be set per source/sink with `storage:`; values
+//! there are never logged or shown in messages.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use object_store::{BackoffConfig, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
+use serde::Deserialize;
 
+use crate::config::Literal;
 use crate::error::{Error, Result};
+
+/// How to reach an object store: `object_store` options and the retry budget.
+#[derive(Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `object_store` options for the URL's scheme, e.g. `endpoint`, `region`,
+    /// `access_key_id`, `secret_access_key`, `session_token`, `allow_http`,
+    /// `virtual_hosted_style_request` (S3); `service_account`, `service_account_key` (GCS);
+    /// `account_name`, `access_key`, `sas_key` (Azure). They override the environment.
+    #[serde(default)]
+    pub options: BTreeMap<String, Literal>,
+    /// Retries of transient failures (5xx, connection resets, timeouts) with exponential
+    /// backoff. Default: 10 retries within 180 s.
+    #[serde(default)]
+    pub retry: RetrySettings,
+}
+
+impl fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Values may be secrets: show only the keys.
+        f.debug_struct("StorageConfig")
+            .field("options", &self.options.keys().collect::<Vec<_>>())
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+/// Retry budget for one request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Retries per request. Default: 10.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: usize,
+    /// Give up retrying a request after this many seconds. Default: 180.
+    #[serde(default = "default_timeout_secs")]
+    pub timeout_secs: f64,
+    /// First backoff in seconds, doubled after each failure (capped at 15 s). Default: 0.1.
+    #[serde(default = "default_backoff_secs")]
+    pub initial_backoff_secs: f64,
+}
+
+fn default_max_retries() -> usize {
+    10
+}
+fn default_timeout_secs() -> f64 {
+    180.0
+}
+fn default_backoff_secs() -> f64 {
+    0.1
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            max_retries: default_max_retries(),
+            timeout_secs: default_timeout_secs(),
+            initial_backoff_secs: default_backoff_secs(),
+        }
+    }
+}
+
+impl RetrySettings {
+    fn to_object_store(&self) -> RetryConfig {
+        RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_secs_f64(self.initial_backoff_secs.max(0.001)),
+                max_backoff: Duration::from_secs(15),
+                base: 2.0,
+            },
+            max_retries: self.max_retries,
+            retry_timeout: Duration::from_secs_f64(self.timeout_secs.max(0.0)),
+        }
+    }
+}
 
 /// One object: the store holding it, its path there and its URL for messages and lineage.
 #[derive(Debug, Clone)]
@@ -20,7 +104,7 @@ pub struct ObjectLocation {
     pub store: Arc<dyn ObjectStore>,
     /// Path within the store.
     pub path: ObjectPath,
-    /// Full URL, e.g. `file:///data/a.parquet`.
+    /// Full URL, e.g. `file:///data/a.parquet`, `s3://bucket/a.parquet`.
     pub url: Arc<str>,
 }
 
@@ -33,49 +117,72 @@ pub struct ListedObject {
     pub size: u64,
 }
 
-fn local_store() -> Arc<dyn ObjectStore> {
-    static STORE: std::sync::OnceLock<Arc<dyn ObjectStore>> = std::sync::OnceLock::new();
-    STORE
-        .get_or_init(|| Arc::new(LocalFileSystem::new()))
-        .clone()
+/// A parsed location: a local absolute path or a remote URL split into store root and path.
+enum Parsed {
+    Local(PathBuf),
+    Remote {
+        scheme: String,
+        /// `scheme://authority` (bucket/container/host).
+        root: String,
+        /// Path inside the store, without leading `/` (may contain glob characters).
+        path: String,
+    },
 }
 
-/// Resolves `spec` (a path or `file://` URL) against `base_dir` to an absolute local path.
-fn local_path(spec: &str, base_dir: &Path) -> Result<PathBuf> {
-    let raw = if let Some(rest) = spec.strip_prefix("file://") {
+const REMOTE_SCHEMES: &[&str] = &[
+    "s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "adl", "http", "https",
+];
+
+fn parse(spec: &str, base_dir: &Path) -> Result<Parsed> {
+    if let Some(rest) = spec.strip_prefix("file://") {
         if !rest.starts_with('/') {
             return Err(Error::InvalidUrl {
                 url: spec.to_string(),
                 reason: "a file:// URL needs an absolute path (file:///data/x.parquet)".into(),
             });
         }
-        PathBuf::from(rest)
-    } else if let Some((scheme, _)) = spec.split_once("://") {
-        return Err(Error::InvalidUrl {
-            url: spec.to_string(),
-            reason: format!(
-                "the `{scheme}://` scheme is not supported by this build; use a local path or a file:// URL"
-            ),
-        });
-    } else {
-        let p = PathBuf::from(spec);
-        if p.is_absolute() {
-            p
-        } else {
-            let base = if base_dir.is_absolute() {
-                base_dir.to_path_buf()
-            } else {
-                std::env::current_dir()
-                    .map_err(|e| Error::InvalidUrl {
-                        url: spec.to_string(),
-                        reason: format!("cannot determine the current directory: {e}"),
-                    })?
-                    .join(base_dir)
-            };
-            base.join(p)
+        return Ok(Parsed::Local(normalize(Path::new(rest))));
+    }
+    if let Some((scheme, rest)) = spec.split_once("://") {
+        let scheme = scheme.to_ascii_lowercase();
+        if !REMOTE_SCHEMES.contains(&scheme.as_str()) {
+            return Err(Error::InvalidUrl {
+                url: spec.to_string(),
+                reason: format!(
+                    "unsupported scheme `{scheme}://`; use a local path, file://, s3://, gs://, az://, abfs(s)://, http(s)://"
+                ),
+            });
         }
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if authority.is_empty() {
+            return Err(Error::InvalidUrl {
+                url: spec.to_string(),
+                reason: "missing bucket/container/host after the scheme".into(),
+            });
+        }
+        return Ok(Parsed::Remote {
+            root: format!("{scheme}://{authority}"),
+            scheme,
+            path: path.to_string(),
+        });
+    }
+    let p = PathBuf::from(spec);
+    let abs = if p.is_absolute() {
+        p
+    } else {
+        let base = if base_dir.is_absolute() {
+            base_dir.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map_err(|e| Error::InvalidUrl {
+                    url: spec.to_string(),
+                    reason: format!("cannot determine the current directory: {e}"),
+                })?
+                .join(base_dir)
+        };
+        base.join(p)
     };
-    Ok(normalize(&raw))
+    Ok(Parsed::Local(normalize(&abs)))
 }
 
 /// Removes `.` and `..` components without touching the file system.
@@ -93,7 +200,98 @@ fn normalize(p: &Path) -> PathBuf {
     out
 }
 
-fn to_location(abs: &Path, spec: &str) -> Result<ObjectLocation> {
+fn local_store() -> Arc<dyn ObjectStore> {
+    static STORE: OnceLock<Arc<dyn ObjectStore>> = OnceLock::new();
+    STORE
+        .get_or_init(|| Arc::new(LocalFileSystem::new()))
+        .clone()
+}
+
+/// Stores are cached per (root, options) so connections are reused across files.
+fn remote_store(scheme: &str, root: &str, storage: &StorageConfig) -> Result<Arc<dyn ObjectStore>> {
+    type Cache = Mutex<Vec<((String, StorageConfig), Arc<dyn ObjectStore>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (root.to_string(), storage.clone());
+    if let Ok(c) = cache.lock()
+        && let Some((_, s)) = c.iter().find(|(k, _)| *k == key)
+    {
+        return Ok(s.clone());
+    }
+    let store = build_remote(scheme, root, storage)?;
+    if let Ok(mut c) = cache.lock() {
+        c.push((key, store.clone()));
+    }
+    Ok(store)
+}
+
+fn option_error(root: &str, key: &str, e: impl fmt::Display) -> Error {
+    Error::InvalidUrl {
+        url: root.to_string(),
+        reason: format!("storage option `{key}`: {e}"),
+    }
+}
+
+fn build_remote(scheme: &str, root: &str, storage: &StorageConfig) -> Result<Arc<dyn ObjectStore>> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    use object_store::http::HttpBuilder;
+    let retry = storage.retry.to_object_store();
+    let options = storage.options.iter().map(|(k, v)| {
+        let v = match v {
+            Literal::Str(s) => s.clone(),
+            other => other.to_string(),
+        };
+        (k.clone(), v)
+    });
+    let built: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
+        "s3" | "s3a" => {
+            let mut b = AmazonS3Builder::from_env().with_url(root).with_retry(retry);
+            for (k, v) in options {
+                let key: AmazonS3ConfigKey = k.parse().map_err(|e| option_error(root, &k, e))?;
+                b = b.with_config(key, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }
+        "gs" => {
+            let mut b = GoogleCloudStorageBuilder::from_env()
+                .with_url(root)
+                .with_retry(retry);
+            for (k, v) in options {
+                let key: GoogleConfigKey = k.parse().map_err(|e| option_error(root, &k, e))?;
+                b = b.with_config(key, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }
+        "http" | "https" => {
+            if let Some((k, _)) = options.into_iter().next() {
+                return Err(option_error(root, &k, "http(s) stores take no options"));
+            }
+            HttpBuilder::new()
+                .with_url(root)
+                .with_retry(retry)
+                .build()
+                .map(|s| Arc::new(s) as _)
+        }
+        _ => {
+            let mut b = MicrosoftAzureBuilder::from_env()
+                .with_url(root)
+                .with_retry(retry);
+            for (k, v) in options {
+                let key: AzureConfigKey = k.parse().map_err(|e| option_error(root, &k, e))?;
+                b = b.with_config(key, v);
+            }
+            b.build().map(|s| Arc::new(s) as _)
+        }
+    };
+    built.map_err(|e| Error::InvalidUrl {
+        url: root.to_string(),
+        reason: format!("cannot configure the object store: {e}"),
+    })
+}
+
+fn local_location(abs: &Path, spec: &str) -> Result<ObjectLocation> {
     let text = abs.to_str().ok_or_else(|| Error::InvalidUrl {
         url: spec.to_string(),
         reason: "path is not valid UTF-8".into(),
@@ -109,36 +307,85 @@ fn to_location(abs: &Path, spec: &str) -> Result<ObjectLocation> {
     })
 }
 
-/// Resolves one output location (no globs).
+fn remote_location(
+    store: Arc<dyn ObjectStore>,
+    root: &str,
+    path: &str,
+    spec: &str,
+) -> Result<ObjectLocation> {
+    let path = ObjectPath::parse(path.trim_matches('/')).map_err(|e| Error::InvalidUrl {
+        url: spec.to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(ObjectLocation {
+        store,
+        url: Arc::from(format!("{root}/{path}")),
+        path,
+    })
+}
+
+/// Resolves one location (no globs), e.g. an output file.
+pub fn resolve(spec: &str, base_dir: &Path, storage: &StorageConfig) -> Result<ObjectLocation> {
+    match parse(spec, base_dir)? {
+        Parsed::Local(abs) => local_location(&abs, spec),
+        Parsed::Remote { scheme, root, path } => {
+            let store = remote_store(&scheme, &root, storage)?;
+            remote_location(store, &root, &path, spec)
+        }
+    }
+}
+
+/// Resolves one output location (no globs) with default storage settings.
 pub fn resolve_output(spec: &str, base_dir: &Path) -> Result<ObjectLocation> {
-    let abs = local_path(spec, base_dir)?;
-    to_location(&abs, spec)
+    resolve(spec, base_dir, &StorageConfig::default())
 }
 
 fn has_glob(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 
-/// Lists the objects named by `specs` (paths, URLs, globs, directories), sorted by URL and
-/// without duplicates. A spec that matches nothing is an error.
+/// Lists the objects named by `specs` (paths, URLs, globs, directories/prefixes), sorted by
+/// URL and without duplicates. A spec that matches nothing is an error.
 pub async fn list_objects(specs: &[String], base_dir: &Path) -> Result<Vec<ListedObject>> {
+    list_objects_with(specs, base_dir, &StorageConfig::default()).await
+}
+
+/// [`list_objects`] with storage settings.
+pub async fn list_objects_with(
+    specs: &[String],
+    base_dir: &Path,
+    storage: &StorageConfig,
+) -> Result<Vec<ListedObject>> {
     let mut out: Vec<ListedObject> = Vec::new();
     for spec in specs {
-        let abs = local_path(spec, base_dir)?;
-        let text = abs.to_string_lossy().to_string();
-        let found = if has_glob(&text) {
-            list_glob(spec, &text).await?
+        let (store, root, path, display) = match parse(spec, base_dir)? {
+            Parsed::Local(abs) => {
+                let text = abs.to_string_lossy().trim_start_matches('/').to_string();
+                (
+                    local_store(),
+                    "file://".to_string(),
+                    text,
+                    abs.display().to_string(),
+                )
+            }
+            Parsed::Remote { scheme, root, path } => {
+                let store = remote_store(&scheme, &root, storage)?;
+                (store, root, path, spec.clone())
+            }
+        };
+        let found = if has_glob(&path) {
+            list_glob(&store, &root, &path, spec).await?
         } else {
-            let loc = to_location(&abs, spec)?;
+            let loc = remote_location(store.clone(), &root, &path, spec)?;
             match loc.store.head(&loc.path).await {
                 Ok(meta) => vec![ListedObject {
                     size: meta.size,
                     location: loc,
                 }],
                 Err(object_store::Error::NotFound { .. }) => {
-                    // A directory: every *.parquet below it.
-                    let listed = list_prefix(&loc, spec).await?;
-                    listed
+                    // A directory / prefix: every *.parquet below it.
+                    list_prefix(&store, &root, &path, spec)
+                        .await?
                         .into_iter()
                         .filter(|o| o.location.path.as_ref().ends_with(".parquet"))
                         .collect()
@@ -155,7 +402,7 @@ pub async fn list_objects(specs: &[String], base_dir: &Path) -> Result<Vec<Liste
         if found.is_empty() {
             return Err(Error::NoMatch {
                 pattern: spec.clone(),
-                listed: abs.display().to_string(),
+                listed: display,
             });
         }
         out.extend(found);
@@ -165,8 +412,17 @@ pub async fn list_objects(specs: &[String], base_dir: &Path) -> Result<Vec<Liste
     Ok(out)
 }
 
-async fn list_prefix(prefix: &ObjectLocation, spec: &str) -> Result<Vec<ListedObject>> {
-    let metas: Vec<ObjectMeta> = match prefix.store.list(Some(&prefix.path)).try_collect().await {
+async fn list_prefix(
+    store: &Arc<dyn ObjectStore>,
+    root: &str,
+    prefix: &str,
+    spec: &str,
+) -> Result<Vec<ListedObject>> {
+    let prefix = ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| Error::InvalidUrl {
+        url: spec.to_string(),
+        reason: e.to_string(),
+    })?;
+    let metas: Vec<ObjectMeta> = match store.list(Some(&prefix)).try_collect().await {
         Ok(m) => m,
         Err(object_store::Error::NotFound { .. }) => Vec::new(),
         Err(source) => {
@@ -177,35 +433,48 @@ async fn list_prefix(prefix: &ObjectLocation, spec: &str) -> Result<Vec<ListedOb
             });
         }
     };
+    let root = if root == "file://" {
+        "file://".to_string()
+    } else {
+        format!("{root}/")
+    };
     Ok(metas
         .into_iter()
         .map(|m| ListedObject {
             size: m.size,
             location: ObjectLocation {
-                store: prefix.store.clone(),
-                url: Arc::from(format!("file:///{}", m.location)),
+                store: store.clone(),
+                url: Arc::from(if root == "file://" {
+                    format!("file:///{}", m.location)
+                } else {
+                    format!("{root}{}", m.location)
+                }),
                 path: m.location,
             },
         })
         .collect())
 }
 
-async fn list_glob(spec: &str, abs: &str) -> Result<Vec<ListedObject>> {
-    let pattern = glob::Pattern::new(abs).map_err(|e| Error::InvalidUrl {
+async fn list_glob(
+    store: &Arc<dyn ObjectStore>,
+    root: &str,
+    path: &str,
+    spec: &str,
+) -> Result<Vec<ListedObject>> {
+    let pattern = glob::Pattern::new(path).map_err(|e| Error::InvalidUrl {
         url: spec.to_string(),
         reason: format!("invalid glob: {e}"),
     })?;
     // List below the longest directory prefix without glob characters.
-    let first_glob = abs.find(['*', '?', '[']).unwrap_or(abs.len());
-    let dir = &abs[..abs[..first_glob].rfind('/').unwrap_or(0)];
-    let prefix = to_location(Path::new(if dir.is_empty() { "/" } else { dir }), spec)?;
+    let first_glob = path.find(['*', '?', '[']).unwrap_or(path.len());
+    let dir = &path[..path[..first_glob].rfind('/').unwrap_or(0)];
     let opts = glob::MatchOptions {
         require_literal_separator: true,
         ..Default::default()
     };
-    Ok(list_prefix(&prefix, spec)
+    Ok(list_prefix(store, root, dir, spec)
         .await?
         .into_iter()
-        .filter(|o| pattern.matches_with(&format!("/{}", o.location.path), opts))
+        .filter(|o| pattern.matches_with(o.location.path.as_ref(), opts))
         .collect())
 }

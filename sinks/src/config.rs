@@ -3,6 +3,7 @@
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use sluice_pipeline::config::Component;
+use sluice_pipeline::storage::StorageConfig;
 
 /// Where the pipeline's batches go.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,7 +61,8 @@ pub enum ParquetCompression {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParquetSinkConfig {
-    /// Output file (path or `file://` URL; relative to the config file's directory).
+    /// Output file: path or URL (`file://`, `s3://`, `gs://`, `az://`; relative paths resolve
+    /// against the config file's directory).
     pub path: String,
     /// Rows per row group. Default: 65536.
     #[serde(default = "default_row_group_size")]
@@ -74,6 +76,9 @@ pub struct ParquetSinkConfig {
     /// Replace an existing file. Default: true.
     #[serde(default = "default_true")]
     pub overwrite: bool,
+    /// How to reach the object store (options, retry budget), as for sources.
+    #[serde(default)]
+    pub storage: StorageConfig,
 }
 
 /// Arrow IPC buffer compression.
@@ -94,7 +99,8 @@ pub enum IpcCompression {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArrowIpcSinkConfig {
-    /// Output file (path or `file://` URL; relative to the config file's directory).
+    /// Output file: path or URL (`file://`, `s3://`, `gs://`, `az://`; relative paths resolve
+    /// against the config file's directory).
     pub path: String,
     /// `zstd` (default), `lz4` or `none`.
     #[serde(default)]
@@ -102,6 +108,9 @@ pub struct ArrowIpcSinkConfig {
     /// Replace an existing file. Default: true.
     #[serde(default = "default_true")]
     pub overwrite: bool,
+    /// How to reach the object store (options, retry budget), as for sources.
+    #[serde(default)]
+    pub storage: StorageConfig,
 }
 
 /// `type: null` — discards batches, counting rows and bytes (for benchmarks).

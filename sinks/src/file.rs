@@ -10,7 +10,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use object_store::{ObjectStoreExt, WriteMultipart};
-use sluice_pipeline::storage::{ObjectLocation, resolve_output};
+use sluice_pipeline::storage::{ObjectLocation, StorageConfig, resolve};
 
 use crate::{Error, Result, SinkContext};
 
@@ -49,8 +49,13 @@ pub(crate) struct Upload {
 
 impl Upload {
     /// Starts an upload to `path` (checking `overwrite`).
-    pub(crate) async fn start(path: &str, overwrite: bool, cx: &SinkContext) -> Result<Self> {
-        let location = resolve_output(path, &cx.base_dir)?;
+    pub(crate) async fn start(
+        path: &str,
+        overwrite: bool,
+        storage: &StorageConfig,
+        cx: &SinkContext,
+    ) -> Result<Self> {
+        let location = resolve(path, &cx.base_dir, storage)?;
         if !overwrite {
             match location.store.head(&location.path).await {
                 Ok(_) => {

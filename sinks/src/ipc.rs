@@ -25,7 +25,7 @@ impl IpcSink {
             IpcCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
             IpcCompression::None => None,
         };
-        let upload = Upload::start(&c.path, c.overwrite, cx).await?;
+        let upload = Upload::start(&c.path, c.overwrite, &c.storage, cx).await?;
         let url = upload.location.url.to_string();
         let enc = |e: arrow::error::ArrowError| Error::Encode {
             url: url.clone(),

@@ -42,7 +42,7 @@ impl ParquetSink {
             .set_compression(compression)
             .set_max_row_group_row_count(Some(c.row_group_size))
             .build();
-        let upload = Upload::start(&c.path, c.overwrite, cx).await?;
+        let upload = Upload::start(&c.path, c.overwrite, &c.storage, cx).await?;
         let buf = SharedBuf::default();
         let writer =
             ArrowWriter::try_new(buf.clone(), cx.schema.clone(), Some(props)).map_err(|e| {

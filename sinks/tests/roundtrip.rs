@@ -62,6 +62,7 @@ fn parquet(path: &str, overwrite: bool) -> SinkConfig {
         compression: ParquetCompression::Zstd,
         zstd_level: 3,
         overwrite,
+        storage: Default::default(),
     })
 }
 
@@ -74,6 +75,7 @@ async fn parquet_and_ipc_read_back_identical() {
         path: "nested/dir/out.arrow".into(),
         compression: IpcCompression::Zstd,
         overwrite: true,
+        storage: Default::default(),
     });
     for config in [parquet("out.parquet", true), ipc] {
         let mut sink = config.build(&cx).await.unwrap();

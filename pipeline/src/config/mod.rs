@@ -170,10 +170,21 @@ impl Component for SourceConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ParquetSourceConfig {
-    /// A path, `file://` URL or glob (`data/*.parquet`, `data/**/part-*.parquet`), or a list
-    /// of them. Relative paths resolve against the config file's directory. Files are read in
-    /// sorted order.
-    pub path: OneOrMany,
+    /// A path, URL (`file://`, `s3://`, `gs://`, `az://`, `abfs(s)://`, `http(s)://`), glob
+    /// (`data/*.parquet`, `s3://b/train/**/part-*.parquet`) or prefix, or a list of them.
+    /// Relative paths resolve against the config file's directory. Files are read in sorted
+    /// order. Exactly one of `path` and `manifest`.
+    #[serde(default)]
+    pub path: Option<OneOrMany>,
+    /// A JSON manifest listing the files instead of `path`, so no listing is needed:
+    /// `{"files": [{"path": "part-0.parquet", "size": 1234, "rows": 100}, …]}`. Paths are
+    /// relative to the manifest's location; `size` (bytes) saves a HEAD request per file;
+    /// `rows`, when given, is checked against the file's footer.
+    #[serde(default)]
+    pub manifest: Option<String>,
+    /// How to reach the object store: options and retry budget.
+    #[serde(default)]
+    pub storage: crate::storage::StorageConfig,
     /// Columns to read (projection); default: all. Order of the output follows this list.
     #[serde(default)]
     pub columns: Option<Vec<String>>,
@@ -480,7 +491,7 @@ mod tests {
         )
         .unwrap();
         let SourceConfig::Parquet(p) = &cfg.source.value;
-        assert_eq!(p.path.0, vec!["a.parquet", "b/*.parquet"]);
+        assert_eq!(p.path.as_ref().unwrap().0, vec!["a.parquet", "b/*.parquet"]);
         assert_eq!(p.batch_rows, 8192);
         assert_eq!(cfg.stages.len(), 3);
         assert_eq!(cfg.stages[1].location, "p.yaml:7:5");

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
 use crate::exec::metrics::PipelineMetrics;
-use crate::storage::{ListedObject, list_objects};
+use crate::storage::{ListedObject, list_objects_with};
 
 /// One opened file: its location and decoded footer.
 #[derive(Debug)]
@@ -60,15 +60,26 @@ impl ParquetSource {
                 message: "`batch_rows` and `prefetch` must be at least 1".into(),
             });
         }
-        let objects = list_objects(&config.path.0, base_dir).await?;
+        let (objects, expected_rows) = match (&config.path, &config.manifest) {
+            (Some(paths), None) => (
+                list_objects_with(&paths.0, base_dir, &config.storage).await?,
+                Vec::new(),
+            ),
+            (None, Some(manifest)) => {
+                super::manifest::read(manifest, base_dir, &config.storage).await?
+            }
+            _ => {
+                return Err(Error::Source {
+                    at: location.to_string(),
+                    message: "give exactly one of `path` (files, globs, prefixes) and `manifest`"
+                        .into(),
+                });
+            }
+        };
         // Footers are small: fetch them concurrently, bounded.
         let metas: Vec<Result<(ListedObject, ArrowReaderMetadata)>> =
             futures::stream::iter(objects.into_iter().map(|object| async move {
-                let mut reader = ObjectReader::new(
-                    object.location.store.clone(),
-                    object.location.path.clone(),
-                    object.size,
-                );
+                let mut reader = ObjectReader::new(&object.location, object.size);
                 let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
                     .await
                     .map_err(|e| Error::parquet(&object.location.url, None, e))?;
@@ -82,6 +93,20 @@ impl ParquetSource {
         let mut schema: Option<(SchemaRef, Arc<str>)> = None;
         for m in metas {
             let (object, metadata) = m?;
+            let rows = metadata.metadata().file_metadata().num_rows() as u64;
+            if let Some((_, want)) = expected_rows
+                .iter()
+                .find(|(u, _)| **u == *object.location.url)
+                && *want != rows
+            {
+                return Err(Error::Source {
+                    at: location.to_string(),
+                    message: format!(
+                        "{}: the manifest says {want} rows but the file has {rows}; the manifest is stale",
+                        object.location.url
+                    ),
+                });
+            }
             let file_schema = metadata.schema().clone();
             let (root_indices, reorder, projected) =
                 project(&file_schema, config.columns.as_deref()).map_err(|message| {
@@ -215,11 +240,7 @@ async fn read_row_group(
     metrics: &PipelineMetrics,
 ) -> Result<Vec<Batch>> {
     let url = &file.object.location.url;
-    let reader = ObjectReader::new(
-        file.object.location.store.clone(),
-        file.object.location.path.clone(),
-        file.object.size,
-    );
+    let reader = ObjectReader::new(&file.object.location, file.object.size);
     let mut stream =
         ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
             .with_projection(file.mask.clone())

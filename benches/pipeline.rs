@@ -108,6 +108,76 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+    s3_vs_local(c, dir.path(), &rt);
+}
+
+/// The same read from local disk and from the S3 server on loopback (moto, started by
+/// `scripts/services.sh start`; skipped with a note when SLUICE_TEST_S3_ENDPOINT is unset).
+fn s3_vs_local(c: &mut Criterion, dir: &std::path::Path, rt: &tokio::runtime::Runtime) {
+    use object_store::ObjectStoreExt;
+    use std::io::{Read, Write};
+    let Ok(endpoint) = std::env::var("SLUICE_TEST_S3_ENDPOINT") else {
+        eprintln!(
+            "s3_vs_local: SLUICE_TEST_S3_ENDPOINT unset; run `eval \"$(scripts/services.sh start)\"` to compare with S3"
+        );
+        return;
+    };
+    let bucket = format!("bench-{}", std::process::id());
+    let addr = endpoint.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        conn,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(&endpoint)
+        .with_allow_http(true)
+        .with_bucket_name(&bucket)
+        .with_region("us-east-1")
+        .with_access_key_id("bench")
+        .with_secret_access_key("bench")
+        .build()
+        .unwrap();
+    let bytes = std::fs::read(dir.join("tabular.parquet")).unwrap();
+    rt.block_on(store.put(
+        &object_store::path::Path::from("tabular.parquet"),
+        bytes.into(),
+    ))
+    .unwrap();
+    let storage = format!(
+        "storage: {{options: {{endpoint: '{endpoint}', allow_http: true, region: us-east-1, access_key_id: bench, secret_access_key: bench}}}}"
+    );
+    let mut group = c.benchmark_group("read_local_vs_s3");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(ROWS as u64));
+    for (name, path) in [
+        ("local", "tabular.parquet".to_string()),
+        ("s3_loopback", format!("s3://{bucket}/tabular.parquet")),
+    ] {
+        let yaml = format!(
+            "source: {{type: parquet, path: '{path}', {storage}}}\nsink: {{type: 'null'}}\n"
+        );
+        let doc = ConfigDocument::from_str(&yaml, "bench.yaml", dir).unwrap();
+        let job = Job::from_document(&doc).unwrap();
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    let report = job
+                        .prepare()
+                        .await
+                        .unwrap()
+                        .run(std::future::pending())
+                        .await
+                        .unwrap();
+                    assert_eq!(report.rows_written, ROWS as u64);
+                })
+            })
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(benches, bench);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this script). Works on a fresh machine
-# with a Rust toolchain: cargo fetches the dependencies; nothing else is needed yet.
+# with a Rust toolchain and python3: cargo fetches the dependencies, scripts/services.sh
+# installs and starts the S3 server (moto) the integration tests use, and stops it at the end.
 #
 #   scripts/test.sh            formatting, clippy (warnings are errors), every test
 #   SLUICE_SKIP_LINT=1 scripts/test.sh   tests only
@@ -20,6 +21,15 @@ if [[ "${SLUICE_SKIP_LINT:-0}" != 1 ]]; then
     step "cargo clippy (warnings are errors)"
     cargo clippy --workspace --all-targets --locked -- -D warnings
 fi
+
+step "starting services (S3 server)"
+SERVICES_STARTED=0
+cleanup() { if [[ "$SERVICES_STARTED" == 1 ]]; then scripts/services.sh stop || true; fi; }
+trap cleanup EXIT
+ALREADY_RUNNING="$(scripts/services.sh env)"
+eval "$(scripts/services.sh start)"
+# Stop at the end only what this run started.
+if [[ -z "$ALREADY_RUNNING" ]]; then SERVICES_STARTED=1; fi
 
 step "unit, integration, CLI, example and bench-smoke tests"
 # --all-targets: libraries, binaries, tests/, examples/ (built and run by tests/example.rs)

@@ -56,7 +56,7 @@ pub enum Error {
     NoMatch { pattern: String, listed: String },
 
     /// Listing, reading or writing an object failed.
-    #[error("{url}: {operation} failed: {source}")]
+    #[error("{url}: {operation} failed: {source}{}", storage_hint(source))]
     Storage {
         url: String,
         operation: &'static str,
@@ -67,6 +67,14 @@ pub enum Error {
     /// The source's configuration does not fit the data (unknown column, bad setting).
     #[error("source at {at}: {message}")]
     Source { at: String, message: String },
+
+    /// Reading part of an object failed after the retry budget was spent.
+    #[error("{url}{}: {message}. The object store kept failing past the retry budget (`storage.retry` of the source); check that it is reachable", .row_group.map(|rg| format!(" (row group {rg})")).unwrap_or_default())]
+    Read {
+        url: String,
+        row_group: Option<usize>,
+        message: String,
+    },
 
     /// A file could not be decoded as Parquet (not Parquet, truncated, corrupt).
     #[error("{url}{}: cannot decode Parquet: {source}. {hint}", .row_group.map(|rg| format!(" (row group {rg})")).unwrap_or_default())]
@@ -118,12 +126,33 @@ pub enum Error {
     Internal(String),
 }
 
+/// What to do about an object-store error, by kind.
+fn storage_hint(e: &object_store::Error) -> &'static str {
+    match e {
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => {
+            ". Access denied: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_*, AZURE_* or `storage.options`) and this principal's permissions on the bucket"
+        }
+        object_store::Error::NotFound { .. } => ". Check the bucket and path",
+        _ => "",
+    }
+}
+
 impl Error {
     pub(crate) fn parquet(
         url: &str,
         row_group: Option<usize>,
         source: parquet::errors::ParquetError,
     ) -> Self {
+        if let parquet::errors::ParquetError::External(inner) = &source
+            && inner.is::<crate::source::reader::ReadError>()
+        {
+            return Error::Read {
+                url: url.to_string(),
+                row_group,
+                message: inner.to_string(),
+            };
+        }
         let text = source.to_string();
         let hint = if text.contains("magic") || text.contains("footer") || text.contains("EOF") {
             "The file is not Parquet or is truncated (incomplete upload or copy?); `sluice inspect` shows what can be read"

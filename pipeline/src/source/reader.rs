@@ -56,8 +56,9 @@ impl ObjectReader {
     }
 }
 
+/// A read that failed in the object store (as opposed to bytes that do not decode).
 #[derive(Debug)]
-struct ReadError(String);
+pub(crate) struct ReadError(String);
 
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

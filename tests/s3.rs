@@ -1,0 +1,339 @@
+//! Parquet from and to a real S3 server (moto, started by `scripts/services.sh`), including
+//! faults injected by a proxy in front of it.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use arrow::array::RecordBatch;
+use common::s3::{self, Proxy, SECRET};
+use common::*;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// The digits training set split into `parts` Parquet files, as (name, bytes).
+fn digits_parts(parts: usize) -> Vec<(String, Vec<u8>)> {
+    let all = read_parquet(&repo().join("data/digits/train.parquet"));
+    let all = arrow::compute::concat_batches(&all[0].schema(), &all).unwrap();
+    let per = all.num_rows().div_ceil(parts);
+    (0..parts)
+        .map(|i| {
+            let start = i * per;
+            let len = per.min(all.num_rows() - start);
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("x.parquet");
+            write_parquet(&p, &[all.slice(start, len)], 200);
+            (format!("part-{i:03}.parquet"), std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
+async fn upload(bucket: &str, prefix: &str, files: &[(String, Vec<u8>)]) {
+    let store = s3::store(bucket);
+    futures::stream::iter(files.iter().map(|(name, bytes)| {
+        let store = &store;
+        async move {
+            store
+                .put(
+                    &ObjectPath::from(format!("{prefix}/{name}")),
+                    PutPayload::from(bytes.clone()),
+                )
+                .await
+                .unwrap();
+        }
+    }))
+    .buffer_unordered(32)
+    .collect::<Vec<_>>()
+    .await;
+}
+
+/// Runs `sluice run` on `yaml` (written into `dir`) against `endpoint`; returns (exit code,
+/// stdout+stderr).
+fn run(dir: &Path, yaml: &str, endpoint: &str, extra: &[&str]) -> (i32, String) {
+    let config = dir.join("p.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut cmd = sluice();
+    cmd.arg("run")
+        .arg(&config)
+        .args(extra)
+        .envs(s3::env(endpoint));
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains(SECRET),
+        "the secret leaked into the output:\n{text}"
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+const STAGES: &str =
+    "stages:\n- {type: cast, columns: {pixels: float32}}\n- {type: batch, size: 100}\n";
+
+fn local_reference(dir: &Path, parts: &[(String, Vec<u8>)]) -> Vec<RecordBatch> {
+    let data = dir.join("local");
+    std::fs::create_dir_all(&data).unwrap();
+    for (name, bytes) in parts {
+        std::fs::write(data.join(name), bytes).unwrap();
+    }
+    let yaml = format!(
+        "source: {{type: parquet, path: 'local/*.parquet'}}\n{STAGES}sink: {{type: parquet, path: ref.parquet}}\n"
+    );
+    let (code, text) = run(dir, &yaml, &s3::endpoint(), &[]);
+    assert_eq!(code, 0, "{text}");
+    read_parquet(&dir.join("ref.parquet"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_a_multi_file_dataset_like_local_disk_and_writes_back() {
+    let bucket = s3::bucket("read");
+    let parts = digits_parts(4);
+    upload(&bucket, "digits/train", &parts).await;
+    let dir = tempfile::tempdir().unwrap();
+    let reference = local_reference(dir.path(), &parts);
+    assert_eq!(rows(&reference), 1437);
+
+    // S3 in, S3 out.
+    let yaml = format!(
+        "source: {{type: parquet, path: 's3://{bucket}/digits/train/*.parquet', prefetch: 3}}\n{STAGES}sink: {{type: parquet, path: 's3://{bucket}/out/digits.parquet'}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &s3::endpoint(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains(&format!("-> s3://{bucket}/out/digits.parquet")),
+        "{text}"
+    );
+    let bytes = s3::store(&bucket)
+        .get(&ObjectPath::from("out/digits.parquet"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let back: Vec<RecordBatch> =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+    let schema = reference[0].schema();
+    assert_eq!(
+        arrow::compute::concat_batches(&schema, &back).unwrap(),
+        arrow::compute::concat_batches(&schema, &reference).unwrap(),
+        "S3 round trip differs from the local run"
+    );
+    assert_eq!(
+        checksum_i64(&back, &["id", "label"]),
+        checksum_i64(&reference, &["id", "label"])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lists_two_thousand_objects_under_a_prefix() {
+    let bucket = s3::bucket("many");
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..2000i64)
+        .map(|i| {
+            let p = dir.path().join("one.parquet");
+            let b =
+                RecordBatch::try_from_iter([("id", arc(arrow::array::Int64Array::from(vec![i])))])
+                    .unwrap();
+            write_parquet(&p, &[b], 10);
+            (format!("f-{i:05}.parquet"), std::fs::read(&p).unwrap())
+        })
+        .collect();
+    upload(&bucket, "many", &files).await;
+    let yaml = format!(
+        "source: {{type: parquet, path: 's3://{bucket}/many/', prefetch: 16}}\nsink: {{type: parquet, path: out.parquet}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &s3::endpoint(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("2000 file(s)"), "{text}");
+    let out = read_parquet(&dir.path().join("out.parquet"));
+    let ids: Vec<i64> = out
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        (0..2000).collect::<Vec<_>>(),
+        "every object once, in key order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn manifest_reads_need_no_listing() {
+    let bucket = s3::bucket("manifest");
+    let parts = digits_parts(3);
+    upload(&bucket, "ds", &parts).await;
+    let files: Vec<String> = parts
+        .iter()
+        .map(|(n, b)| format!("{{\"path\": \"{n}\", \"size\": {}}}", b.len()))
+        .collect();
+    let manifest = format!("{{\"files\": [{}]}}", files.join(", "));
+    s3::store(&bucket)
+        .put(
+            &ObjectPath::from("ds/manifest.json"),
+            PutPayload::from(manifest.into_bytes()),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = local_reference(dir.path(), &parts);
+
+    let proxy = Proxy::start();
+    let yaml = format!(
+        "source: {{type: parquet, manifest: 's3://{bucket}/ds/manifest.json'}}\n{STAGES}sink: {{type: parquet, path: m.parquet}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        proxy.faults.lists.load(Ordering::SeqCst),
+        0,
+        "a manifest read must not list"
+    );
+    assert!(proxy.faults.requests.load(Ordering::SeqCst) > 3);
+    assert_eq!(read_parquet(&dir.path().join("m.parquet")), reference);
+
+    // The same dataset by glob does list (so the counter above can see listings).
+    let yaml = format!(
+        "source: {{type: parquet, path: 's3://{bucket}/ds/*.parquet'}}\n{STAGES}sink: {{type: parquet, path: g.parquet}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(proxy.faults.lists.load(Ordering::SeqCst) >= 1);
+    assert_eq!(read_parquet(&dir.path().join("g.parquet")), reference);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_dying_mid_read_is_retried_and_output_is_identical() {
+    let bucket = s3::bucket("flaky");
+    let parts = digits_parts(4);
+    upload(&bucket, "d", &parts).await;
+    let dir = tempfile::tempdir().unwrap();
+    let reference = local_reference(dir.path(), &parts);
+
+    let proxy = Proxy::start();
+    proxy.faults.data_limit.store(4096, Ordering::SeqCst);
+    // The first 5 data reads die with the connection, as if the server was killed mid-read.
+    proxy.faults.drop_data_reads.store(5, Ordering::SeqCst);
+    let yaml = format!(
+        "source:\n  type: parquet\n  path: 's3://{bucket}/d/*.parquet'\n  storage: {{retry: {{max_retries: 10, initial_backoff_secs: 0.05}}}}\n{STAGES}sink: {{type: parquet, path: f.parquet}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        proxy.faults.broken.load(Ordering::SeqCst),
+        5,
+        "the faults were injected"
+    );
+    assert_eq!(read_parquet(&dir.path().join("f.parquet")), reference);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_down_beyond_the_retry_budget_fails_cleanly() {
+    let bucket = s3::bucket("down");
+    upload(&bucket, "d", &digits_parts(2)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start();
+    proxy.faults.data_limit.store(4096, Ordering::SeqCst);
+    proxy
+        .faults
+        .drop_data_reads
+        .store(u64::MAX, Ordering::SeqCst);
+    let direct = s3::endpoint();
+    let yaml = format!(
+        "source:\n  type: parquet\n  path: 's3://{bucket}/d/*.parquet'\n  storage: {{retry: {{max_retries: 2, timeout_secs: 5, initial_backoff_secs: 0.05}}}}\n{STAGES}\
+         sink:\n  type: parquet\n  path: 's3://{bucket}/out/x.parquet'\n  storage: {{options: {{endpoint: '{direct}'}}}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &[]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!("s3://{bucket}/d/part-000.parquet")),
+        "names the object: {text}"
+    );
+    assert!(
+        text.contains("within bytes 4..") || text.contains("reading bytes 4.."),
+        "names the byte range: {text}"
+    );
+    assert!(text.contains("retry budget"), "{text}");
+    assert!(
+        !text.contains("corrupt"),
+        "an outage is not corruption: {text}"
+    );
+    assert!(
+        text.contains("after 2 retries") || text.contains("retries"),
+        "says it retried: {text}"
+    );
+    // No output object, not even a partial one.
+    let listed: Vec<_> = s3::store(&bucket)
+        .list(Some(&ObjectPath::from("out")))
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(listed.is_empty(), "partial output: {listed:?}");
+    let uploads = proxy.faults.requests.load(Ordering::SeqCst);
+    assert!(uploads > 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_bucket_missing_object_and_bad_credentials_get_one_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = s3::endpoint();
+
+    let yaml = "source: {type: parquet, path: 's3://no-such-bucket-sluice/x/*.parquet'}\n";
+    let (code, text) = run(dir.path(), yaml, &ep, &[]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("s3://no-such-bucket-sluice"), "{text}");
+    assert!(
+        text.contains("bucket") && text.contains("does not exist"),
+        "{text}"
+    );
+
+    let bucket = s3::bucket("missing");
+    let yaml = format!("source: {{type: parquet, path: 's3://{bucket}/nope.parquet'}}\n");
+    let (code, text) = run(dir.path(), &yaml, &ep, &[]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!("no files match `s3://{bucket}/nope.parquet`")),
+        "{text}"
+    );
+
+    // moto accepts any credentials unless configured otherwise, so the proxy answers like S3
+    // does for an unknown access key.
+    let proxy = Proxy::start();
+    proxy
+        .faults
+        .reject_key
+        .lock()
+        .unwrap()
+        .replace("BADKEY".into());
+    let yaml = format!(
+        "source:\n  type: parquet\n  path: 's3://{bucket}/x.parquet'\n  storage: {{options: {{access_key_id: BADKEY, secret_access_key: '{SECRET}'}}}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &["-vv"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("Access denied: check the credentials"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("error: ")).count(),
+        1,
+        "one message: {text}"
+    );
+}

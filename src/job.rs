@@ -143,8 +143,9 @@ impl PreparedJob {
         self.prepared.metrics()
     }
 
-    /// Rows the source will read.
-    pub fn source_rows(&self) -> u64 {
+    /// Rows the source will read, when known before the run (large listings complete while
+    /// reading).
+    pub fn source_rows(&self) -> Option<u64> {
         self.prepared.source_rows()
     }
 

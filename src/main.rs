@@ -219,11 +219,11 @@ fn fail(e: &JobError) -> ExitCode {
     }
 }
 
-fn progress_bar(mode: ProgressMode, total: u64) -> Option<ProgressBar> {
+fn progress_bar(mode: ProgressMode, total: Option<u64>) -> Option<ProgressBar> {
     if matches!(mode, ProgressMode::Never) || !std::io::stderr().is_terminal() {
         return None;
     }
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
     let style = ProgressStyle::with_template(
         "{spinner} [{elapsed_precise}] {bar:40} {human_pos}/{human_len} rows  {per_sec}  {msg}",
     )
@@ -237,6 +237,10 @@ async fn tick(bar: ProgressBar, metrics: std::sync::Arc<PipelineMetrics>) {
     loop {
         every.tick().await;
         bar.set_position(PipelineMetrics::get(&metrics.source.rows));
+        let expected = PipelineMetrics::get(&metrics.source.rows_expected);
+        if expected > 0 && bar.length() != Some(expected) {
+            bar.set_length(expected);
+        }
         let mb = PipelineMetrics::get(&metrics.source.bytes_decoded) as f64 / 1e6;
         let secs = bar.elapsed().as_secs_f64().max(1e-3);
         bar.set_message(format!("{:.1} MB/s", mb / secs));

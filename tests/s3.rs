@@ -150,12 +150,26 @@ async fn lists_two_thousand_objects_under_a_prefix() {
         })
         .collect();
     upload(&bucket, "many", &files).await;
+    let proxy = Proxy::start();
     let yaml = format!(
         "source: {{type: parquet, path: 's3://{bucket}/many/', prefetch: 16}}\nsink: {{type: parquet, path: out.parquet}}\n"
     );
-    let (code, text) = run(dir.path(), &yaml, &s3::endpoint(), &[]);
+    let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &[]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("2000 file(s)"), "{text}");
+    // The listing came in pages, and reading started before the last page was fetched.
+    let log = proxy.faults.log.lock().unwrap().clone();
+    assert!(
+        proxy.faults.lists.load(Ordering::SeqCst) >= 2,
+        "expected paginated listing: {log}"
+    );
+    let first_read = log.find('R').unwrap();
+    let last_list = log.rfind('L').unwrap();
+    assert!(
+        first_read < last_list,
+        "reading must start before listing ends: {}",
+        &log[..last_list + 1]
+    );
     let out = read_parquet(&dir.path().join("out.parquet"));
     let ids: Vec<i64> = out
         .iter()

@@ -478,3 +478,168 @@ async fn list_glob(
         .filter(|o| pattern.matches_with(o.location.path.as_ref(), opts))
         .collect())
 }
+
+/// A stream of listed objects.
+pub type ObjectStream = futures::stream::BoxStream<'static, Result<ListedObject>>;
+
+/// Like [`list_objects_with`], but yields objects while listing goes on, so reading can start
+/// before a large prefix is fully listed. Order: specs in the given order; within a spec, by
+/// key (object stores list in key order; local directories are sorted first). Duplicates
+/// across specs are skipped. A spec that matches nothing is an error.
+pub fn stream_objects(
+    specs: Vec<String>,
+    base_dir: PathBuf,
+    storage: StorageConfig,
+) -> ObjectStream {
+    use futures::StreamExt;
+    let per_spec = futures::stream::iter(specs).then(move |spec| {
+        let (base_dir, storage) = (base_dir.clone(), storage.clone());
+        async move { stream_spec(spec, &base_dir, &storage).await }
+    });
+    let mut seen = std::collections::HashSet::new();
+    per_spec
+        .flat_map(|r| match r {
+            Ok(s) => s,
+            Err(e) => futures::stream::iter([Err(e)]).boxed(),
+        })
+        .filter(move |r| {
+            let keep = match r {
+                Ok(o) => seen.insert(o.location.url.clone()),
+                Err(_) => true,
+            };
+            futures::future::ready(keep)
+        })
+        .boxed()
+}
+
+async fn stream_spec(
+    spec: String,
+    base_dir: &Path,
+    storage: &StorageConfig,
+) -> Result<ObjectStream> {
+    use futures::StreamExt;
+    let (store, root, path) = match parse(&spec, base_dir)? {
+        Parsed::Local(_) => {
+            // Local listings are cheap and unordered: list, sort, then stream.
+            let listed = list_objects_with(std::slice::from_ref(&spec), base_dir, storage).await?;
+            return Ok(futures::stream::iter(listed.into_iter().map(Ok)).boxed());
+        }
+        Parsed::Remote { scheme, root, path } => {
+            (remote_store(&scheme, &root, storage)?, root, path)
+        }
+    };
+    let (prefix, pattern) = if has_glob(&path) {
+        let first_glob = path.find(['*', '?', '[']).unwrap_or(path.len());
+        let dir = path[..path[..first_glob].rfind('/').unwrap_or(0)].to_string();
+        let pattern = glob::Pattern::new(&path).map_err(|e| Error::InvalidUrl {
+            url: spec.clone(),
+            reason: format!("invalid glob: {e}"),
+        })?;
+        (dir, Some(pattern))
+    } else {
+        let loc = remote_location(store.clone(), &root, &path, &spec)?;
+        match loc.store.head(&loc.path).await {
+            Ok(meta) => {
+                let one = ListedObject {
+                    size: meta.size,
+                    location: loc,
+                };
+                return Ok(futures::stream::iter([Ok(one)]).boxed());
+            }
+            Err(object_store::Error::NotFound { .. }) => (path.clone(), None),
+            Err(source) => {
+                return Err(Error::Storage {
+                    url: loc.url.to_string(),
+                    operation: "stat",
+                    source,
+                });
+            }
+        }
+    };
+    let prefix_path =
+        ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| Error::InvalidUrl {
+            url: spec.clone(),
+            reason: e.to_string(),
+        })?;
+    let opts = glob::MatchOptions {
+        require_literal_separator: true,
+        ..Default::default()
+    };
+    let listing = store.list(Some(&prefix_path));
+    let (spec2, spec3) = (spec.clone(), spec.clone());
+    let mut last: Option<ObjectPath> = None;
+    let items = listing
+        .map(move |r| (r, spec2.clone()))
+        .filter_map(move |(r, spec)| {
+            let out = match r {
+                Err(source) => Some(Err(Error::Storage {
+                    url: spec,
+                    operation: "list",
+                    source,
+                })),
+                Ok(meta) => {
+                    let keep = match &pattern {
+                        Some(p) => p.matches_with(meta.location.as_ref(), opts),
+                        None => meta.location.as_ref().ends_with(".parquet"),
+                    };
+                    keep.then(|| Ok(meta))
+                }
+            };
+            futures::future::ready(out)
+        })
+        .map(move |r| {
+            let meta = r?;
+            if last.as_ref().is_some_and(|l| l.as_ref() >= meta.location.as_ref()) {
+                return Err(Error::Internal(format!(
+                    "the store did not list `{spec3}` in key order; use a manifest for a fixed order"
+                )));
+            }
+            last = Some(meta.location.clone());
+            Ok(ListedObject {
+                size: meta.size,
+                location: ObjectLocation {
+                    store: store.clone(),
+                    url: Arc::from(format!("{root}/{}", meta.location)),
+                    path: meta.location,
+                },
+            })
+        });
+    // An empty match is an error, reported when the listing ends.
+    struct State {
+        inner: ObjectStream,
+        found: usize,
+        done: bool,
+        spec: String,
+    }
+    let state = State {
+        inner: items.boxed(),
+        found: 0,
+        done: false,
+        spec,
+    };
+    Ok(futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        match st.inner.next().await {
+            Some(item) => {
+                match &item {
+                    Ok(_) => st.found += 1,
+                    Err(_) => st.done = true,
+                }
+                Some((item, st))
+            }
+            None => {
+                st.done = true;
+                (st.found == 0).then(|| {
+                    let e = Error::NoMatch {
+                        pattern: st.spec.clone(),
+                        listed: st.spec.clone(),
+                    };
+                    (Err(e), st)
+                })
+            }
+        }
+    })
+    .boxed())
+}

@@ -87,6 +87,8 @@ pub struct Faults {
     pub data_reads: AtomicU64,
     pub requests: AtomicU64,
     pub broken: AtomicU64,
+    /// Kinds of requests in arrival order: L list, R ranged GET, H HEAD, G other GET, P PUT/POST.
+    pub log: std::sync::Mutex<String>,
     /// Requests signed with this access key id are refused as S3 refuses unknown keys.
     pub reject_key: std::sync::Mutex<Option<String>>,
 }
@@ -152,6 +154,20 @@ fn serve(mut conn: TcpStream, upstream: &str, f: &Faults) {
         let request_line = head.lines().next().unwrap_or("").to_string();
         if request_line.contains("list-type=2") {
             f.lists.fetch_add(1, Ordering::SeqCst);
+        }
+        let kind = if request_line.contains("list-type=2") {
+            'L'
+        } else if request_line.starts_with("HEAD ") {
+            'H'
+        } else if request_line.starts_with("GET ") && header(&head, "range").is_some() {
+            'R'
+        } else if request_line.starts_with("GET ") {
+            'G'
+        } else {
+            'P'
+        };
+        if let Ok(mut log) = f.log.lock() {
+            log.push(kind);
         }
         let is_data_read = request_line.starts_with("GET ")
             && header(&head, "range")

@@ -126,6 +126,7 @@ impl Pipeline {
     /// it will receive, without reading data.
     pub async fn plan(&self) -> Result<Plan> {
         let source = self.open_source().await?;
+        source.open_all().await?;
         let mut schema = source.schema().clone();
         let mut stages = Vec::new();
         for (i, s) in self.config.stages.iter().enumerate() {
@@ -136,8 +137,8 @@ impl Pipeline {
             schema = out;
         }
         Ok(Plan {
-            files: source.num_files(),
-            rows: source.total_rows(),
+            files: source.num_files().unwrap_or(0),
+            rows: source.total_rows().unwrap_or(0),
             source_schema: source.schema().clone(),
             stages,
         })
@@ -192,14 +193,9 @@ impl Pipeline {
             schema = out;
         }
         metrics.set_stages(stage_metrics);
-        metrics
-            .source
-            .files
-            .store(source.num_files() as u64, Ordering::Relaxed);
-        metrics
-            .source
-            .rows_expected
-            .store(source.total_rows(), Ordering::Relaxed);
+        if let Some(rows) = source.total_rows() {
+            metrics.source.rows_expected.store(rows, Ordering::Relaxed);
+        }
         Ok(PreparedPipeline {
             source,
             slots,
@@ -335,8 +331,9 @@ impl PreparedPipeline {
         &self.pool
     }
 
-    /// Rows the source will produce over all epochs.
-    pub fn source_rows(&self) -> u64 {
+    /// Rows the source will produce over all epochs, when already known (files are opened
+    /// as reading proceeds, so a large listing may not be complete before the run starts).
+    pub fn source_rows(&self) -> Option<u64> {
         self.source.total_rows()
     }
 

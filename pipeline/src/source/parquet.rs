@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
 use crate::exec::metrics::PipelineMetrics;
-use crate::storage::{ListedObject, list_objects_with};
+use crate::storage::{ListedObject, ObjectStream, stream_objects};
 
 /// One opened file: its location and decoded footer.
 #[derive(Debug)]
@@ -37,18 +37,136 @@ pub(crate) struct ParquetFile {
     reorder: Vec<usize>,
     /// First row of each row group within the file.
     row_group_starts: Vec<u64>,
+    /// Projected schema.
+    schema: SchemaRef,
 }
 
-/// A Parquet source with its files listed and footers read.
+/// Files of a source, opened (footer read, schema checked) lazily in listing order and kept
+/// for later epochs and passes, so reading starts before a large listing ends.
+struct Files {
+    state: tokio::sync::Mutex<FilesState>,
+}
+
+struct FilesState {
+    opened: Vec<Arc<ParquetFile>>,
+    pending: Option<futures::stream::BoxStream<'static, Result<Arc<ParquetFile>>>>,
+    failed: bool,
+}
+
+impl std::fmt::Debug for Files {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Files")
+    }
+}
+
+impl Files {
+    /// File `i` in order, opening more as needed; `None` past the last one.
+    async fn get(&self, i: usize) -> Result<Option<Arc<ParquetFile>>> {
+        let mut st = self.state.lock().await;
+        while st.opened.len() <= i {
+            let Some(pending) = st.pending.as_mut() else {
+                if st.failed {
+                    return Err(Error::Internal("listing the source failed earlier".into()));
+                }
+                return Ok(None);
+            };
+            match pending.next().await {
+                Some(Ok(f)) => st.opened.push(f),
+                Some(Err(e)) => {
+                    st.pending = None;
+                    st.failed = true;
+                    return Err(e);
+                }
+                None => st.pending = None,
+            }
+        }
+        Ok(st.opened.get(i).cloned())
+    }
+
+    /// Opens every file (for planning and validation).
+    async fn all(&self) -> Result<Vec<Arc<ParquetFile>>> {
+        let mut i = 0;
+        while self.get(i).await?.is_some() {
+            i += 1;
+        }
+        Ok(self.state.lock().await.opened.clone())
+    }
+
+    /// (files, rows per epoch) once every file is open.
+    fn totals(&self) -> Option<(usize, u64)> {
+        let st = self.state.try_lock().ok()?;
+        if st.pending.is_some() || st.failed {
+            return None;
+        }
+        let rows = st
+            .opened
+            .iter()
+            .map(|f| f.metadata.metadata().file_metadata().num_rows() as u64)
+            .sum();
+        Some((st.opened.len(), rows))
+    }
+}
+
+/// A Parquet source: the first file open (its schema is the source's), the rest opened as
+/// reading proceeds.
 #[derive(Debug, Clone)]
 pub(crate) struct ParquetSource {
-    files: Vec<Arc<ParquetFile>>,
+    files: Arc<Files>,
     schema: SchemaRef,
     config: ParquetSourceConfig,
 }
 
+async fn open_file(
+    object: ListedObject,
+    columns: Option<Vec<String>>,
+    expected_rows: Arc<Vec<(String, u64)>>,
+    location: Arc<str>,
+) -> Result<Arc<ParquetFile>> {
+    let mut reader = ObjectReader::new(&object.location, object.size);
+    let metadata = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+        .await
+        .map_err(|e| Error::parquet(&object.location.url, None, e))?;
+    let rows = metadata.metadata().file_metadata().num_rows() as u64;
+    if let Some((_, want)) = expected_rows
+        .iter()
+        .find(|(u, _)| **u == *object.location.url)
+        && *want != rows
+    {
+        return Err(Error::Source {
+            at: location.to_string(),
+            message: format!(
+                "{}: the manifest says {want} rows but the file has {rows}; the manifest is stale",
+                object.location.url
+            ),
+        });
+    }
+    let file_schema = metadata.schema().clone();
+    let (root_indices, reorder, projected) =
+        project(&file_schema, columns.as_deref()).map_err(|message| Error::Source {
+            at: location.to_string(),
+            message: format!("{}: {message}", object.location.url),
+        })?;
+    let parquet_meta = metadata.metadata();
+    let mask = ProjectionMask::roots(parquet_meta.file_metadata().schema_descr(), root_indices);
+    let mut row_group_starts = Vec::with_capacity(parquet_meta.num_row_groups());
+    let mut next = 0u64;
+    for rg in parquet_meta.row_groups() {
+        row_group_starts.push(next);
+        next += rg.num_rows() as u64;
+    }
+    Ok(Arc::new(ParquetFile {
+        object,
+        metadata,
+        mask,
+        reorder,
+        row_group_starts,
+        schema: projected,
+    }))
+}
+
 impl ParquetSource {
-    /// Lists the files, reads every footer and checks that all share the projected schema.
+    /// Starts listing, opens the first file (whose schema every other file must share) and
+    /// leaves the rest to be opened as reading proceeds.
     pub(crate) async fn open(
         config: &ParquetSourceConfig,
         base_dir: &std::path::Path,
@@ -60,98 +178,80 @@ impl ParquetSource {
                 message: "`batch_rows` and `prefetch` must be at least 1".into(),
             });
         }
-        let (objects, expected_rows) = match (&config.path, &config.manifest) {
-            (Some(paths), None) => (
-                list_objects_with(&paths.0, base_dir, &config.storage).await?,
-                Vec::new(),
-            ),
-            (None, Some(manifest)) => {
-                super::manifest::read(manifest, base_dir, &config.storage).await?
-            }
-            _ => {
-                return Err(Error::Source {
-                    at: location.to_string(),
-                    message: "give exactly one of `path` (files, globs, prefixes) and `manifest`"
-                        .into(),
-                });
-            }
-        };
-        // Footers are small: fetch them concurrently, bounded.
-        let metas: Vec<Result<(ListedObject, ArrowReaderMetadata)>> =
-            futures::stream::iter(objects.into_iter().map(|object| async move {
-                let mut reader = ObjectReader::new(&object.location, object.size);
-                let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-                    .await
-                    .map_err(|e| Error::parquet(&object.location.url, None, e))?;
-                Ok((object, meta))
-            }))
-            .buffered(16)
-            .collect()
-            .await;
-
-        let mut files = Vec::with_capacity(metas.len());
-        let mut schema: Option<(SchemaRef, Arc<str>)> = None;
-        for m in metas {
-            let (object, metadata) = m?;
-            let rows = metadata.metadata().file_metadata().num_rows() as u64;
-            if let Some((_, want)) = expected_rows
-                .iter()
-                .find(|(u, _)| **u == *object.location.url)
-                && *want != rows
-            {
-                return Err(Error::Source {
-                    at: location.to_string(),
-                    message: format!(
-                        "{}: the manifest says {want} rows but the file has {rows}; the manifest is stale",
-                        object.location.url
+        let (objects, expected_rows): (ObjectStream, Vec<(String, u64)>) =
+            match (&config.path, &config.manifest) {
+                (Some(paths), None) => (
+                    stream_objects(
+                        paths.0.clone(),
+                        base_dir.to_path_buf(),
+                        config.storage.clone(),
                     ),
-                });
-            }
-            let file_schema = metadata.schema().clone();
-            let (root_indices, reorder, projected) =
-                project(&file_schema, config.columns.as_deref()).map_err(|message| {
-                    Error::Source {
-                        at: location.to_string(),
-                        message: format!("{}: {message}", object.location.url),
-                    }
-                })?;
-            match &schema {
-                None => schema = Some((projected.clone(), object.location.url.clone())),
-                Some((first, first_url)) => {
-                    if let Some(detail) = schema_difference(first, &projected) {
-                        return Err(Error::SchemaMismatch {
-                            url: object.location.url.to_string(),
-                            first_url: first_url.to_string(),
-                            detail,
-                        });
-                    }
+                    Vec::new(),
+                ),
+                (None, Some(manifest)) => {
+                    let (objects, rows) =
+                        super::manifest::read(manifest, base_dir, &config.storage).await?;
+                    (
+                        futures::stream::iter(objects.into_iter().map(Ok)).boxed(),
+                        rows,
+                    )
                 }
-            }
-            let parquet_meta = metadata.metadata();
-            let mask =
-                ProjectionMask::roots(parquet_meta.file_metadata().schema_descr(), root_indices);
-            let mut row_group_starts = Vec::with_capacity(parquet_meta.num_row_groups());
-            let mut next = 0u64;
-            for rg in parquet_meta.row_groups() {
-                row_group_starts.push(next);
-                next += rg.num_rows() as u64;
-            }
-            files.push(Arc::new(ParquetFile {
-                object,
-                metadata,
-                mask,
-                reorder,
-                row_group_starts,
-            }));
-        }
-        let Some((schema, _)) = schema else {
-            return Err(Error::Internal("listing returned no files".into()));
+                _ => {
+                    return Err(Error::Source {
+                        at: location.to_string(),
+                        message:
+                            "give exactly one of `path` (files, globs, prefixes) and `manifest`"
+                                .into(),
+                    });
+                }
+            };
+        let expected_rows = Arc::new(expected_rows);
+        let at: Arc<str> = Arc::from(location);
+        let columns = config.columns.clone();
+        // Footers are small: open up to 16 files ahead, in order.
+        let mut opened = objects
+            .map(move |o| {
+                let (columns, expected_rows, at) =
+                    (columns.clone(), expected_rows.clone(), at.clone());
+                async move { open_file(o?, columns, expected_rows, at).await }
+            })
+            .buffered(16)
+            .boxed();
+        let first = match opened.next().await {
+            Some(f) => f?,
+            None => return Err(Error::Internal("listing returned no files".into())),
         };
+        let schema = first.schema.clone();
+        let (first_url, expected) = (first.object.location.url.clone(), schema.clone());
+        let checked = opened
+            .map(move |f| {
+                let f = f?;
+                if let Some(detail) = schema_difference(&expected, &f.schema) {
+                    return Err(Error::SchemaMismatch {
+                        url: f.object.location.url.to_string(),
+                        first_url: first_url.to_string(),
+                        detail,
+                    });
+                }
+                Ok(f)
+            })
+            .boxed();
         Ok(ParquetSource {
-            files,
+            files: Arc::new(Files {
+                state: tokio::sync::Mutex::new(FilesState {
+                    opened: vec![first],
+                    pending: Some(checked),
+                    failed: false,
+                }),
+            }),
             schema,
             config: config.clone(),
         })
+    }
+
+    /// Opens every remaining file, checking all footers and schemas (for `sluice validate`).
+    pub(crate) async fn open_all(&self) -> Result<()> {
+        self.files.all().await.map(|_| ())
     }
 
     /// The same source limited to one epoch (for statistics passes).
@@ -166,52 +266,97 @@ impl ParquetSource {
         &self.schema
     }
 
-    /// Number of files.
-    pub(crate) fn num_files(&self) -> usize {
-        self.files.len()
+    /// Number of files, once all are open.
+    pub(crate) fn num_files(&self) -> Option<usize> {
+        self.files.totals().map(|(n, _)| n)
     }
 
-    /// Rows produced over all epochs.
-    pub(crate) fn total_rows(&self) -> u64 {
-        let per_epoch: u64 = self
-            .files
-            .iter()
-            .map(|f| f.metadata.metadata().file_metadata().num_rows() as u64)
-            .sum();
-        per_epoch * self.config.epochs
+    /// Rows produced over all epochs, once all files are open.
+    pub(crate) fn total_rows(&self) -> Option<u64> {
+        self.files.totals().map(|(_, r)| r * self.config.epochs)
     }
 
     /// Reads every unit in order into `tx`. Stops at the first error (sent downstream) or when
     /// the receiver is gone.
     pub(crate) async fn run(self, tx: Sender, pool: CpuPool, metrics: Arc<PipelineMetrics>) {
-        metrics
-            .source
-            .files
-            .store(self.files.len() as u64, Ordering::Relaxed);
-        metrics
-            .source
-            .rows_expected
-            .store(self.total_rows(), Ordering::Relaxed);
-        let mut units = Vec::new();
-        for epoch in 0..self.config.epochs {
-            for file in &self.files {
-                for rg in 0..file.row_group_starts.len() {
-                    units.push((epoch, file.clone(), rg));
+        let epochs = self.config.epochs;
+        let files = self.files.clone();
+        let m = metrics.clone();
+        // (epoch, file index, row group) in order, opening files as they are reached.
+        struct Cursor {
+            epoch: u64,
+            index: usize,
+            rg: usize,
+            file: Option<Arc<ParquetFile>>,
+            done: bool,
+        }
+        let start = Cursor {
+            epoch: 0,
+            index: 0,
+            rg: 0,
+            file: None,
+            done: epochs == 0,
+        };
+        let units = futures::stream::unfold(start, move |mut c| {
+            let (files, m) = (files.clone(), m.clone());
+            async move {
+                loop {
+                    if c.done {
+                        return None;
+                    }
+                    if let Some(f) = &c.file
+                        && c.rg < f.row_group_starts.len()
+                    {
+                        let unit = (c.epoch, f.clone(), c.rg);
+                        c.rg += 1;
+                        return Some((Ok(unit), c));
+                    }
+                    match files.get(c.index).await {
+                        Ok(Some(f)) => {
+                            if c.epoch == 0 {
+                                m.source.files.fetch_add(1, Ordering::Relaxed);
+                            }
+                            c.file = Some(f);
+                            c.rg = 0;
+                            c.index += 1;
+                        }
+                        Ok(None) => {
+                            if c.epoch == 0
+                                && let Some((_, rows)) = files.totals()
+                            {
+                                m.source
+                                    .rows_expected
+                                    .store(rows * epochs, Ordering::Relaxed);
+                            }
+                            c.epoch += 1;
+                            c.index = 0;
+                            c.file = None;
+                            if c.epoch >= epochs {
+                                c.done = true;
+                            }
+                        }
+                        Err(e) => {
+                            c.done = true;
+                            return Some((Err(e), c));
+                        }
+                    }
                 }
             }
-        }
+        });
         let batch_rows = self.config.batch_rows;
         let schema = self.schema.clone();
-        let mut decoded =
-            futures::stream::iter(units.into_iter().map(|(epoch, file, rg)| {
+        let mut decoded = units
+            .map(|unit| {
                 let pool = pool.clone();
                 let schema = schema.clone();
                 let metrics = metrics.clone();
                 async move {
+                    let (epoch, file, rg) = unit?;
                     read_row_group(&file, rg, epoch, batch_rows, &pool, &schema, &metrics).await
                 }
-            }))
-            .buffered(self.config.prefetch);
+            })
+            .buffered(self.config.prefetch)
+            .boxed();
         while let Some(result) = decoded.next().await {
             match result {
                 Ok(batches) => {

@@ -351,3 +351,61 @@ async fn missing_bucket_missing_object_and_bad_credentials_get_one_clear_message
         "one message: {text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partitioned_layouts_are_listed_partition_by_partition_in_key_order() {
+    let bucket = s3::bucket("parts");
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    // Partition names chosen so that name order and key order differ (`a-b/` < `a/`).
+    for (p, part) in ["a", "a-b", "b", "c"].iter().enumerate() {
+        for j in 0..25i64 {
+            let id = p as i64 * 100 + j;
+            let path = dir.path().join("one.parquet");
+            let b =
+                RecordBatch::try_from_iter([("id", arc(arrow::array::Int64Array::from(vec![id])))])
+                    .unwrap();
+            write_parquet(&path, &[b], 10);
+            files.push((
+                format!("{part}/f-{j:03}.parquet"),
+                std::fs::read(&path).unwrap(),
+            ));
+        }
+    }
+    upload(&bucket, "part", &files).await;
+    // A decoy that the pattern must not match.
+    upload(
+        &bucket,
+        "part/a",
+        &[("notes.txt".to_string(), b"x".to_vec())],
+    )
+    .await;
+    let proxy = Proxy::start();
+    let yaml = format!(
+        "source: {{type: parquet, path: 's3://{bucket}/part/*/f-*.parquet'}}\nsink: {{type: parquet, path: out.parquet}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &[]);
+    assert_eq!(code, 0, "{text}");
+    let out = read_parquet(&dir.path().join("out.parquet"));
+    let ids: Vec<i64> = out
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    // Key order: a-b/ (100..) < a/ (0..) < b/ (200..) < c/ (300..).
+    let expected: Vec<i64> = [1, 0, 2, 3]
+        .iter()
+        .flat_map(|p| (0..25).map(move |j| p * 100 + j))
+        .collect();
+    assert_eq!(ids, expected);
+    assert!(
+        proxy.faults.lists.load(Ordering::SeqCst) >= 5,
+        "one delimited listing plus one per partition"
+    );
+}

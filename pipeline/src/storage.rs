@@ -565,7 +565,20 @@ async fn stream_spec(
         require_literal_separator: true,
         ..Default::default()
     };
-    let listing = store.list(Some(&prefix_path));
+    // A wildcard directory level (`train/*/part-*.parquet`, `date=2026-*/…`): list its
+    // matching partitions with one delimited listing, then list up to 4 partitions at once,
+    // in key order. Other patterns stream one listing, so reading starts with its first page.
+    let partition_segment = pattern.as_ref().and_then(|_| {
+        let rest = &path[prefix.len()..].trim_start_matches('/');
+        let (segment, deeper) = rest.split_once('/')?;
+        (has_glob(segment) && !segment.contains("**") && !deeper.is_empty())
+            .then(|| glob::Pattern::new(segment).ok())
+            .flatten()
+    });
+    let listing = match partition_segment {
+        Some(segment) => partitioned_list(store.clone(), prefix_path.clone(), segment),
+        None => store.list(Some(&prefix_path)),
+    };
     let (spec2, spec3) = (spec.clone(), spec.clone());
     let mut last: Option<ObjectPath> = None;
     let items = listing
@@ -642,4 +655,44 @@ async fn stream_spec(
         }
     })
     .boxed())
+}
+
+/// Lists the partitions (sub-prefixes) of `prefix` whose name matches `segment`, up to 4
+/// concurrently, yielding their objects in key order.
+fn partitioned_list(
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    segment: glob::Pattern,
+) -> futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+    use futures::StreamExt;
+    futures::stream::once(async move {
+        let top = store.list_with_delimiter(Some(&prefix)).await;
+        (store, top)
+    })
+    .map(move |(store, top)| match top {
+        Err(e) => futures::stream::iter([Err(e)]).boxed(),
+        Ok(listing) => {
+            let mut parts: Vec<(String, ObjectPath)> = listing
+                .common_prefixes
+                .into_iter()
+                .filter(|p| p.filename().is_some_and(|name| segment.matches(name)))
+                .map(|p| (format!("{p}/"), p))
+                .collect();
+            // Key order of the objects inside: compare "name/" so `a-b/` sorts before `a/`.
+            parts.sort_by(|a, b| a.0.cmp(&b.0));
+            futures::stream::iter(parts)
+                .map(move |(_, p)| {
+                    let store = store.clone();
+                    async move { store.list(Some(&p)).try_collect::<Vec<_>>().await }
+                })
+                .buffered(4)
+                .flat_map(|r| match r {
+                    Ok(v) => futures::stream::iter(v.into_iter().map(Ok)).boxed(),
+                    Err(e) => futures::stream::iter([Err(e)]).boxed(),
+                })
+                .boxed()
+        }
+    })
+    .flatten()
+    .boxed()
 }

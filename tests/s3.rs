@@ -140,14 +140,7 @@ async fn lists_two_thousand_objects_under_a_prefix() {
     let bucket = s3::bucket("many");
     let dir = tempfile::tempdir().unwrap();
     let files: Vec<(String, Vec<u8>)> = (0..2000i64)
-        .map(|i| {
-            let p = dir.path().join("one.parquet");
-            let b =
-                RecordBatch::try_from_iter([("id", arc(arrow::array::Int64Array::from(vec![i])))])
-                    .unwrap();
-            write_parquet(&p, &[b], 10);
-            (format!("f-{i:05}.parquet"), std::fs::read(&p).unwrap())
-        })
+        .map(|i| (format!("f-{i:05}.parquet"), one_row_parquet(i)))
         .collect();
     upload(&bucket, "many", &files).await;
     let proxy = Proxy::start();
@@ -171,17 +164,7 @@ async fn lists_two_thousand_objects_under_a_prefix() {
         &log[..last_list + 1]
     );
     let out = read_parquet(&dir.path().join("out.parquet"));
-    let ids: Vec<i64> = out
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect();
+    let ids = int64_values(&out, "id");
     assert_eq!(
         ids,
         (0..2000).collect::<Vec<_>>(),
@@ -361,15 +344,7 @@ async fn partitioned_layouts_are_listed_partition_by_partition_in_key_order() {
     for (p, part) in ["a", "a-b", "b", "c"].iter().enumerate() {
         for j in 0..25i64 {
             let id = p as i64 * 100 + j;
-            let path = dir.path().join("one.parquet");
-            let b =
-                RecordBatch::try_from_iter([("id", arc(arrow::array::Int64Array::from(vec![id])))])
-                    .unwrap();
-            write_parquet(&path, &[b], 10);
-            files.push((
-                format!("{part}/f-{j:03}.parquet"),
-                std::fs::read(&path).unwrap(),
-            ));
+            files.push((format!("{part}/f-{j:03}.parquet"), one_row_parquet(id)));
         }
     }
     upload(&bucket, "part", &files).await;
@@ -387,17 +362,7 @@ async fn partitioned_layouts_are_listed_partition_by_partition_in_key_order() {
     let (code, text) = run(dir.path(), &yaml, &proxy.endpoint, &[]);
     assert_eq!(code, 0, "{text}");
     let out = read_parquet(&dir.path().join("out.parquet"));
-    let ids: Vec<i64> = out
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect();
+    let ids = int64_values(&out, "id");
     // Key order: a-b/ (100..) < a/ (0..) < b/ (200..) < c/ (300..).
     let expected: Vec<i64> = [1, 0, 2, 3]
         .iter()

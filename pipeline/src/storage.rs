@@ -344,139 +344,17 @@ fn has_glob(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 
-/// Lists the objects named by `specs` (paths, URLs, globs, directories/prefixes), sorted by
-/// URL and without duplicates. A spec that matches nothing is an error.
+/// Lists the objects named by `specs` (paths, URLs, globs, directories/prefixes): all of
+/// [`stream_objects`], collected.
 pub async fn list_objects(specs: &[String], base_dir: &Path) -> Result<Vec<ListedObject>> {
-    list_objects_with(specs, base_dir, &StorageConfig::default()).await
-}
-
-/// [`list_objects`] with storage settings.
-pub async fn list_objects_with(
-    specs: &[String],
-    base_dir: &Path,
-    storage: &StorageConfig,
-) -> Result<Vec<ListedObject>> {
-    let mut out: Vec<ListedObject> = Vec::new();
-    for spec in specs {
-        let (store, root, path, display) = match parse(spec, base_dir)? {
-            Parsed::Local(abs) => {
-                let text = abs.to_string_lossy().trim_start_matches('/').to_string();
-                (
-                    local_store(),
-                    "file://".to_string(),
-                    text,
-                    abs.display().to_string(),
-                )
-            }
-            Parsed::Remote { scheme, root, path } => {
-                let store = remote_store(&scheme, &root, storage)?;
-                (store, root, path, spec.clone())
-            }
-        };
-        let found = if has_glob(&path) {
-            list_glob(&store, &root, &path, spec).await?
-        } else {
-            let loc = remote_location(store.clone(), &root, &path, spec)?;
-            match loc.store.head(&loc.path).await {
-                Ok(meta) => vec![ListedObject {
-                    size: meta.size,
-                    location: loc,
-                }],
-                Err(object_store::Error::NotFound { .. }) => {
-                    // A directory / prefix: every *.parquet below it.
-                    list_prefix(&store, &root, &path, spec)
-                        .await?
-                        .into_iter()
-                        .filter(|o| o.location.path.as_ref().ends_with(".parquet"))
-                        .collect()
-                }
-                Err(source) => {
-                    return Err(Error::Storage {
-                        url: loc.url.to_string(),
-                        operation: "stat",
-                        source,
-                    });
-                }
-            }
-        };
-        if found.is_empty() {
-            return Err(Error::NoMatch {
-                pattern: spec.clone(),
-                listed: display,
-            });
-        }
-        out.extend(found);
-    }
-    out.sort_by(|a, b| a.location.url.cmp(&b.location.url));
-    out.dedup_by(|a, b| a.location.url == b.location.url);
-    Ok(out)
-}
-
-async fn list_prefix(
-    store: &Arc<dyn ObjectStore>,
-    root: &str,
-    prefix: &str,
-    spec: &str,
-) -> Result<Vec<ListedObject>> {
-    let prefix = ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| Error::InvalidUrl {
-        url: spec.to_string(),
-        reason: e.to_string(),
-    })?;
-    let metas: Vec<ObjectMeta> = match store.list(Some(&prefix)).try_collect().await {
-        Ok(m) => m,
-        Err(object_store::Error::NotFound { .. }) => Vec::new(),
-        Err(source) => {
-            return Err(Error::Storage {
-                url: spec.to_string(),
-                operation: "list",
-                source,
-            });
-        }
-    };
-    let root = if root == "file://" {
-        "file://".to_string()
-    } else {
-        format!("{root}/")
-    };
-    Ok(metas
-        .into_iter()
-        .map(|m| ListedObject {
-            size: m.size,
-            location: ObjectLocation {
-                store: store.clone(),
-                url: Arc::from(if root == "file://" {
-                    format!("file:///{}", m.location)
-                } else {
-                    format!("{root}{}", m.location)
-                }),
-                path: m.location,
-            },
-        })
-        .collect())
-}
-
-async fn list_glob(
-    store: &Arc<dyn ObjectStore>,
-    root: &str,
-    path: &str,
-    spec: &str,
-) -> Result<Vec<ListedObject>> {
-    let pattern = glob::Pattern::new(path).map_err(|e| Error::InvalidUrl {
-        url: spec.to_string(),
-        reason: format!("invalid glob: {e}"),
-    })?;
-    // List below the longest directory prefix without glob characters.
-    let first_glob = path.find(['*', '?', '[']).unwrap_or(path.len());
-    let dir = &path[..path[..first_glob].rfind('/').unwrap_or(0)];
-    let opts = glob::MatchOptions {
-        require_literal_separator: true,
-        ..Default::default()
-    };
-    Ok(list_prefix(store, root, dir, spec)
-        .await?
-        .into_iter()
-        .filter(|o| pattern.matches_with(o.location.path.as_ref(), opts))
-        .collect())
+    use futures::TryStreamExt;
+    stream_objects(
+        specs.to_vec(),
+        base_dir.to_path_buf(),
+        StorageConfig::default(),
+    )
+    .try_collect()
+    .await
 }
 
 /// A stream of listed objects.
@@ -518,14 +396,17 @@ async fn stream_spec(
     storage: &StorageConfig,
 ) -> Result<ObjectStream> {
     use futures::StreamExt;
-    let (store, root, path) = match parse(&spec, base_dir)? {
-        Parsed::Local(_) => {
-            // Local listings are cheap and unordered: list, sort, then stream.
-            let listed = list_objects_with(std::slice::from_ref(&spec), base_dir, storage).await?;
-            return Ok(futures::stream::iter(listed.into_iter().map(Ok)).boxed());
+    // Object stores list in key order; local directories do not, so their (cheap) listings
+    // are collected and sorted before streaming.
+    let (store, root, path, display, lists_in_key_order) = match parse(&spec, base_dir)? {
+        Parsed::Local(abs) => {
+            let text = abs.to_string_lossy().trim_start_matches('/').to_string();
+            let display = abs.display().to_string();
+            (local_store(), "file://".to_string(), text, display, false)
         }
         Parsed::Remote { scheme, root, path } => {
-            (remote_store(&scheme, &root, storage)?, root, path)
+            let store = remote_store(&scheme, &root, storage)?;
+            (store, root, path, spec.clone(), true)
         }
     };
     let (prefix, pattern) = if has_glob(&path) {
@@ -579,6 +460,24 @@ async fn stream_spec(
         Some(segment) => partitioned_list(store.clone(), prefix_path.clone(), segment),
         None => store.list(Some(&prefix_path)),
     };
+    let listing = if lists_in_key_order {
+        listing
+    } else {
+        let mut all: Vec<ObjectMeta> = match listing.try_collect().await {
+            Ok(all) => all,
+            // A directory that does not exist matches nothing.
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(source) => {
+                return Err(Error::Storage {
+                    url: display,
+                    operation: "list",
+                    source,
+                });
+            }
+        };
+        all.sort_by(|a, b| a.location.cmp(&b.location));
+        futures::stream::iter(all.into_iter().map(Ok)).boxed()
+    };
     let (spec2, spec3) = (spec.clone(), spec.clone());
     let mut last: Option<ObjectPath> = None;
     let items = listing
@@ -623,12 +522,14 @@ async fn stream_spec(
         found: usize,
         done: bool,
         spec: String,
+        display: String,
     }
     let state = State {
         inner: items.boxed(),
         found: 0,
         done: false,
         spec,
+        display,
     };
     Ok(futures::stream::unfold(state, |mut st| async move {
         if st.done {
@@ -647,7 +548,7 @@ async fn stream_spec(
                 (st.found == 0).then(|| {
                     let e = Error::NoMatch {
                         pattern: st.spec.clone(),
-                        listed: st.spec.clone(),
+                        listed: st.display.clone(),
                     };
                     (Err(e), st)
                 })

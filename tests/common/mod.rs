@@ -93,6 +93,32 @@ pub fn checksum_i64(batches: &[RecordBatch], columns: &[&str]) -> u64 {
     h
 }
 
+/// The values of Int64 column `column` across batches.
+pub fn int64_values(batches: &[RecordBatch], column: &str) -> Vec<i64> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column_by_name(column)
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+/// The bytes of a one-row Parquet file holding `id`.
+pub fn one_row_parquet(id: i64) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("one.parquet");
+    let b = RecordBatch::try_from_iter([("id", arc(arrow::array::Int64Array::from(vec![id])))])
+        .unwrap();
+    write_parquet(&p, &[b], 10);
+    std::fs::read(&p).unwrap()
+}
+
 /// Total rows.
 pub fn rows(batches: &[RecordBatch]) -> usize {
     batches.iter().map(RecordBatch::num_rows).sum()

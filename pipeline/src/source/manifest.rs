@@ -41,22 +41,12 @@ pub(crate) async fn read(
     storage: &StorageConfig,
 ) -> Result<(Vec<ListedObject>, ExpectedRows)> {
     let location = resolve(spec, base_dir, storage)?;
-    let bytes = location
-        .store
-        .get(&location.path)
-        .await
-        .map_err(|source| Error::Storage {
-            url: location.url.to_string(),
-            operation: "read manifest",
-            source,
-        })?
-        .bytes()
-        .await
-        .map_err(|source| Error::Storage {
-            url: location.url.to_string(),
-            operation: "read manifest",
-            source,
-        })?;
+    let fetched = async { location.store.get(&location.path).await?.bytes().await };
+    let bytes = fetched.await.map_err(|source| Error::Storage {
+        url: location.url.to_string(),
+        operation: "read manifest",
+        source,
+    })?;
     let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| Error::InvalidUrl {
         url: location.url.to_string(),
         reason: format!(

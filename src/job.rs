@@ -104,6 +104,19 @@ pub struct StageReport {
     pub notes: Vec<String>,
 }
 
+/// One Kafka partition's numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionReport {
+    /// Records consumed.
+    pub records: u64,
+    /// Records that could not be decoded.
+    pub bad: u64,
+    /// Consumer lag at the last statistics report (-1: unknown).
+    pub lag: i64,
+    /// Records per second over the run.
+    pub records_per_second: f64,
+}
+
 /// What a finished run did.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -131,6 +144,12 @@ pub struct RunReport {
     pub sink: String,
     /// Output location.
     pub output: Option<String>,
+    /// Records that could not be decoded (Kafka).
+    pub records_bad: u64,
+    /// Of those, records written to the dead-letter sink.
+    pub records_dead_lettered: u64,
+    /// Per Kafka partition (`topic/partition`).
+    pub partitions: std::collections::BTreeMap<String, PartitionReport>,
     /// Rows read per second.
     pub rows_per_second: f64,
     /// Decoded MB (10^6 bytes) per second.
@@ -161,8 +180,10 @@ impl PreparedJob {
         };
         let kind = self.sink_config.kind();
         let mut sink = self.sink_config.build(&cx).await?;
+        let acker = self.prepared.acknowledger();
         let mut stream = self.prepared.stream();
         tokio::pin!(interrupt);
+        let mut last_commit = Instant::now();
         loop {
             tokio::select! {
                 biased;
@@ -178,6 +199,21 @@ impl PreparedJob {
                             sink.abort().await;
                             return Err(e.into());
                         }
+                        acker.observe(&batch.lineage);
+                        if last_commit.elapsed() >= COMMIT_INTERVAL {
+                            last_commit = Instant::now();
+                            match sink.flush().await {
+                                Ok(true) => {
+                                    acker.commit(false);
+                                }
+                                Ok(false) => {}
+                                Err(e) => {
+                                    drop(stream);
+                                    sink.abort().await;
+                                    return Err(e.into());
+                                }
+                            }
+                        }
                     }
                     Some(Err(e)) => {
                         drop(stream);
@@ -189,9 +225,13 @@ impl PreparedJob {
             }
         }
         let report = sink.finish().await?;
+        acker.commit(true);
         Ok(build_report(&metrics, report, kind, started.elapsed()))
     }
 }
+
+/// How often positions are acknowledged (sink flushed, offsets stored) while running.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 
 fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Duration) -> RunReport {
     let g = PipelineMetrics::get;
@@ -221,6 +261,24 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
         bytes_written: sink.bytes,
         sink: kind.to_string(),
         output: sink.location,
+        records_bad: g(&m.source.records_bad),
+        records_dead_lettered: g(&m.source.records_dead_lettered),
+        partitions: m
+            .source
+            .partitions()
+            .into_iter()
+            .map(|(k, p)| {
+                (
+                    k,
+                    PartitionReport {
+                        records: p.records,
+                        bad: p.bad,
+                        lag: p.lag,
+                        records_per_second: p.records as f64 / secs,
+                    },
+                )
+            })
+            .collect(),
         rows_per_second: g(&m.source.rows) as f64 / secs,
         mb_per_second: g(&m.source.bytes_decoded) as f64 / 1e6 / secs,
     }

@@ -9,7 +9,7 @@
 
 mod job;
 
-pub use job::{Job, JobError, PreparedJob, RunReport, StageReport};
+pub use job::{Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport};
 pub use sluice_pipeline as pipeline;
 pub use sluice_sinks as sinks;
 

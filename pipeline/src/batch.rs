@@ -16,12 +16,48 @@ pub enum Origin {
         /// Row group index within the object.
         row_group: u32,
     },
+    /// Records of one Kafka partition, one row per message; positions are offsets.
+    Kafka {
+        /// Topic.
+        topic: Arc<str>,
+        /// Partition.
+        partition: i32,
+    },
+    /// Rows of one Kafka message that holds many (an Arrow IPC message); positions are row
+    /// indices within the message.
+    KafkaMessage {
+        /// Topic.
+        topic: Arc<str>,
+        /// Partition.
+        partition: i32,
+        /// The message's offset.
+        offset: i64,
+        /// Rows the message holds.
+        rows: u64,
+    },
+}
+
+impl Origin {
+    /// What positions of this origin count: `row` or `offset`.
+    pub fn unit(&self) -> &'static str {
+        match self {
+            Origin::Kafka { .. } => "offset",
+            Origin::Object { .. } | Origin::KafkaMessage { .. } => "row",
+        }
+    }
 }
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Origin::Object { url, row_group } => write!(f, "{url} row group {row_group}"),
+            Origin::Kafka { topic, partition } => write!(f, "kafka {topic}/{partition}"),
+            Origin::KafkaMessage {
+                topic,
+                partition,
+                offset,
+                ..
+            } => write!(f, "kafka {topic}/{partition} offset {offset}"),
         }
     }
 }
@@ -142,7 +178,13 @@ impl Lineage {
     pub fn describe_row(&self, index: u64) -> String {
         let one = self.slice(index, 1);
         match one.spans.first() {
-            Some(s) => format!("{}, row {} (epoch {})", s.origin, s.first, s.epoch),
+            Some(s) => format!(
+                "{}, {} {} (epoch {})",
+                s.origin,
+                s.origin.unit(),
+                s.first,
+                s.epoch
+            ),
             None => format!("row {index} of the batch (no lineage)"),
         }
     }
@@ -156,8 +198,9 @@ impl fmt::Display for Lineage {
             }
             write!(
                 f,
-                "{}, rows {}..{} (epoch {})",
+                "{}, {}s {}..{} (epoch {})",
                 s.origin,
+                s.origin.unit(),
                 s.first,
                 s.first + s.len,
                 s.epoch

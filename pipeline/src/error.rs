@@ -117,6 +117,15 @@ pub enum Error {
         source: arrow::error::ArrowError,
     },
 
+    /// Kafka could not be reached or refused the request (unknown topic, authentication).
+    #[error("kafka (brokers {brokers}): {message}")]
+    Kafka { brokers: String, message: String },
+
+    /// Records could not be decoded and no dead-letter sink took them, or the error budget
+    /// is spent.
+    #[error("{message}")]
+    BadRecords { message: String },
+
     /// The run was cancelled (Ctrl-C, or the consumer went away).
     #[error("cancelled")]
     Cancelled,

@@ -15,6 +15,7 @@ pub mod exec;
 pub mod inspect;
 mod source;
 mod stage;
+pub mod state;
 pub mod storage;
 pub mod types;
 
@@ -22,3 +23,4 @@ pub use batch::{Batch, Lineage, LineageSpan, Origin};
 pub use config::{ConfigDocument, ConfigError, ConfigErrors, PipelineConfig};
 pub use error::{Error, Result, StageRef};
 pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};
+pub use state::{Acknowledger, SourceState};

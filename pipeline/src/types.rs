@@ -91,3 +91,102 @@ impl<'de> Deserialize<'de> for DataTypeName {
         s.parse().map_err(de::Error::custom)
     }
 }
+
+/// A column type in a declared schema: a scalar name, `list<T>`, or `fixed_size_list<T, N>`
+/// (also written `T[N]`), nesting allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldTypeName {
+    name: String,
+    data_type: DataType,
+}
+
+impl FieldTypeName {
+    /// The Arrow type.
+    pub fn data_type(&self) -> &DataType {
+        &self.data_type
+    }
+}
+
+impl fmt::Display for FieldTypeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+fn parse_field_type(s: &str) -> Result<DataType, String> {
+    let t = s.trim();
+    let item = |dt: DataType| std::sync::Arc::new(arrow::datatypes::Field::new("item", dt, true));
+    if let Some(inner) = t.strip_suffix(']')
+        && let Some(open) = inner.rfind('[')
+    {
+        let n: i32 = inner[open + 1..]
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{t}`: the length in `[…]` must be a positive integer"))?;
+        if n <= 0 {
+            return Err(format!("`{t}`: the length in `[…]` must be positive"));
+        }
+        return Ok(DataType::FixedSizeList(
+            item(parse_field_type(&inner[..open])?),
+            n,
+        ));
+    }
+    let lower = t.to_ascii_lowercase();
+    if let Some(rest) = lower
+        .strip_prefix("list<")
+        .and_then(|r| r.strip_suffix('>'))
+    {
+        return Ok(DataType::List(item(parse_field_type(rest)?)));
+    }
+    if let Some(rest) = lower
+        .strip_prefix("fixed_size_list<")
+        .and_then(|r| r.strip_suffix('>'))
+    {
+        let (ty, n) = rest
+            .rsplit_once(',')
+            .ok_or_else(|| format!("`{t}`: expected `fixed_size_list<TYPE, LENGTH>`"))?;
+        return parse_field_type(&format!("{}[{}]", ty.trim(), n.trim()));
+    }
+    DataTypeName::from_str(t)
+        .map(|d| d.data_type)
+        .map_err(|e| format!("{e}, `list<T>`, `fixed_size_list<T, N>` or `T[N]`"))
+}
+
+impl FromStr for FieldTypeName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(FieldTypeName {
+            name: s.to_string(),
+            data_type: parse_field_type(s)?,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for FieldTypeName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_nested_field_types() {
+        let t: FieldTypeName = "float32[4]".parse().unwrap();
+        assert!(
+            matches!(t.data_type(), DataType::FixedSizeList(f, 4) if f.data_type() == &DataType::Float32)
+        );
+        let t: FieldTypeName = "fixed_size_list<uint8, 64>".parse().unwrap();
+        assert!(matches!(t.data_type(), DataType::FixedSizeList(_, 64)));
+        let t: FieldTypeName = "list<int64[2]>".parse().unwrap();
+        assert!(
+            matches!(t.data_type(), DataType::List(f) if matches!(f.data_type(), DataType::FixedSizeList(_, 2)))
+        );
+        assert!("float32[0]".parse::<FieldTypeName>().is_err());
+        let e = "complex".parse::<FieldTypeName>().unwrap_err();
+        assert!(e.contains("fixed_size_list<T, N>"), "{e}");
+    }
+}

@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
-use sluice_pipeline::config::Component;
+use sluice_pipeline::config::{Component, HumanDuration, OneOrMany, Properties};
 use sluice_pipeline::storage::StorageConfig;
 
 /// Where the pipeline's batches go.
@@ -14,6 +14,8 @@ pub enum SinkConfig {
     ArrowIpc(ArrowIpcSinkConfig),
     /// `type: null`.
     Null(NullSinkConfig),
+    /// `type: kafka`.
+    Kafka(KafkaSinkConfig),
 }
 
 impl SinkConfig {
@@ -23,18 +25,20 @@ impl SinkConfig {
             SinkConfig::Parquet(_) => "parquet",
             SinkConfig::ArrowIpc(_) => "arrow_ipc",
             SinkConfig::Null(_) => "null",
+            SinkConfig::Kafka(_) => "kafka",
         }
     }
 }
 
 impl Component for SinkConfig {
     const WHAT: &'static str = "sink";
-    const KINDS: &'static [&'static str] = &["parquet", "arrow_ipc", "null"];
+    const KINDS: &'static [&'static str] = &["parquet", "arrow_ipc", "null", "kafka"];
     fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
         match kind {
             "parquet" => ParquetSinkConfig::deserialize(d).map(SinkConfig::Parquet),
             "arrow_ipc" => ArrowIpcSinkConfig::deserialize(d).map(SinkConfig::ArrowIpc),
             "null" => NullSinkConfig::deserialize(d).map(SinkConfig::Null),
+            "kafka" => KafkaSinkConfig::deserialize(d).map(SinkConfig::Kafka),
             other => Err(de::Error::unknown_variant(other, Self::KINDS)),
         }
     }
@@ -118,6 +122,73 @@ pub struct ArrowIpcSinkConfig {
 #[serde(deny_unknown_fields)]
 pub struct NullSinkConfig {}
 
+/// How a Kafka sink encodes batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaSinkFormat {
+    /// One Arrow IPC stream (zstd-compressed buffers) per message, holding a batch (split by
+    /// rows to stay under `max_message_bytes`).
+    ArrowIpc,
+    /// One JSON object per row.
+    Json,
+}
+
+/// Producer compression (`compression.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaCompression {
+    /// zstd.
+    #[default]
+    Zstd,
+    /// LZ4.
+    Lz4,
+    /// Snappy.
+    Snappy,
+    /// gzip.
+    Gzip,
+    /// None.
+    None,
+}
+
+/// `type: kafka` — publishes to a Kafka topic (which must exist). Delivery of everything
+/// written is confirmed before source offsets are acknowledged; at-least-once across crashes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// Bootstrap brokers: `host:port` or a list.
+    pub brokers: OneOrMany,
+    /// Topic to publish to.
+    pub topic: String,
+    /// `arrow_ipc` (a batch per message) or `json` (a row per message).
+    pub format: KafkaSinkFormat,
+    /// `json` only: column whose value becomes the message key (partitioning by key).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Producer compression: `zstd` (default), `lz4`, `snappy`, `gzip`, `none`.
+    #[serde(default)]
+    pub compression: KafkaCompression,
+    /// Idempotent producer (no duplicates from producer retries). Default: true.
+    #[serde(default = "default_true")]
+    pub idempotent: bool,
+    /// Upper bound of one message's uncompressed size; larger batches are split by rows.
+    /// Default: 1000000 (Kafka's default `message.max.bytes`).
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+    /// Give up connecting after this long. Default: 10s.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: HumanDuration,
+    /// Any librdkafka producer property (SASL/TLS, `linger.ms`, `acks`, …). Secret values are
+    /// never printed.
+    #[serde(default)]
+    pub properties: Properties,
+}
+
+fn default_max_message_bytes() -> usize {
+    1_000_000
+}
+fn default_connect_timeout() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_secs(10))
+}
 fn default_row_group_size() -> usize {
     65536
 }

@@ -1,7 +1,8 @@
 //! # sluice-sinks
 //!
 //! Where Sluice batches go: Parquet files (zstd, atomic), Arrow IPC files (zstd, atomic) and
-//! the `null` sink (counts, for benchmarks). Later: tensor loader, Kafka.
+//! the `null` sink (counts, for benchmarks) and Kafka topics (Arrow IPC or JSON messages).
+//! Later: the tensor loader.
 //!
 //! A sink is built from its [`SinkConfig`] once the pipeline's output schema is known, takes
 //! batches through [`Sink::write`], and either [`Sink::finish`]es (output becomes visible under
@@ -10,6 +11,7 @@
 mod config;
 mod file;
 mod ipc;
+mod kafka;
 mod null;
 mod parquet_sink;
 
@@ -18,8 +20,8 @@ use async_trait::async_trait;
 use sluice_pipeline::{Batch, CpuPool};
 
 pub use config::{
-    ArrowIpcSinkConfig, IpcCompression, NullSinkConfig, ParquetCompression, ParquetSinkConfig,
-    SinkConfig,
+    ArrowIpcSinkConfig, IpcCompression, KafkaCompression, KafkaSinkConfig, KafkaSinkFormat,
+    NullSinkConfig, ParquetCompression, ParquetSinkConfig, SinkConfig,
 };
 
 /// Errors of the sinks crate.
@@ -43,6 +45,9 @@ pub enum Error {
     /// Encoding failed.
     #[error("sink: encoding {url} failed: {message}")]
     Encode { url: String, message: String },
+    /// Kafka refused or failed (unreachable, unknown topic, delivery failed).
+    #[error("sink: kafka topic `{topic}`: {message}")]
+    Kafka { topic: String, message: String },
     /// A bug.
     #[error("sink: internal error (a bug in Sluice, please report it): {0}")]
     Internal(String),
@@ -69,6 +74,12 @@ pub struct SinkReport {
 pub trait Sink: Send {
     /// Writes one batch.
     async fn write(&mut self, batch: &Batch) -> Result<()>;
+    /// Makes everything written so far durable, if this sink can before `finish`: returns
+    /// `true` when it did (source positions may then advance past those rows), `false` when
+    /// rows become durable only at `finish` (single-file sinks).
+    async fn flush(&mut self) -> Result<bool> {
+        Ok(false)
+    }
     /// Completes the output and makes it visible.
     async fn finish(self: Box<Self>) -> Result<SinkReport>;
     /// Discards everything written; no partial output remains.
@@ -93,6 +104,7 @@ impl SinkConfig {
             SinkConfig::Parquet(c) => Ok(Box::new(parquet_sink::ParquetSink::new(c, cx).await?)),
             SinkConfig::ArrowIpc(c) => Ok(Box::new(ipc::IpcSink::new(c, cx).await?)),
             SinkConfig::Null(_) => Ok(Box::new(null::NullSink::default())),
+            SinkConfig::Kafka(c) => Ok(Box::new(kafka::KafkaSink::new(c, cx).await?)),
         }
     }
 }

@@ -20,6 +20,10 @@ impl Sink for NullSink {
         Ok(())
     }
 
+    async fn flush(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+
     async fn finish(self: Box<Self>) -> Result<SinkReport> {
         Ok(self.report)
     }

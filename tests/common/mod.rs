@@ -124,6 +124,7 @@ pub fn rows(batches: &[RecordBatch]) -> usize {
     batches.iter().map(RecordBatch::num_rows).sum()
 }
 
+pub mod kafka;
 pub mod s3;
 
 pub fn arc<T: arrow::array::Array + 'static>(a: T) -> arrow::array::ArrayRef {

@@ -2,6 +2,7 @@
 //! reference documentation (`docs/config.md` follows them); defaults are stated there.
 
 mod interpolate;
+mod kafka;
 mod load;
 
 use std::collections::BTreeMap;
@@ -11,13 +12,17 @@ use bytesize::ByteSize;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
+pub use kafka::{
+    Assignment, DeadLetterConfig, DeadLetterFile, DeadLetterKafka, ErrorBudget, HumanDuration,
+    KafkaConnection, KafkaFormat, KafkaSourceConfig, Properties, SchemaSpec, StartPosition, Until,
+};
 pub use load::{Component, ConfigDocument, Located, component_fields};
 
 use crate::types::DataTypeName;
 
 /// Top-level sections a pipeline file may hold. `sink` is read by the `sluice` binary (crate
 /// `sluice-sinks`); the pipeline crate accepts it so one file describes the whole job.
-pub const TOP_LEVEL_SECTIONS: &[&str] = &["source", "stages", "runtime", "sink"];
+pub const TOP_LEVEL_SECTIONS: &[&str] = &["source", "stages", "runtime", "sink", "checkpoint"];
 
 /// One problem in a config file, with its position.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +137,42 @@ pub struct RuntimeConfig {
     /// number). A single batch larger than this still passes, alone. Default: `64 MiB`.
     #[serde(default = "default_queue_bytes")]
     pub queue_bytes: ByteSize,
+    /// This process's rank among the readers of the same source (0-based). Default: from the
+    /// environment (`SLUICE_RANK`, `RANK`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`), else 0.
+    #[serde(default)]
+    pub rank: Option<usize>,
+    /// Number of ranks reading the same source. Default: from the environment
+    /// (`SLUICE_WORLD_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`), else 1.
+    #[serde(default)]
+    pub world_size: Option<usize>,
+}
+
+impl RuntimeConfig {
+    /// `(rank, world_size)`: from the config, else the environment, else `(0, 1)`.
+    pub fn rank_and_world(&self) -> (usize, usize) {
+        fn env(names: &[&str]) -> Option<usize> {
+            names
+                .iter()
+                .find_map(|n| std::env::var(n).ok().and_then(|v| v.trim().parse().ok()))
+        }
+        let rank = self
+            .rank
+            .or_else(|| env(&["SLUICE_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]))
+            .unwrap_or(0);
+        let world = self
+            .world_size
+            .or_else(|| {
+                env(&[
+                    "SLUICE_WORLD_SIZE",
+                    "WORLD_SIZE",
+                    "OMPI_COMM_WORLD_SIZE",
+                    "PMI_SIZE",
+                ])
+            })
+            .unwrap_or(1)
+            .max(1);
+        (rank, world)
+    }
 }
 
 fn default_queue_bytes() -> ByteSize {
@@ -144,6 +185,8 @@ impl Default for RuntimeConfig {
             threads: None,
             parallelism: None,
             queue_bytes: default_queue_bytes(),
+            rank: None,
+            world_size: None,
         }
     }
 }
@@ -153,14 +196,27 @@ impl Default for RuntimeConfig {
 pub enum SourceConfig {
     /// Parquet files (`type: parquet`).
     Parquet(ParquetSourceConfig),
+    /// Kafka topics (`type: kafka`).
+    Kafka(KafkaSourceConfig),
+}
+
+impl SourceConfig {
+    /// The `type` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::Parquet(_) => "parquet",
+            SourceConfig::Kafka(_) => "kafka",
+        }
+    }
 }
 
 impl Component for SourceConfig {
     const WHAT: &'static str = "source";
-    const KINDS: &'static [&'static str] = &["parquet"];
+    const KINDS: &'static [&'static str] = &["parquet", "kafka"];
     fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
         match kind {
             "parquet" => ParquetSourceConfig::deserialize(d).map(SourceConfig::Parquet),
+            "kafka" => KafkaSourceConfig::deserialize(d).map(SourceConfig::Kafka),
             other => Err(de::Error::unknown_variant(other, Self::KINDS)),
         }
     }
@@ -490,7 +546,9 @@ mod tests {
             "source:\n  type: parquet\n  path: [a.parquet, 'b/*.parquet']\n  columns: [x, y]\nstages:\n  - {type: cast, columns: {x: float32}}\n  - type: filter\n    predicate: y < 5\n  - {type: batch, size: 32, drop_last: true}\nruntime:\n  threads: 2\n  queue_bytes: 1 MiB\nsink: {type: null}\n",
         )
         .unwrap();
-        let SourceConfig::Parquet(p) = &cfg.source.value;
+        let SourceConfig::Parquet(p) = &cfg.source.value else {
+            panic!("not parquet")
+        };
         assert_eq!(p.path.as_ref().unwrap().0, vec!["a.parquet", "b/*.parquet"]);
         assert_eq!(p.batch_rows, 8192);
         assert_eq!(cfg.stages.len(), 3);

@@ -22,6 +22,49 @@ pub struct SourceMetrics {
     pub bytes_read: AtomicU64,
     /// Bytes of Arrow memory produced.
     pub bytes_decoded: AtomicU64,
+    /// Records that could not be decoded (Kafka).
+    pub records_bad: AtomicU64,
+    /// Of those, records written to the dead-letter sink.
+    pub records_dead_lettered: AtomicU64,
+    /// Per Kafka partition (`topic/partition`): records, bad records, consumer lag.
+    pub partitions: Mutex<std::collections::BTreeMap<String, PartitionMetrics>>,
+}
+
+/// Counters of one Kafka partition.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PartitionMetrics {
+    /// Records consumed.
+    pub records: u64,
+    /// Records that could not be decoded.
+    pub bad: u64,
+    /// Messages between the consumer's position and the end of the partition, from
+    /// librdkafka's statistics (each second); -1 when not known yet.
+    pub lag: i64,
+}
+
+impl SourceMetrics {
+    pub(crate) fn with_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+        f: impl FnOnce(&mut PartitionMetrics),
+    ) {
+        if let Ok(mut m) = self.partitions.lock() {
+            f(m.entry(format!("{topic}/{partition}"))
+                .or_insert(PartitionMetrics {
+                    lag: -1,
+                    ..Default::default()
+                }));
+        }
+    }
+
+    /// A copy of the per-partition counters.
+    pub fn partitions(&self) -> std::collections::BTreeMap<String, PartitionMetrics> {
+        self.partitions
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
+    }
 }
 
 /// Counters of one stage.

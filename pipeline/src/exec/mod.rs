@@ -29,8 +29,11 @@ pub use self::pool::CpuPool;
 use crate::batch::Batch;
 use crate::config::{ConfigDocument, ConfigErrors, PipelineConfig, SourceConfig, StageConfig};
 use crate::error::{Error, Result, StageRef};
+use crate::source::Source;
+use crate::source::kafka::KafkaSource;
 use crate::source::parquet::ParquetSource;
 use crate::stage::{self, BuiltStage, ColumnStats, ComputedStats, Transform};
+use crate::state::{Acknowledger, SourceState};
 
 /// A pipeline description, ready to be checked or run.
 ///
@@ -48,6 +51,7 @@ use crate::stage::{self, BuiltStage, ColumnStats, ComputedStats, Transform};
 pub struct Pipeline {
     config: PipelineConfig,
     base_dir: PathBuf,
+    resume: Option<SourceState>,
 }
 
 /// What a pipeline will do, found without reading data: files, and the schema after each
@@ -90,6 +94,7 @@ impl Pipeline {
             Some(config) if errors.is_empty() => Ok(Pipeline {
                 config,
                 base_dir: doc.base_dir().to_path_buf(),
+                resume: None,
             }),
             _ => Err(Error::Config(ConfigErrors::sorted(errors))),
         }
@@ -100,7 +105,15 @@ impl Pipeline {
         Pipeline {
             config,
             base_dir: base_dir.into(),
+            resume: None,
         }
+    }
+
+    /// Continues from a checkpointed state (see [`Acknowledger::commit`]): a `static` Kafka
+    /// source starts each partition exactly where the state says.
+    pub fn resume_from(mut self, state: SourceState) -> Self {
+        self.resume = Some(state);
+        self
     }
 
     /// The configuration.
@@ -108,9 +121,29 @@ impl Pipeline {
         &self.config
     }
 
-    async fn open_source(&self) -> Result<ParquetSource> {
-        let SourceConfig::Parquet(p) = &self.config.source.value;
-        ParquetSource::open(p, &self.base_dir, &self.config.source.location).await
+    async fn open_source(
+        &self,
+        metrics: Arc<PipelineMetrics>,
+        acker: Arc<Acknowledger>,
+    ) -> Result<Source> {
+        let at = &self.config.source.location;
+        match &self.config.source.value {
+            SourceConfig::Parquet(p) => Ok(Source::Parquet(
+                ParquetSource::open(p, &self.base_dir, at).await?,
+            )),
+            SourceConfig::Kafka(k) => Ok(Source::Kafka(Box::new(
+                KafkaSource::open(
+                    k,
+                    &self.base_dir,
+                    at,
+                    &self.config.runtime,
+                    self.resume.as_ref(),
+                    acker,
+                    metrics,
+                )
+                .await?,
+            ))),
+        }
     }
 
     fn stage_ref(&self, index: usize) -> StageRef {
@@ -125,8 +158,12 @@ impl Pipeline {
     /// Opens the source (lists files, reads footers) and checks every stage against the schema
     /// it will receive, without reading data.
     pub async fn plan(&self) -> Result<Plan> {
-        let source = self.open_source().await?;
-        source.open_all().await?;
+        let source = self
+            .open_source(Arc::default(), Arc::new(Acknowledger::new(None)))
+            .await?;
+        if let Source::Parquet(p) = &source {
+            p.open_all().await?;
+        }
         let mut schema = source.schema().clone();
         let mut stages = Vec::new();
         for (i, s) in self.config.stages.iter().enumerate() {
@@ -147,13 +184,18 @@ impl Pipeline {
     /// Opens the source, builds every stage and computes the statistics `standardize` stages
     /// need (one pass over the data for each such stage).
     pub async fn prepare(&self) -> Result<PreparedPipeline> {
-        self.prepare_with(Arc::new(PipelineMetrics::default()))
+        let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
+        self.prepare_with(Arc::new(PipelineMetrics::default()), acker)
             .await
     }
 
-    async fn prepare_with(&self, metrics: Arc<PipelineMetrics>) -> Result<PreparedPipeline> {
+    async fn prepare_with(
+        &self,
+        metrics: Arc<PipelineMetrics>,
+        acker: Arc<Acknowledger>,
+    ) -> Result<PreparedPipeline> {
         let pool = CpuPool::new(self.config.runtime.threads)?;
-        let source = self.open_source().await?;
+        let source = self.open_source(metrics.clone(), acker.clone()).await?;
         let mut schema = source.schema().clone();
         let mut slots: Vec<StageSlot> = Vec::new();
         let stage_metrics: Vec<Arc<StageMetrics>> = (0..self.config.stages.len())
@@ -165,8 +207,14 @@ impl Pipeline {
             if stats.is_some() {
                 // Validate against the schema first, then pay for the pass over the data.
                 stage::build(&sref, &s.value, &schema, stats.clone())?;
+                let Source::Parquet(parquet) = &source else {
+                    return Err(Error::Stage {
+                        stage: sref,
+                        message: "a Kafka stream has no end to compute statistics over; give `mean` and `std`".into(),
+                    });
+                };
                 let computed = compute_stats(
-                    &source,
+                    parquet,
                     &slots,
                     &s.value,
                     &pool,
@@ -204,6 +252,7 @@ impl Pipeline {
             metrics,
             queue_bytes: self.config.runtime.queue_bytes.as_u64(),
             parallelism: self.config.runtime.parallelism,
+            acker,
         })
     }
 
@@ -212,10 +261,12 @@ impl Pipeline {
     /// tokio runtime.
     pub fn stream(self) -> BatchStream {
         let metrics = Arc::new(PipelineMetrics::default());
-        let m = metrics.clone();
+        let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
+        let (m, a) = (metrics.clone(), acker.clone());
         BatchStream {
-            state: State::Preparing(async move { self.prepare_with(m).await }.boxed()),
+            state: State::Preparing(async move { self.prepare_with(m, a).await }.boxed()),
             metrics,
+            acker,
         }
     }
 }
@@ -256,13 +307,14 @@ async fn compute_stats(
         })
         .collect();
     let prepared = PreparedPipeline {
-        source: source.single_epoch(),
+        source: Source::Parquet(source.single_epoch()),
         slots: prefix,
         schema: schema.clone(),
         pool: pool.clone(),
         metrics: Arc::new(PipelineMetrics::default()),
         queue_bytes: runtime.runtime.queue_bytes.as_u64(),
         parallelism: runtime.runtime.parallelism,
+        acker: Arc::new(Acknowledger::new(None)),
     };
     let mut indices = Vec::new();
     for name in &c.columns {
@@ -300,13 +352,14 @@ async fn compute_stats(
 /// starts it.
 #[derive(Debug)]
 pub struct PreparedPipeline {
-    source: ParquetSource,
+    source: Source,
     slots: Vec<StageSlot>,
     schema: SchemaRef,
     pool: CpuPool,
     metrics: Arc<PipelineMetrics>,
     queue_bytes: u64,
     parallelism: Option<usize>,
+    acker: Arc<Acknowledger>,
 }
 
 impl std::fmt::Debug for StageSlot {
@@ -337,12 +390,19 @@ impl PreparedPipeline {
         self.source.total_rows()
     }
 
+    /// Reports what the consumer has durably taken; see [`Acknowledger`].
+    pub fn acknowledger(&self) -> Arc<Acknowledger> {
+        self.acker.clone()
+    }
+
     /// Starts the run. Must be called inside a tokio runtime.
     pub fn stream(self) -> BatchStream {
         let metrics = self.metrics.clone();
+        let acker = self.acker.clone();
         BatchStream {
             state: State::Running(self.start()),
             metrics,
+            acker,
         }
     }
 
@@ -355,6 +415,7 @@ impl PreparedPipeline {
             metrics,
             queue_bytes,
             parallelism,
+            acker: _,
         } = self;
         let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
         let mut tasks = JoinSet::new();
@@ -364,7 +425,7 @@ impl PreparedPipeline {
             channel(queue_bytes, stats)
         };
         let (tx, mut rx) = new_queue("source".into());
-        tasks.spawn(source.run(tx, pool.clone(), metrics.clone()));
+        tasks.spawn(source.run(tx, pool.clone(), metrics.clone(), parallelism));
         let stage_metrics = metrics.stages();
         let mut i = 0;
         while i < slots.len() {
@@ -626,6 +687,7 @@ enum State {
 pub struct BatchStream {
     state: State,
     metrics: Arc<PipelineMetrics>,
+    acker: Arc<Acknowledger>,
 }
 
 impl std::fmt::Debug for BatchStream {
@@ -638,6 +700,12 @@ impl BatchStream {
     /// Live counters of this run (rows, bytes, per stage, queues).
     pub fn metrics(&self) -> Arc<PipelineMetrics> {
         self.metrics.clone()
+    }
+
+    /// Where to report batches the consumer has durably taken, so that Kafka offsets (and
+    /// checkpoints) advance only past them. See [`Acknowledger`].
+    pub fn acknowledger(&self) -> Arc<Acknowledger> {
+        self.acker.clone()
     }
 }
 

@@ -1,5 +1,56 @@
 //! Sources: where batches come from.
 
+pub(crate) mod kafka;
 mod manifest;
 pub mod parquet;
 pub(crate) mod reader;
+
+use arrow::datatypes::SchemaRef;
+
+use crate::exec::CpuPool;
+use crate::exec::channel::Sender;
+use crate::exec::metrics::PipelineMetrics;
+use std::sync::Arc;
+
+/// An open source of either kind.
+#[derive(Debug)]
+pub(crate) enum Source {
+    Parquet(parquet::ParquetSource),
+    Kafka(Box<kafka::KafkaSource>),
+}
+
+impl Source {
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        match self {
+            Source::Parquet(p) => p.schema(),
+            Source::Kafka(k) => k.schema(),
+        }
+    }
+
+    pub(crate) fn num_files(&self) -> Option<usize> {
+        match self {
+            Source::Parquet(p) => p.num_files(),
+            Source::Kafka(_) => None,
+        }
+    }
+
+    pub(crate) fn total_rows(&self) -> Option<u64> {
+        match self {
+            Source::Parquet(p) => p.total_rows(),
+            Source::Kafka(_) => None,
+        }
+    }
+
+    pub(crate) async fn run(
+        self,
+        tx: Sender,
+        pool: CpuPool,
+        metrics: Arc<PipelineMetrics>,
+        parallelism: usize,
+    ) {
+        match self {
+            Source::Parquet(p) => p.run(tx, pool, metrics).await,
+            Source::Kafka(k) => k.run(tx, pool, parallelism).await,
+        }
+    }
+}

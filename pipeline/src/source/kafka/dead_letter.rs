@@ -1,0 +1,224 @@
+//! Dead-letter sinks: where records that cannot be decoded go, with their origin and the
+//! reason, and the error budget that decides when bad records stop the run.
+//!
+//! A batch of bad records is durable (object written, or every message acknowledged by the
+//! broker) before the source hands on the good rows decoded with them, so a bad record is never
+//! lost even if the run is killed right after.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use object_store::{ObjectStoreExt, PutPayload};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use super::client_config;
+use super::decode::BadRecord;
+use crate::config::{DeadLetterConfig, ErrorBudget, KafkaSourceConfig};
+use crate::error::{Error, Result};
+use crate::storage::resolve;
+
+/// An open dead-letter sink.
+pub(crate) enum DeadLetter {
+    File {
+        dir: String,
+        base_dir: std::path::PathBuf,
+        storage: crate::storage::StorageConfig,
+        run_id: String,
+        seq: u64,
+    },
+    Kafka {
+        producer: FutureProducer,
+        topic: String,
+    },
+}
+
+impl std::fmt::Debug for DeadLetter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeadLetter::File { dir, .. } => write!(f, "DeadLetter::File({dir})"),
+            DeadLetter::Kafka { topic, .. } => write!(f, "DeadLetter::Kafka({topic})"),
+        }
+    }
+}
+
+impl DeadLetter {
+    pub fn open(
+        config: &DeadLetterConfig,
+        source: &KafkaSourceConfig,
+        base_dir: &Path,
+    ) -> Result<Self> {
+        match config {
+            DeadLetterConfig::File(f) => {
+                // Fail early on a location that cannot be written.
+                resolve(
+                    &format!("{}/probe", f.path.trim_end_matches('/')),
+                    base_dir,
+                    &f.storage,
+                )?;
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                Ok(DeadLetter::File {
+                    dir: f.path.trim_end_matches('/').to_string(),
+                    base_dir: base_dir.to_path_buf(),
+                    storage: f.storage.clone(),
+                    run_id: format!("{}-{}", now.as_millis(), std::process::id()),
+                    seq: 0,
+                })
+            }
+            DeadLetterConfig::Kafka(k) => {
+                let mut conn = source.connection();
+                if let Some(b) = &k.brokers {
+                    conn.brokers = b.clone();
+                }
+                for (key, v) in &k.properties.0 {
+                    conn.properties.0.insert(key.clone(), v.clone());
+                }
+                let mut cfg = client_config(&conn);
+                cfg.set("message.timeout.ms", "30000");
+                let producer: FutureProducer = cfg.create().map_err(|e| Error::Kafka {
+                    brokers: conn.brokers.0.join(","),
+                    message: format!("cannot create the dead-letter producer: {e}"),
+                })?;
+                Ok(DeadLetter::Kafka {
+                    producer,
+                    topic: k.topic.clone(),
+                })
+            }
+        }
+    }
+
+    /// Writes `records` durably.
+    pub async fn write(&mut self, records: &[BadRecord]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        match self {
+            DeadLetter::File {
+                dir,
+                base_dir,
+                storage,
+                run_id,
+                seq,
+            } => {
+                let b64 = base64::engine::general_purpose::STANDARD;
+                let mut body = Vec::new();
+                for r in records {
+                    let line = serde_json::json!({
+                        "topic": &*r.topic,
+                        "partition": r.partition,
+                        "offset": r.offset,
+                        "timestamp": r.timestamp,
+                        "key_base64": r.key.as_ref().map(|k| b64.encode(k)),
+                        "value_base64": r.value.as_ref().map(|v| b64.encode(v)),
+                        "error": r.error,
+                    });
+                    body.extend_from_slice(line.to_string().as_bytes());
+                    body.push(b'\n');
+                }
+                let name = format!("{dir}/dead-letter-{run_id}-{:06}.jsonl", *seq);
+                *seq += 1;
+                let loc = resolve(&name, base_dir, storage)?;
+                loc.store
+                    .put(&loc.path, PutPayload::from(body))
+                    .await
+                    .map_err(|e| Error::Storage {
+                        url: loc.url.to_string(),
+                        operation: "writing dead-letter records",
+                        source: e,
+                    })?;
+                Ok(())
+            }
+            DeadLetter::Kafka { producer, topic } => {
+                let mut pending = Vec::with_capacity(records.len());
+                for r in records {
+                    let offset = r.offset.to_string();
+                    let partition = r.partition.to_string();
+                    let headers = OwnedHeaders::new()
+                        .insert(Header {
+                            key: "sluice.error",
+                            value: Some(r.error.as_bytes()),
+                        })
+                        .insert(Header {
+                            key: "sluice.topic",
+                            value: Some(r.topic.as_bytes()),
+                        })
+                        .insert(Header {
+                            key: "sluice.partition",
+                            value: Some(partition.as_bytes()),
+                        })
+                        .insert(Header {
+                            key: "sluice.offset",
+                            value: Some(offset.as_bytes()),
+                        });
+                    let mut rec: FutureRecord<'_, [u8], [u8]> =
+                        FutureRecord::to(topic).headers(headers);
+                    if let Some(k) = &r.key {
+                        rec = rec.key(k.as_slice());
+                    }
+                    if let Some(v) = &r.value {
+                        rec = rec.payload(v.as_slice());
+                    }
+                    if let Some(ts) = r.timestamp {
+                        rec = rec.timestamp(ts);
+                    }
+                    pending.push(producer.send(rec, Duration::from_secs(30)));
+                }
+                for p in pending {
+                    p.await.map_err(|(e, _)| Error::Kafka {
+                        brokers: String::new(),
+                        message: format!(
+                            "dead-letter topic `{topic}`: delivery failed: {e}. The bad records of this batch were not stored, so the run stops"
+                        ),
+                    })?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Counts records and bad records against the budget.
+#[derive(Debug, Default)]
+pub(crate) struct Budget {
+    pub records: u64,
+    pub bad: u64,
+}
+
+impl Budget {
+    /// Adds a chunk's counts; `Err` with the reason once the budget is exceeded.
+    pub fn add(&mut self, records: u64, bad: u64, limits: &ErrorBudget) -> Result<(), String> {
+        self.records += records;
+        self.bad += bad;
+        if let Some(max) = limits.max_records
+            && self.bad > max
+        {
+            return Err(format!(
+                "{} records could not be decoded, more than `error_budget.max_records` ({max})",
+                self.bad
+            ));
+        }
+        if let Some(ratio) = limits.max_ratio
+            && self.records >= 100
+            && self.bad as f64 > ratio * self.records as f64
+        {
+            return Err(format!(
+                "{} of {} records ({:.2}%) could not be decoded, more than `error_budget.max_ratio` ({ratio})",
+                self.bad,
+                self.records,
+                100.0 * self.bad as f64 / self.records as f64
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A shareable description of a bad record for error messages.
+pub(crate) fn describe(r: &BadRecord) -> String {
+    format!(
+        "kafka {}/{} offset {}: {}",
+        r.topic, r.partition, r.offset, r.error
+    )
+}

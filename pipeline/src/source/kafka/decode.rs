@@ -1,0 +1,520 @@
+//! Kafka records → Arrow batches, on the CPU pool. A chunk of records from the consumer
+//! becomes one batch (`json`, `raw`) or one batch per message (`arrow_ipc`); records that
+//! cannot be decoded are returned, with the reason, for the dead-letter sink.
+
+use std::io::Cursor;
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow::array::ListBuilder;
+use arrow::array::{
+    ArrayRef, BinaryBuilder, RecordBatch, StringBuilder, StructBuilder, TimestampMillisecondArray,
+};
+use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use arrow::ipc::reader::StreamReader;
+
+use crate::batch::{Batch, Lineage, LineageSpan, Origin};
+use crate::config::KafkaFormat;
+
+/// One consumed record: where it is in the chunk's buffers and where it came from.
+#[derive(Debug, Clone)]
+pub(crate) struct RecordMeta {
+    /// Index into the source's topic list.
+    pub topic: u16,
+    pub partition: i32,
+    pub offset: i64,
+    /// Milliseconds since the epoch, when the record has one.
+    pub timestamp: Option<i64>,
+    pub key: Option<Range<usize>>,
+    pub value: Option<Range<usize>>,
+    /// `raw` only: header name/value pairs.
+    pub headers: Option<Vec<(String, Option<Vec<u8>>)>>,
+    /// `arrow_ipc` only: rows of this message already delivered before a resume.
+    pub skip_rows: u64,
+}
+
+/// Records as consumed, before decoding. Keys and values live in two flat buffers: no
+/// allocation per record.
+#[derive(Debug, Default)]
+pub(crate) struct RawChunk {
+    pub records: Vec<RecordMeta>,
+    pub keys: Vec<u8>,
+    pub values: Vec<u8>,
+}
+
+impl RawChunk {
+    pub fn bytes(&self) -> usize {
+        self.keys.len() + self.values.len()
+    }
+
+    pub fn value(&self, r: &RecordMeta) -> Option<&[u8]> {
+        r.value.clone().map(|v| &self.values[v])
+    }
+
+    pub fn key(&self, r: &RecordMeta) -> Option<&[u8]> {
+        r.key.clone().map(|k| &self.keys[k])
+    }
+}
+
+/// A record that could not be decoded.
+#[derive(Debug, Clone)]
+pub struct BadRecord {
+    /// Topic.
+    pub topic: Arc<str>,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Record timestamp (ms), if any.
+    pub timestamp: Option<i64>,
+    /// The original key.
+    pub key: Option<Vec<u8>>,
+    /// The original value.
+    pub value: Option<Vec<u8>>,
+    /// Why it could not be decoded.
+    pub error: String,
+}
+
+/// The result of decoding a chunk.
+#[derive(Debug, Default)]
+pub(crate) struct Decoded {
+    pub batches: Vec<Batch>,
+    pub bad: Vec<BadRecord>,
+    /// Records consumed (good + bad).
+    pub records: u64,
+}
+
+/// Decodes chunks of one source.
+#[derive(Debug, Clone)]
+pub(crate) struct ChunkDecoder {
+    pub format: KafkaFormat,
+    pub schema: SchemaRef,
+    pub topics: Arc<[Arc<str>]>,
+}
+
+/// Schema of the `raw` format.
+pub(crate) fn raw_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("key", DataType::Binary, true),
+        Field::new("value", DataType::Binary, true),
+        Field::new(
+            "timestamp",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            true,
+        ),
+        Field::new(
+            "headers",
+            DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Struct(header_fields()),
+                true,
+            ))),
+            true,
+        ),
+    ])
+}
+
+fn header_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("value", DataType::Binary, true),
+    ])
+}
+
+/// Reads the schema of an Arrow IPC stream message.
+pub(crate) fn ipc_schema(value: &[u8]) -> Result<SchemaRef, String> {
+    StreamReader::try_new(Cursor::new(value), None)
+        .map(|r| r.schema())
+        .map_err(|e| format!("not an Arrow IPC stream: {e}"))
+}
+
+/// Whether two schemas carry the same columns (names and types; nullability and metadata
+/// are not compared).
+pub(crate) fn same_columns(a: &Schema, b: &Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && a.fields()
+            .iter()
+            .zip(b.fields().iter())
+            .all(|(x, y)| x.name() == y.name() && x.data_type().equals_datatype(y.data_type()))
+}
+
+impl ChunkDecoder {
+    fn bad(&self, chunk: &RawChunk, r: &RecordMeta, error: String) -> BadRecord {
+        BadRecord {
+            topic: self.topics[r.topic as usize].clone(),
+            partition: r.partition,
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key: chunk.key(r).map(<[u8]>::to_vec),
+            value: chunk.value(r).map(<[u8]>::to_vec),
+            error,
+        }
+    }
+
+    fn row_lineage(&self, records: &[&RecordMeta]) -> Lineage {
+        let mut l = Lineage::default();
+        for r in records {
+            l.push(LineageSpan {
+                origin: Origin::Kafka {
+                    topic: self.topics[r.topic as usize].clone(),
+                    partition: r.partition,
+                },
+                first: r.offset as u64,
+                len: 1,
+                epoch: 0,
+            });
+        }
+        l
+    }
+
+    pub fn decode(&self, chunk: RawChunk) -> Decoded {
+        let records = chunk.records.len() as u64;
+        let mut out = match self.format {
+            KafkaFormat::Json => self.decode_json(&chunk),
+            KafkaFormat::ArrowIpc => self.decode_ipc(&chunk),
+            KafkaFormat::Raw => self.decode_raw(&chunk),
+        };
+        out.records = records;
+        out
+    }
+
+    fn decode_raw(&self, chunk: &RawChunk) -> Decoded {
+        let n = chunk.records.len();
+        let mut keys = BinaryBuilder::with_capacity(n, chunk.keys.len());
+        let mut values = BinaryBuilder::with_capacity(n, chunk.values.len());
+        let mut headers = ListBuilder::new(StructBuilder::from_fields(header_fields(), 0));
+        for r in &chunk.records {
+            keys.append_option(chunk.key(r));
+            values.append_option(chunk.value(r));
+            match &r.headers {
+                Some(hs) if !hs.is_empty() => {
+                    let s = headers.values();
+                    for (k, v) in hs {
+                        s.field_builder::<StringBuilder>(0)
+                            .map(|b| b.append_value(k));
+                        s.field_builder::<BinaryBuilder>(1)
+                            .map(|b| b.append_option(v.as_deref()));
+                        s.append(true);
+                    }
+                    headers.append(true);
+                }
+                _ => headers.append(true),
+            }
+        }
+        let ts = TimestampMillisecondArray::from_iter(chunk.records.iter().map(|r| r.timestamp));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(keys.finish()) as ArrayRef,
+            Arc::new(values.finish()) as ArrayRef,
+            Arc::new(ts),
+            Arc::new(headers.finish()),
+        ];
+        let all: Vec<&RecordMeta> = chunk.records.iter().collect();
+        let mut out = Decoded::default();
+        match RecordBatch::try_new(self.schema.clone(), columns) {
+            Ok(data) => out.batches.push(Batch::new(data, self.row_lineage(&all))),
+            Err(e) => {
+                // Only a bug could get here; keep every record rather than lose them.
+                for r in &chunk.records {
+                    out.bad.push(self.bad(
+                        chunk,
+                        r,
+                        format!("internal error building raw rows: {e}"),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn decode_ipc(&self, chunk: &RawChunk) -> Decoded {
+        let mut out = Decoded::default();
+        for r in &chunk.records {
+            match self.decode_ipc_message(chunk, r) {
+                Ok(Some(b)) => out.batches.push(b),
+                Ok(None) => {}
+                Err(e) => out.bad.push(self.bad(chunk, r, e)),
+            }
+        }
+        out
+    }
+
+    fn decode_ipc_message(
+        &self,
+        chunk: &RawChunk,
+        r: &RecordMeta,
+    ) -> Result<Option<Batch>, String> {
+        let value = chunk
+            .value(r)
+            .ok_or_else(|| "the message has no value (null payload)".to_string())?;
+        let reader = StreamReader::try_new(Cursor::new(value), None)
+            .map_err(|e| format!("not an Arrow IPC stream: {e}"))?;
+        if !same_columns(&reader.schema(), &self.schema) {
+            return Err(format!(
+                "Arrow schema differs from the source's: message has {:?}, expected {:?}",
+                reader.schema().fields(),
+                self.schema.fields()
+            ));
+        }
+        let mut parts = Vec::new();
+        for b in reader {
+            let b = b.map_err(|e| format!("cannot decode Arrow IPC record batch: {e}"))?;
+            parts.push(
+                b.with_schema(self.schema.clone())
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let data = arrow::compute::concat_batches(&self.schema, &parts)
+            .map_err(|e| format!("cannot join the message's record batches: {e}"))?;
+        let rows = data.num_rows() as u64;
+        let skip = r.skip_rows.min(rows);
+        if skip == rows {
+            return Ok(None);
+        }
+        let origin = Origin::KafkaMessage {
+            topic: self.topics[r.topic as usize].clone(),
+            partition: r.partition,
+            offset: r.offset,
+            rows,
+        };
+        let data = data.slice(skip as usize, (rows - skip) as usize);
+        Ok(Some(Batch::new(
+            data,
+            Lineage::new(origin, skip, rows - skip, 0),
+        )))
+    }
+
+    fn json_decoder(&self, n: usize) -> Result<arrow::json::reader::Decoder, String> {
+        arrow::json::ReaderBuilder::new(self.schema.clone())
+            .with_batch_size(n.max(1))
+            .build_decoder()
+            .map_err(|e| format!("cannot build a JSON decoder for the schema: {e}"))
+    }
+
+    /// JSON: feed every record to one decoder, checking after each that it was exactly one
+    /// complete value. A syntactically bad record is set aside and the good ones before it
+    /// are fed again to a fresh decoder (a tape decoder cannot be rewound). Type errors show
+    /// only when the rows are built (`flush`): then the run is bisected to find them.
+    fn decode_json(&self, chunk: &RawChunk) -> Decoded {
+        let mut out = Decoded::default();
+        let mut good: Vec<&RecordMeta> = Vec::with_capacity(chunk.records.len());
+        let mut decoder = match self.json_decoder(chunk.records.len()) {
+            Ok(d) => d,
+            Err(e) => {
+                for r in &chunk.records {
+                    out.bad.push(self.bad(chunk, r, e.clone()));
+                }
+                return out;
+            }
+        };
+        for r in &chunk.records {
+            let before = decoder.len();
+            let value = chunk.value(r).unwrap_or_default();
+            let ok = match decoder.decode(value) {
+                Ok(used) if used == value.len() => {
+                    if decoder.has_partial_record() {
+                        Err("truncated JSON: the message ends inside a value".to_string())
+                    } else if decoder.len() == before {
+                        Err("the message holds no JSON value".to_string())
+                    } else if decoder.len() > before + 1 {
+                        Err(format!(
+                            "the message holds {} JSON values; expected one object per message",
+                            decoder.len() - before
+                        ))
+                    } else {
+                        Ok(())
+                    }
+                }
+                Ok(_) => Err("the message holds more than one JSON value".to_string()),
+                Err(e) => Err(format!("invalid JSON: {e}")),
+            };
+            match ok {
+                Ok(()) => good.push(r),
+                Err(e) => {
+                    out.bad.push(self.bad(chunk, r, e));
+                    // Start over with the records known to be whole values.
+                    decoder = match self.json_decoder(chunk.records.len()) {
+                        Ok(d) => d,
+                        Err(_) => return out,
+                    };
+                    for g in &good {
+                        let _ = decoder.decode(chunk.value(g).unwrap_or_default());
+                    }
+                }
+            }
+        }
+        match decoder.flush() {
+            Ok(Some(data)) if data.num_rows() == good.len() => {
+                out.batches.push(Batch::new(data, self.row_lineage(&good)));
+            }
+            Ok(None) if good.is_empty() => {}
+            _ => self.bisect_json(chunk, &good, &mut out),
+        }
+        out.bad.sort_by_key(|b| (b.partition, b.offset));
+        out
+    }
+
+    /// Builds rows for `records` (each a single whole JSON value), splitting the run in halves
+    /// until the records whose values do not fit the schema are isolated.
+    fn bisect_json(&self, chunk: &RawChunk, records: &[&RecordMeta], out: &mut Decoded) {
+        if records.is_empty() {
+            return;
+        }
+        let attempt = self.json_decoder(records.len()).and_then(|mut d| {
+            for r in records {
+                d.decode(chunk.value(r).unwrap_or_default())
+                    .map_err(|e| e.to_string())?;
+            }
+            d.flush().map_err(|e| e.to_string())
+        });
+        match attempt {
+            Ok(Some(data)) if data.num_rows() == records.len() => {
+                out.batches
+                    .push(Batch::new(data, self.row_lineage(records)));
+            }
+            Ok(_) if records.len() == 1 => {
+                out.bad.push(self.bad(
+                    chunk,
+                    records[0],
+                    "the JSON value does not produce one row".into(),
+                ));
+            }
+            Err(e) if records.len() == 1 => {
+                out.bad.push(self.bad(
+                    chunk,
+                    records[0],
+                    format!("JSON does not match the declared schema: {e}"),
+                ));
+            }
+            _ => {
+                let mid = records.len() / 2;
+                self.bisect_json(chunk, &records[..mid], out);
+                self.bisect_json(chunk, &records[mid..], out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{AsArray, Int64Array};
+    use arrow::datatypes::Int64Type;
+
+    fn chunk(values: &[&[u8]]) -> RawChunk {
+        let mut c = RawChunk::default();
+        for (i, v) in values.iter().enumerate() {
+            let start = c.values.len();
+            c.values.extend_from_slice(v);
+            c.records.push(RecordMeta {
+                topic: 0,
+                partition: (i % 2) as i32,
+                offset: i as i64,
+                timestamp: Some(1000 + i as i64),
+                key: None,
+                value: Some(start..c.values.len()),
+                headers: None,
+                skip_rows: 0,
+            });
+        }
+        c
+    }
+
+    fn json_decoder() -> ChunkDecoder {
+        ChunkDecoder {
+            format: KafkaFormat::Json,
+            schema: Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, true),
+                Field::new(
+                    "x",
+                    DataType::FixedSizeList(
+                        Arc::new(Field::new("item", DataType::Float32, true)),
+                        2,
+                    ),
+                    true,
+                ),
+            ])),
+            topics: Arc::from(vec![Arc::<str>::from("t")]),
+        }
+    }
+
+    #[test]
+    fn json_good_and_bad_records_are_separated_exactly() {
+        let d = json_decoder();
+        let c = chunk(&[
+            br#"{"id": 0, "x": [1, 2]}"#,
+            br#"{"id": 1, "x": [1"#,
+            br#"{"id": 2, "x": [3, 4]}"#,
+            br#"{"id": "two", "x": [3, 4]}"#,
+            br#"{"id": 4, "x": [5, 6]}{"id": 5}"#,
+            b"",
+            br#"not json"#,
+            br#"{"id": 7, "x": [7, 8]}"#,
+        ]);
+        let out = d.decode(c);
+        assert_eq!(out.records, 8);
+        let ids: Vec<i64> = out
+            .batches
+            .iter()
+            .flat_map(|b| {
+                b.data
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(ids, vec![0, 2, 7]);
+        let bad: Vec<i64> = {
+            let mut v: Vec<i64> = out.bad.iter().map(|b| b.offset).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(bad, vec![1, 3, 4, 5, 6]);
+        for b in &out.batches {
+            assert_eq!(b.lineage.num_rows() as usize, b.num_rows());
+        }
+        let lineage: Vec<u64> = out
+            .batches
+            .iter()
+            .flat_map(|b| {
+                b.lineage
+                    .spans()
+                    .iter()
+                    .map(|s| s.first)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(lineage, vec![0, 2, 7]);
+        let _ = Int64Array::from(vec![0]);
+    }
+
+    #[test]
+    fn ipc_skip_rows_and_truncation() {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let data = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(0..10))],
+        )
+        .unwrap();
+        let mut buf = Vec::new();
+        {
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut buf, &schema).unwrap();
+            w.write(&data).unwrap();
+            w.finish().unwrap();
+        }
+        let truncated = buf[..buf.len() / 2].to_vec();
+        let mut c = chunk(&[&buf, &truncated]);
+        c.records[0].skip_rows = 4;
+        let d = ChunkDecoder {
+            format: KafkaFormat::ArrowIpc,
+            schema,
+            topics: Arc::from(vec![Arc::<str>::from("t")]),
+        };
+        let out = d.decode(c);
+        assert_eq!(out.batches.len(), 1);
+        assert_eq!(out.batches[0].num_rows(), 6);
+        assert_eq!(out.batches[0].lineage.spans()[0].first, 4);
+        assert_eq!(out.bad.len(), 1);
+        assert_eq!(out.bad[0].offset, 1);
+    }
+}

@@ -1,0 +1,899 @@
+//! The Kafka source: records from Kafka topics as Arrow batches with exact lineage
+//! (topic, partition, offset).
+//!
+//! ```text
+//! consumer thread (librdkafka poll) ──chunks (≤2 in flight)──▶ decode on the CPU pool
+//!   (`parallelism` chunks at a time, order kept) ──▶ bad records → dead letter (durable first)
+//!                                                 └─▶ good rows → the pipeline's first queue
+//! ```
+//! Positions are not committed here: the consumer of the stream reports what it has durably
+//! taken through [`crate::state::Acknowledger`], which stores offsets with the group (`group`)
+//! or hands them to the checkpoint (`static`).
+
+pub(crate) mod dead_letter;
+pub(crate) mod decode;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use futures::StreamExt;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message};
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use self::dead_letter::{Budget, DeadLetter, describe};
+use self::decode::{ChunkDecoder, RawChunk, RecordMeta, ipc_schema, raw_schema};
+use crate::config::{
+    Assignment, KafkaConnection, KafkaFormat, KafkaSourceConfig, RuntimeConfig, StartPosition,
+    Until,
+};
+use crate::error::{Error, Result};
+use crate::exec::CpuPool;
+use crate::exec::channel::Sender;
+use crate::exec::metrics::PipelineMetrics;
+use crate::state::{Acknowledger, KafkaPositions, OffsetStore, Position, SourceState};
+
+/// The librdkafka settings for a connection: Sluice's defaults, then the user's properties.
+pub(crate) fn client_config(conn: &KafkaConnection) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", conn.brokers.0.join(","));
+    c.set("client.id", "sluice");
+    for (k, v) in &conn.properties.0 {
+        c.set(k, v);
+    }
+    c
+}
+
+/// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag.
+struct SourceContext {
+    last_error: Mutex<Option<String>>,
+    metrics: Arc<PipelineMetrics>,
+}
+
+impl ClientContext for SourceContext {
+    fn stats(&self, statistics: Statistics) {
+        for (topic, t) in &statistics.topics {
+            for (p, s) in &t.partitions {
+                if *p < 0 || s.consumer_lag < 0 {
+                    continue;
+                }
+                self.metrics.source.with_partition(topic, *p, |m| {
+                    m.lag = s.consumer_lag;
+                });
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "sluice::kafka", "{error}: {reason}");
+        if let Ok(mut e) = self.last_error.lock() {
+            *e = Some(format!("{reason} ({error})"));
+        }
+    }
+}
+
+impl ConsumerContext for SourceContext {}
+
+type SourceConsumer = BaseConsumer<SourceContext>;
+
+fn last_error(c: &SourceConsumer) -> String {
+    c.context()
+        .last_error
+        .lock()
+        .ok()
+        .and_then(|e| e.clone())
+        .map(|e| format!("; last broker error: {e}"))
+        .unwrap_or_default()
+}
+
+/// A Kafka source, connected and with its partitions and schema known.
+pub(crate) struct KafkaSource {
+    config: KafkaSourceConfig,
+    at: String,
+    base_dir: PathBuf,
+    schema: SchemaRef,
+    topics: Arc<[Arc<str>]>,
+    consumer: Arc<SourceConsumer>,
+    /// Static assignment: partitions and where each starts.
+    assigned: Vec<(u16, i32, Offset, u64)>,
+    /// `until: end`: the end offset of each partition at the start of the run.
+    ends: HashMap<(u16, i32), i64>,
+    acker: Arc<Acknowledger>,
+    metrics: Arc<PipelineMetrics>,
+}
+
+impl std::fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("topics", &self.topics)
+            .field("assigned", &self.assigned.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct OpenArgs {
+    config: KafkaSourceConfig,
+    at: String,
+    rank: usize,
+    world: usize,
+    resume: Option<KafkaPositions>,
+    metrics: Arc<PipelineMetrics>,
+}
+
+impl KafkaSource {
+    /// Connects, checks the topics, splits partitions and finds start and end offsets. Every
+    /// broker call is bounded by `connect_timeout`.
+    pub(crate) async fn open(
+        config: &KafkaSourceConfig,
+        base_dir: &Path,
+        at: &str,
+        runtime: &RuntimeConfig,
+        resume: Option<&SourceState>,
+        acker: Arc<Acknowledger>,
+        metrics: Arc<PipelineMetrics>,
+    ) -> Result<Self> {
+        let source_err = |message: String| Error::Source {
+            at: at.to_string(),
+            message,
+        };
+        if config.format == KafkaFormat::Json && config.schema.is_none() {
+            return Err(source_err(
+                "`format: json` needs `schema:` (column → type), e.g. `schema: {id: int64, x: \"float32[4]\"}`".into(),
+            ));
+        }
+        if config.format == KafkaFormat::Raw && config.schema.is_some() {
+            return Err(source_err(
+                "`format: raw` has a fixed schema (key, value, timestamp, headers); remove `schema`".into(),
+            ));
+        }
+        if config.assignment == Assignment::Group && config.group_id.is_none() {
+            return Err(source_err("`assignment: group` needs `group_id`".into()));
+        }
+        if config.batch_rows == 0 {
+            return Err(source_err("`batch_rows` must be at least 1".into()));
+        }
+        let (rank, world) = runtime.rank_and_world();
+        if rank >= world {
+            return Err(source_err(format!(
+                "rank {rank} is not below world_size {world} (`runtime.rank`/`world_size` or the environment)"
+            )));
+        }
+        let args = OpenArgs {
+            config: config.clone(),
+            at: at.to_string(),
+            rank,
+            world,
+            resume: resume.and_then(|s| s.kafka.clone()),
+            metrics: metrics.clone(),
+        };
+        let mut source = tokio::task::spawn_blocking(move || open_blocking(args))
+            .await
+            .map_err(|e| Error::Internal(format!("Kafka open task failed: {e}")))??;
+        source.base_dir = base_dir.to_path_buf();
+        source.acker = acker;
+        Ok(source)
+    }
+
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Consumes until the `until` bound (or forever), sending decoded batches to `tx`.
+    pub(crate) async fn run(self, tx: Sender, pool: CpuPool, parallelism: usize) {
+        let metrics = self.metrics.clone();
+        if let Err(e) = self.run_inner(&tx, pool, parallelism.max(1)).await {
+            tx.send(Err(e)).await;
+        }
+        drop(metrics);
+    }
+
+    async fn run_inner(self, tx: &Sender, pool: CpuPool, parallelism: usize) -> Result<()> {
+        let brokers = self.config.brokers.0.join(",");
+        let mut dead_letter = match &self.config.dead_letter {
+            Some(d) => Some(DeadLetter::open(d, &self.config, &self.base_dir)?),
+            None => None,
+        };
+        match self.config.assignment {
+            Assignment::Static => {
+                let mut tpl = TopicPartitionList::new();
+                for (t, p, offset, _) in &self.assigned {
+                    tpl.add_partition_offset(&self.topics[*t as usize], *p, *offset)
+                        .map_err(|e| kafka_err(&brokers, format!("cannot assign: {e}")))?;
+                }
+                self.consumer
+                    .assign(&tpl)
+                    .map_err(|e| kafka_err(&brokers, format!("cannot assign partitions: {e}")))?;
+                if self.config.group_id.is_some() {
+                    self.acker.set_store(Arc::new(GroupStore {
+                        consumer: self.consumer.clone(),
+                        mode: StoreMode::CommitForMonitoring,
+                    }));
+                }
+            }
+            Assignment::Group => {
+                let names: Vec<&str> = self.topics.iter().map(|t| &**t).collect();
+                self.consumer
+                    .subscribe(&names)
+                    .map_err(|e| kafka_err(&brokers, format!("cannot subscribe: {e}")))?;
+                self.acker.set_store(Arc::new(GroupStore {
+                    consumer: self.consumer.clone(),
+                    mode: StoreMode::StoreForAutoCommit,
+                }));
+            }
+        }
+
+        let decoder = ChunkDecoder {
+            format: self.config.format,
+            schema: self.schema.clone(),
+            topics: self.topics.clone(),
+        };
+        let (chunk_tx, mut chunk_rx) = mpsc::channel::<Result<RawChunk>>(2);
+        let poller = Poller {
+            consumer: self.consumer.clone(),
+            topics: self.topics.clone(),
+            format: self.config.format,
+            batch_rows: self.config.batch_rows,
+            batch_timeout: self.config.batch_timeout.0,
+            until: self.config.until.clone(),
+            ends: self.ends.clone(),
+            skip: self
+                .assigned
+                .iter()
+                .filter(|a| a.3 > 0)
+                .filter_map(|(t, p, o, s)| match o {
+                    Offset::Offset(o) => Some(((*t, *p), (*o, *s))),
+                    _ => None,
+                })
+                .collect(),
+            group: self.config.assignment == Assignment::Group,
+            brokers: brokers.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("sluice-kafka".into())
+            .spawn(move || poller.run(chunk_tx))
+            .map_err(|e| Error::Internal(format!("cannot start the Kafka thread: {e}")))?;
+
+        let input = futures::stream::poll_fn(move |cx| chunk_rx.poll_recv(cx));
+        let mut decoded = input
+            .map(|item| {
+                let decoder = decoder.clone();
+                let pool = pool.clone();
+                async move {
+                    let chunk = item?;
+                    pool.run(move || decoder.decode(chunk)).await
+                }
+            })
+            .buffered(parallelism);
+        let mut budget = Budget::default();
+        let m = &self.metrics.source;
+        let mut result = Ok(());
+        while let Some(d) = decoded.next().await {
+            let d = match d {
+                Ok(d) => d,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            if !d.bad.is_empty() {
+                m.records_bad
+                    .fetch_add(d.bad.len() as u64, Ordering::Relaxed);
+                for b in &d.bad {
+                    m.with_partition(&b.topic, b.partition, |p| p.bad += 1);
+                }
+                match dead_letter.as_mut() {
+                    None => {
+                        result = Err(Error::BadRecords {
+                            message: format!(
+                                "{} (source at {}). Nothing after it was delivered. To divert such records and keep going, add `dead_letter: {{type: file, path: …}}` (or `{{type: kafka, topic: …}}`) to the source",
+                                describe(&d.bad[0]),
+                                self.at
+                            ),
+                        });
+                        break;
+                    }
+                    Some(dl) => {
+                        if let Err(e) = dl.write(&d.bad).await {
+                            result = Err(e);
+                            break;
+                        }
+                        m.records_dead_lettered
+                            .fetch_add(d.bad.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+            if let Err(why) = budget.add(d.records, d.bad.len() as u64, &self.config.error_budget) {
+                result = Err(Error::BadRecords {
+                    message: format!(
+                        "error budget exceeded: {why} (source at {}; last: {}). The bad records are in the dead-letter sink; the rows before them were delivered",
+                        self.at,
+                        d.bad.last().map(describe).unwrap_or_default()
+                    ),
+                });
+                break;
+            }
+            let mut stopped = false;
+            for b in d.batches {
+                let rows = b.num_rows() as u64;
+                m.rows.fetch_add(rows, Ordering::Relaxed);
+                m.bytes_decoded
+                    .fetch_add(b.memory_size() as u64, Ordering::Relaxed);
+                if !tx.send(Ok(b)).await {
+                    stopped = true;
+                    break;
+                }
+            }
+            if stopped {
+                break;
+            }
+        }
+        drop(decoded);
+        // The poller notices the closed channel within one poll interval.
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        result
+    }
+}
+
+fn kafka_err(brokers: &str, message: String) -> Error {
+    Error::Kafka {
+        brokers: brokers.to_string(),
+        message,
+    }
+}
+
+fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
+    let OpenArgs {
+        config,
+        at,
+        rank,
+        world,
+        resume,
+        metrics,
+    } = args;
+    let brokers = config.brokers.0.join(",");
+    let timeout = config.connect_timeout.0;
+    let consumer = Arc::new(create_consumer(&config, metrics.clone())?);
+
+    let md = consumer.fetch_metadata(None, timeout).map_err(|e| {
+        kafka_err(
+            &brokers,
+            format!(
+                "cannot reach the brokers within {} ({e}{}). Check `brokers`, that the cluster is up and reachable from here, and (SASL/TLS) the `properties`",
+                humantime::format_duration(timeout),
+                last_error(&consumer)
+            ),
+        )
+    })?;
+    let mut topics: Vec<Arc<str>> = Vec::new();
+    let mut partitions: Vec<(u16, i32)> = Vec::new();
+    for (ti, name) in config.topic.0.iter().enumerate() {
+        let Some(t) = md.topics().iter().find(|t| t.name() == name) else {
+            let mut known: Vec<&str> = md.topics().iter().map(|t| t.name()).collect();
+            known.sort();
+            return Err(kafka_err(
+                &brokers,
+                format!(
+                    "topic `{name}` does not exist (topics there: {}). Create it, or fix `topic` (source at {at})",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ));
+        };
+        if let Some(e) = t.error() {
+            return Err(kafka_err(
+                &brokers,
+                format!(
+                    "topic `{name}`: {:?} (source at {at})",
+                    RDKafkaErrorCode::from(e)
+                ),
+            ));
+        }
+        if t.partitions().is_empty() {
+            return Err(kafka_err(
+                &brokers,
+                format!("topic `{name}` has no partitions (source at {at})"),
+            ));
+        }
+        topics.push(Arc::from(name.as_str()));
+        let mut ps: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+        ps.sort_unstable();
+        partitions.extend(ps.into_iter().map(|p| (ti as u16, p)));
+    }
+    let mine: Vec<(u16, i32)> = match config.assignment {
+        Assignment::Static => partitions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % world == rank)
+            .map(|(_, p)| *p)
+            .collect(),
+        Assignment::Group => partitions.clone(),
+    };
+    if mine.is_empty() {
+        tracing::warn!(
+            "rank {rank} of {world} has no partition of {} ({} partitions in all); it will read nothing",
+            config.topic.0.join(", "),
+            partitions.len()
+        );
+    }
+
+    // Watermarks: needed for `until: end` and to resolve `earliest`/`latest` to numbers.
+    let mut low_high: HashMap<(u16, i32), (i64, i64)> = HashMap::new();
+    let need_marks = config.until == Some(Until::End);
+    if need_marks {
+        for &(t, p) in &mine {
+            let marks = consumer
+                .fetch_watermarks(&topics[t as usize], p, timeout)
+                .map_err(|e| {
+                    kafka_err(
+                        &brokers,
+                        format!(
+                            "cannot read the end offset of {}/{p} within {}: {e}{}",
+                            topics[t as usize],
+                            humantime::format_duration(timeout),
+                            last_error(&consumer)
+                        ),
+                    )
+                })?;
+            low_high.insert((t, p), marks);
+        }
+    }
+
+    let mut assigned = Vec::new();
+    let mut ends = HashMap::new();
+    if config.assignment == Assignment::Static {
+        let ts_offsets = match config.start {
+            StartPosition::Timestamp(ms) => {
+                let mut tpl = TopicPartitionList::new();
+                for &(t, p) in &mine {
+                    tpl.add_partition_offset(&topics[t as usize], p, Offset::Offset(ms))
+                        .map_err(|e| kafka_err(&brokers, e.to_string()))?;
+                }
+                Some(consumer.offsets_for_times(tpl, timeout).map_err(|e| {
+                    kafka_err(
+                        &brokers,
+                        format!("cannot look up offsets for the start timestamp: {e}"),
+                    )
+                })?)
+            }
+            _ => None,
+        };
+        for &(t, p) in &mine {
+            let topic = &topics[t as usize];
+            let (offset, skip) = match resume.as_ref().and_then(|r| r.get(topic, p)) {
+                Some(Position { offset, skip_rows }) => (Offset::Offset(offset), skip_rows),
+                None => match (&config.start, &ts_offsets) {
+                    (StartPosition::Earliest, _) => (Offset::Beginning, 0),
+                    (StartPosition::Latest, _) => (Offset::End, 0),
+                    (StartPosition::Timestamp(_), Some(tpl)) => {
+                        match tpl.find_partition(topic, p).map(|e| e.offset()) {
+                            Some(Offset::Offset(o)) => (Offset::Offset(o), 0),
+                            _ => (Offset::End, 0),
+                        }
+                    }
+                    (StartPosition::Timestamp(_), None) => (Offset::End, 0),
+                },
+            };
+            if let Some(&(low, high)) = low_high.get(&(t, p)) {
+                // A lower bound only: brokers (Tansu) may report it short by the last
+                // batch, so the end is found by reaching it (partition EOF).
+                let _ = low;
+                ends.insert((t, p), high);
+            }
+            assigned.push((t, p, offset, skip));
+        }
+    } else {
+        ends = low_high.iter().map(|(k, (_, h))| (*k, *h)).collect();
+    }
+    for &(t, p) in &mine {
+        metrics
+            .source
+            .with_partition(&topics[t as usize], p, |_| {});
+    }
+
+    let topics: Arc<[Arc<str>]> = Arc::from(topics);
+    let schema: SchemaRef = match (config.format, &config.schema) {
+        (KafkaFormat::Raw, _) => Arc::new(raw_schema()),
+        (_, Some(spec)) => Arc::new(spec.to_arrow()),
+        (KafkaFormat::ArrowIpc, None) => peek_ipc_schema(&config, &topics, &assigned, &mine)?,
+        (KafkaFormat::Json, None) => {
+            return Err(Error::Internal(
+                "json without schema passed validation".into(),
+            ));
+        }
+    };
+    Ok(KafkaSource {
+        config,
+        at,
+        base_dir: PathBuf::new(),
+        schema,
+        topics,
+        consumer,
+        assigned,
+        ends,
+        acker: Arc::new(Acknowledger::default()),
+        metrics,
+    })
+}
+
+fn create_consumer(
+    config: &KafkaSourceConfig,
+    metrics: Arc<PipelineMetrics>,
+) -> Result<SourceConsumer> {
+    let conn = config.connection();
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", conn.brokers.0.join(","));
+    c.set("client.id", "sluice");
+    // Bound what librdkafka prefetches (its default is 64 MiB per partition set).
+    c.set("queued.max.messages.kbytes", "16384");
+    c.set("statistics.interval.ms", "1000");
+    c.set(
+        "auto.offset.reset",
+        match config.start {
+            StartPosition::Latest => "latest",
+            _ => "earliest",
+        },
+    );
+    if config.until == Some(Until::End) {
+        c.set("enable.partition.eof", "true");
+    }
+    // librdkafka wants a group id even to assign partitions by hand; static readers without
+    // one never commit, so a private id leaves no state on the broker.
+    match &config.group_id {
+        Some(g) => c.set("group.id", g),
+        None => c.set("group.id", format!("sluice-static-{}", std::process::id())),
+    };
+    for (k, v) in &conn.properties.0 {
+        c.set(k, v);
+    }
+    // Not overridable: offsets advance only when the consumer of the stream says so.
+    c.set("enable.auto.offset.store", "false");
+    match config.assignment {
+        Assignment::Group => c.set("enable.auto.commit", "true"),
+        Assignment::Static => c.set("enable.auto.commit", "false"),
+    };
+    c.create_with_context(SourceContext {
+        last_error: Mutex::new(None),
+        metrics,
+    })
+    .map_err(|e| {
+        kafka_err(
+            &conn.brokers.0.join(","),
+            format!("invalid consumer configuration: {e}. Check `properties`"),
+        )
+    })
+}
+
+/// Reads the schema of the first decodable message of the partitions this rank reads.
+fn peek_ipc_schema(
+    config: &KafkaSourceConfig,
+    topics: &[Arc<str>],
+    assigned: &[(u16, i32, Offset, u64)],
+    mine: &[(u16, i32)],
+) -> Result<SchemaRef> {
+    let brokers = config.brokers.0.join(",");
+    let mut peek_cfg = config.clone();
+    peek_cfg.group_id = None;
+    peek_cfg.until = None;
+    let consumer = create_consumer(&peek_cfg, Arc::new(PipelineMetrics::default()))?;
+    let mut tpl = TopicPartitionList::new();
+    for &(t, p) in mine {
+        let offset = assigned
+            .iter()
+            .find(|a| a.0 == t && a.1 == p)
+            .map(|a| a.2)
+            .unwrap_or(Offset::Beginning);
+        tpl.add_partition_offset(&topics[t as usize], p, offset)
+            .map_err(|e| kafka_err(&brokers, e.to_string()))?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| kafka_err(&brokers, format!("cannot assign partitions: {e}")))?;
+    let deadline = Instant::now() + config.connect_timeout.0;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100))
+            && let Some(v) = m.payload()
+        {
+            match ipc_schema(v) {
+                Ok(s) => return Ok(s),
+                Err(e) => {
+                    last = format!(
+                        "; {}/{} offset {}: {e}",
+                        m.topic(),
+                        m.partition(),
+                        m.offset()
+                    )
+                }
+            }
+        }
+    }
+    Err(Error::Source {
+        at: String::new(),
+        message: format!(
+            "`format: arrow_ipc` without `schema:`: no readable message arrived within {} to take the schema from{last}. Declare `schema:` in the source",
+            humantime::format_duration(config.connect_timeout.0)
+        ),
+    })
+}
+
+/// Stores or commits positions with the consumer group.
+#[derive(Debug, Clone, Copy)]
+enum StoreMode {
+    /// `group`: store; librdkafka's auto-commit sends them (and on revoke / close).
+    StoreForAutoCommit,
+    /// `static` with a `group_id`: commit asynchronously, for lag monitoring only.
+    CommitForMonitoring,
+}
+
+struct GroupStore {
+    consumer: Arc<SourceConsumer>,
+    mode: StoreMode,
+}
+
+impl std::fmt::Debug for GroupStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GroupStore({:?})", self.mode)
+    }
+}
+
+impl OffsetStore for GroupStore {
+    fn store(&self, positions: &KafkaPositions, final_commit: bool) {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition, pos) in positions.iter() {
+            // A partly delivered message is read again: at-least-once for its rows.
+            let _ = tpl.add_partition_offset(topic, partition, Offset::Offset(pos.offset));
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        match self.mode {
+            StoreMode::StoreForAutoCommit => {
+                // Partitions revoked since are skipped by librdkafka: their new owner re-reads
+                // (at-least-once).
+                let assigned = self.consumer.assignment().unwrap_or_default();
+                let mut mine = TopicPartitionList::new();
+                for e in tpl.elements() {
+                    if assigned.find_partition(e.topic(), e.partition()).is_some() {
+                        let _ = mine.add_partition_offset(e.topic(), e.partition(), e.offset());
+                    }
+                }
+                if mine.count() > 0
+                    && let Err(e) = self.consumer.store_offsets(&mine)
+                {
+                    tracing::debug!("storing offsets: {e}");
+                }
+                if final_commit && let Err(e) = self.consumer.commit(&mine, CommitMode::Sync) {
+                    tracing::warn!("committing final offsets: {e}");
+                }
+            }
+            StoreMode::CommitForMonitoring => {
+                let mode = if final_commit {
+                    CommitMode::Sync
+                } else {
+                    CommitMode::Async
+                };
+                if let Err(e) = self.consumer.commit(&tpl, mode) {
+                    tracing::debug!("committing offsets for monitoring: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// The consumer thread: polls librdkafka and cuts the records into chunks.
+struct Poller {
+    consumer: Arc<SourceConsumer>,
+    topics: Arc<[Arc<str>]>,
+    format: KafkaFormat,
+    batch_rows: usize,
+    batch_timeout: Duration,
+    until: Option<Until>,
+    ends: HashMap<(u16, i32), i64>,
+    /// `arrow_ipc` resume: rows to skip of the message at this offset.
+    skip: HashMap<(u16, i32), (i64, u64)>,
+    group: bool,
+    brokers: String,
+    metrics: Arc<PipelineMetrics>,
+}
+
+/// Largest chunk handed to the decoder (records are appended until this or `batch_rows`).
+const MAX_CHUNK_BYTES: usize = 8 << 20;
+
+impl Poller {
+    fn topic_index(&self, name: &str) -> Option<u16> {
+        self.topics
+            .iter()
+            .position(|t| &**t == name)
+            .map(|i| i as u16)
+    }
+
+    fn run(mut self, tx: mpsc::Sender<Result<RawChunk>>) {
+        let started = Instant::now();
+        let deadline = match &self.until {
+            Some(Until::Duration(d)) => Some(started + *d),
+            _ => None,
+        };
+        let mut left = match &self.until {
+            Some(Until::Records(n)) => Some(*n),
+            _ => None,
+        };
+        let to_end = self.until == Some(Until::End);
+        let mut done: HashMap<(u16, i32), bool> = self.ends.keys().map(|k| (*k, false)).collect();
+        let max_records = match self.format {
+            KafkaFormat::ArrowIpc => 64,
+            _ => self.batch_rows,
+        };
+        let mut chunk = RawChunk::default();
+        let mut chunk_started = Instant::now();
+        let mut rows: HashMap<(u16, i32), u64> = HashMap::new();
+        let mut warned = Instant::now() - Duration::from_secs(60);
+        let flush = |chunk: &mut RawChunk,
+                     rows: &mut HashMap<(u16, i32), u64>,
+                     metrics: &PipelineMetrics,
+                     topics: &[Arc<str>]|
+         -> bool {
+            for ((t, p), n) in rows.drain() {
+                metrics
+                    .source
+                    .with_partition(&topics[t as usize], p, |m| m.records += n);
+            }
+            if chunk.records.is_empty() {
+                return true;
+            }
+            tx.blocking_send(Ok(std::mem::take(chunk))).is_ok()
+        };
+        let all_done = |done: &HashMap<(u16, i32), bool>, consumer: &SourceConsumer, group| {
+            if group {
+                // Only the partitions this member holds now.
+                let assigned = consumer.assignment().unwrap_or_default();
+                assigned.count() > 0
+                    && assigned.elements().iter().all(|e| {
+                        done.iter().any(|((t, p), d)| {
+                            *d && *p == e.partition() && &*self.topics[*t as usize] == e.topic()
+                        })
+                    })
+            } else {
+                done.values().all(|d| *d)
+            }
+        };
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            if to_end && all_done(&done, &self.consumer, self.group) {
+                break;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) || left == Some(0) {
+                break;
+            }
+            match self.consumer.poll(Duration::from_millis(50)) {
+                None => {}
+                Some(Ok(m)) => {
+                    let Some(t) = self.topic_index(m.topic()) else {
+                        continue;
+                    };
+                    let key = (t, m.partition());
+                    let offset = m.offset();
+                    if chunk.records.is_empty() {
+                        chunk_started = Instant::now();
+                    }
+                    let k = m.key().map(|k| {
+                        let s = chunk.keys.len();
+                        chunk.keys.extend_from_slice(k);
+                        s..chunk.keys.len()
+                    });
+                    let v = m.payload().map(|v| {
+                        let s = chunk.values.len();
+                        chunk.values.extend_from_slice(v);
+                        s..chunk.values.len()
+                    });
+                    let headers = (self.format == KafkaFormat::Raw).then(|| {
+                        m.headers()
+                            .map(|hs| {
+                                hs.iter()
+                                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                    });
+                    let skip_rows = match self.skip.get(&key) {
+                        Some(&(o, s)) if o == offset => {
+                            self.skip.remove(&key);
+                            s
+                        }
+                        _ => 0,
+                    };
+                    chunk.records.push(RecordMeta {
+                        topic: t,
+                        partition: m.partition(),
+                        offset,
+                        timestamp: m.timestamp().to_millis(),
+                        key: k,
+                        value: v,
+                        headers,
+                        skip_rows,
+                    });
+                    *rows.entry(key).or_default() += 1;
+                    if let Some(n) = left.as_mut() {
+                        *n -= 1;
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    // Reached the end of partition `p` (of some topic): a partition whose
+                    // messages all lie before its end offset is done.
+                    for (key, d) in done.iter_mut() {
+                        if key.1 == p
+                            && let Some(end) = self.ends.get(key)
+                        {
+                            let pos = self.consumer.position().ok().and_then(|tpl| {
+                                tpl.find_partition(&self.topics[key.0 as usize], p)
+                                    .map(|e| e.offset())
+                            });
+                            // No position yet: nothing was consumed, the partition is
+                            // empty from where this reader started.
+                            match pos {
+                                Some(Offset::Offset(o)) if o < *end => {}
+                                _ => *d = true,
+                            }
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    if is_fatal(&e) {
+                        let _ = flush(&mut chunk, &mut rows, &self.metrics, &self.topics);
+                        let _ = tx.blocking_send(Err(kafka_err(
+                            &self.brokers,
+                            format!("{e}{}", last_error(&self.consumer)),
+                        )));
+                        return;
+                    }
+                    if warned.elapsed() > Duration::from_secs(10) {
+                        tracing::warn!("kafka: {e} (retrying)");
+                        warned = Instant::now();
+                    }
+                }
+            }
+            if chunk.records.len() >= max_records
+                || chunk.bytes() >= MAX_CHUNK_BYTES
+                || (!chunk.records.is_empty() && chunk_started.elapsed() >= self.batch_timeout)
+            {
+                if !flush(&mut chunk, &mut rows, &self.metrics, &self.topics) {
+                    return;
+                }
+            }
+        }
+        let _ = flush(&mut chunk, &mut rows, &self.metrics, &self.topics);
+    }
+}
+
+/// Errors that retrying cannot fix.
+fn is_fatal(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::SaslAuthenticationFailed
+                | C::Authentication
+                | C::Fatal
+                | C::InvalidGroupId
+        )
+    )
+}

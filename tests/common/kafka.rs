@@ -1,0 +1,204 @@
+//! The real Kafka-protocol broker (Tansu, started by `scripts/services.sh start`): topics,
+//! producing test records and reading topics back, with rdkafka.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// Brokers of the test broker; the suite cannot run without it.
+pub fn brokers() -> String {
+    std::env::var("SLUICE_TEST_KAFKA_BROKERS").unwrap_or_else(|_| {
+        panic!(
+            "SLUICE_TEST_KAFKA_BROKERS is not set: the Kafka tests need the real broker. Run the suite with \
+             scripts/test.sh, or `eval \"$(scripts/services.sh start)\"` first"
+        )
+    })
+}
+
+/// The Tansu binary (for tests that start their own broker).
+pub fn tansu() -> String {
+    std::env::var("SLUICE_TEST_TANSU").expect("SLUICE_TEST_TANSU is not set; use scripts/test.sh")
+}
+
+/// A unique topic name.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Creates a topic with `partitions` partitions on `brokers` and returns its name.
+pub async fn create_topic_on(brokers: &str, prefix: &str, partitions: i32) -> String {
+    let name = unique(prefix);
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
+    let res = admin
+        .create_topics(
+            [&topic],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for r in res {
+        r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
+    }
+    name
+}
+
+/// Creates a topic on the shared test broker.
+pub async fn create_topic(prefix: &str, partitions: i32) -> String {
+    create_topic_on(&brokers(), prefix, partitions).await
+}
+
+/// A plain (non-idempotent) producer.
+pub fn producer(brokers: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .unwrap()
+}
+
+/// Produces `(partition, value)` records in order and waits for every acknowledgement.
+pub async fn produce(topic: &str, records: impl IntoIterator<Item = (i32, Vec<u8>)>) -> usize {
+    produce_on(&brokers(), topic, records).await
+}
+
+/// As [`produce`], on given brokers.
+pub async fn produce_on(
+    brokers: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = (i32, Vec<u8>)>,
+) -> usize {
+    let p = producer(brokers);
+    let mut pending = Vec::new();
+    for (partition, value) in records {
+        let mut rec: FutureRecord<'_, (), [u8]> =
+            FutureRecord::to(topic).partition(partition).payload(&value);
+        loop {
+            match p.send_result(rec) {
+                Ok(f) => {
+                    pending.push(f);
+                    break;
+                }
+                Err((rdkafka::error::KafkaError::MessageProduction(_), back)) => {
+                    rec = back;
+                    // Queue full: wait for the oldest acknowledgement.
+                    if let Some(f) = (!pending.is_empty()).then(|| pending.remove(0)) {
+                        f.await.unwrap().unwrap();
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+    }
+    let n = pending.len();
+    for f in pending {
+        f.await.unwrap().unwrap();
+    }
+    n
+}
+
+/// A record read back.
+#[derive(Debug, Clone)]
+pub struct Read {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+/// Reads `expected` records of a topic from the beginning (all partitions), failing after
+/// `timeout`. Counting, not the broker's end offsets, decides when all are there.
+pub fn read_topic(brokers: &str, topic: &str, expected: usize, timeout: Duration) -> Vec<Read> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "sluice-tests-reader")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "100")
+        .create()
+        .unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+            .unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    while out.len() < expected {
+        assert!(
+            Instant::now() < deadline,
+            "read {} of {expected} records of {topic} before the timeout",
+            out.len()
+        );
+        if let Some(m) = c.poll(Duration::from_millis(100)) {
+            let m = m.unwrap();
+            out.push(Read {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    // Nothing beyond what was expected.
+    let extra_deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < extra_deadline {
+        if let Some(m) = c.poll(Duration::from_millis(100)) {
+            let m = m.unwrap();
+            panic!(
+                "unexpected extra record in {topic}: partition {} offset {}",
+                m.partition(),
+                m.offset()
+            );
+        }
+    }
+    out
+}
+
+/// A JSON record of the standard test shape.
+pub fn json_record(id: i64) -> Vec<u8> {
+    format!(
+        r#"{{"id": {id}, "label": {}, "x": [{}, {}, {}, {}]}}"#,
+        id % 10,
+        id as f32 * 0.5,
+        -(id as f32),
+        (id % 7) as f32,
+        1.0
+    )
+    .into_bytes()
+}
+
+/// The schema of [`json_record`] as YAML.
+pub const JSON_SCHEMA: &str = r#"{id: int64, label: int64, x: "float32[4]"}"#;

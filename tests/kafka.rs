@@ -1,0 +1,538 @@
+//! The Kafka source and sink against the real broker (Tansu, from `scripts/services.sh`).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Float32Type, Int64Type};
+use common::kafka::{self, JSON_SCHEMA, json_record};
+use common::{read_parquet, sluice};
+use futures::StreamExt;
+use sluice::pipeline::{Origin, Pipeline};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn ids(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column_by_name("id")
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+/// Sum over rows of `id * (x[0] + 3 x[1] + 7 x[2] + 11 x[3] + 13 label)`: changes when any
+/// value moves to another row.
+fn checksum(batches: &[RecordBatch]) -> f64 {
+    let mut sum = 0.0f64;
+    for b in batches {
+        let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let label = b
+            .column_by_name("label")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let x = b.column_by_name("x").unwrap().as_fixed_size_list();
+        for r in 0..b.num_rows() {
+            let row = x.value(r);
+            let xv = row.as_primitive::<Float32Type>();
+            let w = [1.0, 3.0, 7.0, 11.0];
+            let xs: f64 = (0..4).map(|j| w[j] * xv.value(j) as f64).sum();
+            sum += id.value(r) as f64 * (xs + 13.0 * label.value(r) as f64);
+        }
+    }
+    sum
+}
+
+fn expected_checksum(n: i64) -> f64 {
+    let mut sum = 0.0;
+    for id in 0..n {
+        let x = [id as f32 * 0.5, -(id as f32), (id % 7) as f32, 1.0];
+        let w = [1.0, 3.0, 7.0, 11.0];
+        let xs: f64 = (0..4).map(|j| w[j] * x[j] as f64).sum();
+        sum += id as f64 * (xs + 13.0 * (id % 10) as f64);
+    }
+    sum
+}
+
+fn json_source(topic: &str, extra: &str) -> String {
+    format!(
+        "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  schema: {JSON_SCHEMA}\n  until: end\n{extra}",
+        kafka::brokers()
+    )
+}
+
+/// Produces ids `0..n` round-robin over `partitions`: id `i` lands in partition `i % p` at
+/// offset `i / p`.
+async fn produce_json(topic: &str, n: i64, partitions: i64) {
+    let produced = kafka::produce(
+        topic,
+        (0..n).map(|i| ((i % partitions) as i32, json_record(i))),
+    )
+    .await;
+    assert_eq!(produced as i64, n);
+}
+
+#[test]
+fn json_topic_to_parquet_exactly_once_with_lineage() {
+    let rt = runtime();
+    let n = 100_000i64;
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("json100k", 4).await;
+        produce_json(&t, n, 4).await;
+        t
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "{}sink:\n  type: parquet\n  path: out.parquet\n",
+        json_source(&topic, "")
+    );
+    std::fs::write(dir.path().join("job.yaml"), &yaml).unwrap();
+    let started = Instant::now();
+    let out = sluice()
+        .args(["run", "job.yaml", "--summary-json", "summary.json"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("sluice run: {n} records in {:?}", started.elapsed());
+    let batches = read_parquet(&dir.path().join("out.parquet"));
+    let mut got = ids(&batches);
+    assert_eq!(got.len() as i64, n, "every record exactly once");
+    got.sort_unstable();
+    assert_eq!(got, (0..n).collect::<Vec<_>>());
+    assert_eq!(checksum(&batches), expected_checksum(n));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["rows_read"], n);
+    assert_eq!(summary["records_bad"], 0);
+    let parts = summary["partitions"].as_object().unwrap();
+    assert_eq!(parts.len(), 4);
+    for p in 0..4 {
+        assert_eq!(parts[&format!("{topic}/{p}")]["records"], n / 4);
+    }
+
+    // The same topic through the Rust stream: every row's lineage names the partition and
+    // offset it was produced at (id i ↦ partition i % 4, offset i / 4), order kept per partition.
+    let pipeline = Pipeline::from_yaml(&json_source(&topic, "")).unwrap();
+    let seen = rt.block_on(async {
+        let mut stream = pipeline.stream();
+        let mut seen = 0i64;
+        let mut last: BTreeMap<i32, i64> = BTreeMap::new();
+        while let Some(b) = stream.next().await {
+            let b = b.unwrap();
+            let id = b.data.column(0).as_primitive::<Int64Type>();
+            let mut row = 0usize;
+            for span in b.lineage.spans() {
+                let Origin::Kafka {
+                    topic: t,
+                    partition,
+                } = &span.origin
+                else {
+                    panic!("unexpected origin {:?}", span.origin);
+                };
+                assert_eq!(&**t, topic.as_str());
+                for k in 0..span.len {
+                    let offset = (span.first + k) as i64;
+                    assert_eq!(id.value(row), offset * 4 + *partition as i64);
+                    let prev = last.insert(*partition, offset);
+                    assert!(
+                        prev.is_none_or(|p| p + 1 == offset),
+                        "order within a partition"
+                    );
+                    row += 1;
+                }
+            }
+            assert_eq!(row, b.num_rows());
+            seen += b.num_rows() as i64;
+        }
+        seen
+    });
+    assert_eq!(seen, n);
+}
+
+#[test]
+fn kafka_to_kafka_arrow_ipc_round_trip_equals_input() {
+    let rt = runtime();
+    let n = 20_000i64;
+    let (input, middle) = rt.block_on(async {
+        let a = kafka::create_topic("rt-in", 3).await;
+        let b = kafka::create_topic("rt-mid", 2).await;
+        produce_json(&a, n, 3).await;
+        (a, b)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "{}stages:\n  - {{type: batch, size: 3000}}\nsink:\n  type: kafka\n  brokers: {}\n  topic: {middle}\n  format: arrow_ipc\n",
+        json_source(&input, ""),
+        kafka::brokers()
+    );
+    std::fs::write(dir.path().join("publish.yaml"), &yaml).unwrap();
+    let out = sluice()
+        .args(["run", "publish.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Second leg: arrow_ipc with no declared schema (taken from the first message).
+    let yaml = format!(
+        "source:\n  type: kafka\n  brokers: {}\n  topic: {middle}\n  format: arrow_ipc\n  until: end\nsink:\n  type: parquet\n  path: back.parquet\n",
+        kafka::brokers()
+    );
+    std::fs::write(dir.path().join("back.yaml"), &yaml).unwrap();
+    let out = sluice()
+        .args(["run", "back.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let batches = read_parquet(&dir.path().join("back.parquet"));
+    let mut got = ids(&batches);
+    assert_eq!(got.len() as i64, n);
+    got.sort_unstable();
+    assert_eq!(got, (0..n).collect::<Vec<_>>());
+    assert_eq!(checksum(&batches), expected_checksum(n));
+}
+
+#[test]
+fn malformed_json_goes_to_the_dead_letter_file_with_offsets() {
+    let rt = runtime();
+    // 2 partitions; in partition 1, offsets 3, 10, 11 and 40 are bad in different ways.
+    let topic = rt.block_on(kafka::create_topic("dlq-json", 2));
+    let mut records: Vec<(i32, Vec<u8>)> = Vec::new();
+    let mut good = Vec::new();
+    let mut bad_offsets = BTreeSet::new();
+    for offset in 0..50i64 {
+        for partition in 0..2i32 {
+            let id = offset * 2 + partition as i64;
+            let value = match (partition, offset) {
+                (1, 3) => b"{\"id\": 7, \"label\": 1, \"x\": [1, 2".to_vec(),
+                (1, 10) => b"not json at all".to_vec(),
+                (1, 11) => br#"{"id": "seven", "label": 1, "x": [1, 2, 3, 4]}"#.to_vec(),
+                (1, 40) => br#"{"id": 1, "label": 1, "x": [1, 2, 3]}"#.to_vec(),
+                _ => {
+                    good.push(id);
+                    json_record(id)
+                }
+            };
+            if partition == 1 && [3, 10, 11, 40].contains(&offset) {
+                bad_offsets.insert(offset);
+            }
+            records.push((partition, value));
+        }
+    }
+    rt.block_on(kafka::produce(&topic, records));
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "{}sink:\n  type: parquet\n  path: out.parquet\n",
+        json_source(&topic, "  dead_letter: {type: file, path: dlq}\n")
+    );
+    std::fs::write(dir.path().join("job.yaml"), &yaml).unwrap();
+    let out = sluice()
+        .args(["run", "job.yaml", "--summary-json", "summary.json"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut got = ids(&read_parquet(&dir.path().join("out.parquet")));
+    got.sort_unstable();
+    good.sort_unstable();
+    assert_eq!(got, good, "every good record delivered");
+    let mut lines = Vec::new();
+    for f in std::fs::read_dir(dir.path().join("dlq")).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        lines.extend(
+            text.lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()),
+        );
+    }
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let offsets: BTreeSet<i64> = lines
+        .iter()
+        .map(|l| l["offset"].as_i64().unwrap())
+        .collect();
+    assert_eq!(offsets, bad_offsets);
+    for l in &lines {
+        assert_eq!(l["topic"], topic.as_str());
+        assert_eq!(l["partition"], 1);
+        assert!(!l["error"].as_str().unwrap().is_empty());
+        assert!(l["value_base64"].is_string());
+    }
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["records_bad"], 4);
+    assert_eq!(summary["records_dead_lettered"], 4);
+    assert_eq!(summary["rows_written"], 96);
+}
+
+#[test]
+fn truncated_ipc_goes_to_a_dead_letter_topic_and_the_budget_stops_the_run() {
+    let rt = runtime();
+    let (topic, dlq) = rt.block_on(async {
+        (
+            kafka::create_topic("dlq-ipc", 1).await,
+            kafka::create_topic("dlq-ipc-dead", 1).await,
+        )
+    });
+    // 30 IPC messages of 10 rows; every third one truncated.
+    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, true),
+    ]));
+    let mut records = Vec::new();
+    let mut good = Vec::new();
+    for m in 0..30i64 {
+        let data = RecordBatch::try_new(
+            schema.clone(),
+            vec![std::sync::Arc::new(
+                arrow::array::Int64Array::from_iter_values(m * 10..m * 10 + 10),
+            )],
+        )
+        .unwrap();
+        let mut buf = Vec::new();
+        {
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut buf, &schema).unwrap();
+            w.write(&data).unwrap();
+            w.finish().unwrap();
+        }
+        if m % 3 == 2 {
+            buf.truncate(buf.len() - 40);
+        } else {
+            good.extend(m * 10..m * 10 + 10);
+        }
+        records.push((0, buf));
+    }
+    rt.block_on(kafka::produce(&topic, records));
+    let dir = tempfile::tempdir().unwrap();
+    let job = |budget: &str| {
+        format!(
+            "source:\n  type: kafka\n  brokers: {b}\n  topic: {topic}\n  format: arrow_ipc\n  schema: {{id: int64}}\n  until: end\n  dead_letter: {{type: kafka, topic: {dlq}}}\n{budget}sink:\n  type: parquet\n  path: out.parquet\n",
+            b = kafka::brokers()
+        )
+    };
+    std::fs::write(dir.path().join("job.yaml"), job("")).unwrap();
+    let out = sluice()
+        .args(["run", "job.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut got = ids(&read_parquet(&dir.path().join("out.parquet")));
+    got.sort_unstable();
+    assert_eq!(got, good);
+    let dead = kafka::read_topic(&kafka::brokers(), &dlq, 10, Duration::from_secs(20));
+    let offsets: Vec<i64> = dead
+        .iter()
+        .map(|r| {
+            let h = r
+                .headers
+                .iter()
+                .find(|(k, _)| k == "sluice.offset")
+                .unwrap();
+            String::from_utf8(h.1.clone()).unwrap().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        offsets,
+        (0..30).filter(|m| m % 3 == 2).collect::<Vec<i64>>()
+    );
+    assert!(dead.iter().all(|r| {
+        r.headers
+            .iter()
+            .any(|(k, v)| k == "sluice.error" && !v.is_empty())
+    }));
+
+    // A budget of 3 bad records: the 4th stops the run, with the reason; no output file.
+    std::fs::write(
+        dir.path().join("budget.yaml"),
+        job("  error_budget: {max_records: 3}\n").replace("out.parquet", "budget.parquet"),
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["run", "budget.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("error budget exceeded"), "{err}");
+    assert!(
+        err.contains("more than `error_budget.max_records` (3)"),
+        "{err}"
+    );
+    assert!(!dir.path().join("budget.parquet").exists());
+}
+
+#[test]
+fn without_a_dead_letter_sink_the_first_bad_record_stops_the_run() {
+    let rt = runtime();
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("nodlq", 1).await;
+        kafka::produce(
+            &t,
+            vec![
+                (0, json_record(0)),
+                (0, json_record(1)),
+                (0, b"{oops".to_vec()),
+            ],
+        )
+        .await;
+        t
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "{}sink:\n  type: parquet\n  path: out.parquet\n",
+            json_source(&topic, "")
+        ),
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["run", "job.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("kafka {topic}/0 offset 2")), "{err}");
+    assert!(err.contains("add `dead_letter:"), "{err}");
+    assert!(!dir.path().join("out.parquet").exists());
+}
+
+#[test]
+fn unreachable_broker_and_unknown_topic_fail_fast_and_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 9 on loopback (discard) is closed here.
+    std::fs::write(
+        dir.path().join("down.yaml"),
+        format!(
+            "source:\n  type: kafka\n  brokers: 127.0.0.1:9\n  topic: t\n  format: json\n  schema: {JSON_SCHEMA}\n  connect_timeout: 3s\n"
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = sluice()
+        .args(["run", "down.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("127.0.0.1:9"), "{err}");
+    assert!(err.contains("cannot reach the brokers within 3s"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+
+    std::fs::write(
+        dir.path().join("missing.yaml"),
+        format!(
+            "source:\n  type: kafka\n  brokers: {}\n  topic: no-such-topic-here\n  format: json\n  schema: {JSON_SCHEMA}\n",
+            kafka::brokers()
+        ),
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["run", "missing.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("topic `no-such-topic-here` does not exist"),
+        "{err}"
+    );
+
+    // A Kafka sink to a topic that does not exist is refused before anything runs.
+    std::fs::write(
+        dir.path().join("sink.yaml"),
+        format!(
+            "source: {{type: parquet, path: {}}}\nsink:\n  type: kafka\n  brokers: {}\n  topic: no-such-sink-topic\n  format: json\n",
+            common::repo().join("data/digits/test.parquet").display(),
+            kafka::brokers()
+        ),
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["run", "sink.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-sink-topic"), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+}
+
+#[test]
+fn until_end_finishes_with_empty_partitions_and_group_assignment() {
+    let rt = runtime();
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("sparse", 3).await;
+        kafka::produce(&t, (0..10).map(|i| (0, json_record(i)))).await;
+        t
+    });
+    for extra in [
+        "".to_string(),
+        format!(
+            "  assignment: group\n  group_id: {}\n  properties: {{session.timeout.ms: 6000}}\n",
+            kafka::unique("g")
+        ),
+    ] {
+        let pipeline = Pipeline::from_yaml(&json_source(&topic, &extra)).unwrap();
+        let rows = rt.block_on(async {
+            let mut s = pipeline.stream();
+            let mut rows = 0;
+            while let Some(b) = s.next().await {
+                rows += b.unwrap().num_rows();
+            }
+            rows
+        });
+        assert_eq!(rows, 10, "{extra}");
+    }
+}

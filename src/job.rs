@@ -6,10 +6,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use object_store::{ObjectStoreExt, PutPayload};
+use serde::Deserialize;
 use serde::Serialize;
-use sluice_pipeline::config::{ConfigDocument, Located};
-use sluice_pipeline::{ConfigErrors, Pipeline, PipelineConfig, PipelineMetrics, PreparedPipeline};
-use sluice_sinks::{SinkConfig, SinkContext, SinkReport};
+use sluice_pipeline::config::{ConfigDocument, HumanDuration, Located};
+use sluice_pipeline::storage::{ObjectLocation, StorageConfig, resolve};
+use sluice_pipeline::{
+    Acknowledger, ConfigErrors, Pipeline, PipelineConfig, PipelineMetrics, PreparedPipeline,
+    SourceState,
+};
+use sluice_sinks::{Sink, SinkConfig, SinkContext, SinkReport};
 
 /// Why a job failed.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +29,75 @@ pub enum JobError {
     /// Ctrl-C / SIGTERM: the run stopped cleanly and left no partial output.
     #[error("interrupted; no partial output was left behind")]
     Interrupted,
+    /// Ctrl-C / SIGTERM with a checkpoint: completed output and the checkpoint stay.
+    #[error(
+        "interrupted; checkpoint {0} covers the output written so far: run again with --resume to continue"
+    )]
+    InterruptedAtCheckpoint(String),
+    /// Reading or writing the checkpoint failed, or it does not fit this job.
+    #[error("checkpoint {url}: {message}")]
+    Checkpoint { url: String, message: String },
+}
+
+/// `checkpoint:` — where and how often a run records how far it got, so that `sluice run
+/// --resume` continues exactly there (static Kafka sources: every record exactly once in the
+/// union of the outputs).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// The checkpoint file: path or URL, written atomically (relative paths resolve against
+    /// the config file's directory).
+    pub path: String,
+    /// How often the sink is flushed and the checkpoint written. Default: 5s.
+    #[serde(default = "default_checkpoint_interval")]
+    pub interval: HumanDuration,
+    /// Object-store options for `path`.
+    #[serde(default)]
+    pub storage: StorageConfig,
+}
+
+fn default_checkpoint_interval() -> HumanDuration {
+    HumanDuration(Duration::from_secs(5))
+}
+
+/// What a checkpoint file holds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Format version (1).
+    pub version: u32,
+    /// Source positions covered by durable output.
+    pub source: SourceState,
+    /// Sink state (part-file numbering).
+    #[serde(default)]
+    pub sink: Option<serde_json::Value>,
+    /// Rows the sink had written, in all runs up to this checkpoint.
+    pub rows_written: u64,
+    /// Whether the run that wrote it finished (a bounded source reached its end).
+    pub complete: bool,
+}
+
+struct CheckpointWriter {
+    location: ObjectLocation,
+    interval: Duration,
+    rows_before: u64,
+}
+
+impl CheckpointWriter {
+    async fn write(&self, cp: &Checkpoint) -> Result<(), JobError> {
+        let body = serde_json::to_vec_pretty(cp).map_err(|e| JobError::Checkpoint {
+            url: self.location.url.to_string(),
+            message: e.to_string(),
+        })?;
+        self.location
+            .store
+            .put(&self.location.path, PutPayload::from(body))
+            .await
+            .map_err(|e| JobError::Checkpoint {
+                url: self.location.url.to_string(),
+                message: format!("cannot write it: {e}"),
+            })?;
+        Ok(())
+    }
 }
 
 /// A job file: pipeline sections plus `sink:`.
@@ -32,6 +107,8 @@ pub struct Job {
     pub pipeline: PipelineConfig,
     /// Where batches go; `None` means the `null` sink.
     pub sink: Option<Located<SinkConfig>>,
+    /// Checkpointing, when configured.
+    pub checkpoint: Option<CheckpointConfig>,
     /// Directory relative paths resolve against.
     pub base_dir: PathBuf,
 }
@@ -48,10 +125,12 @@ impl Job {
         let mut errors = Vec::new();
         let pipeline = PipelineConfig::from_document(doc, &mut errors);
         let sink = doc.component::<SinkConfig>("sink", &mut errors);
+        let checkpoint = doc.value::<CheckpointConfig>("checkpoint", &mut errors);
         match pipeline {
             Some(pipeline) if errors.is_empty() => Ok(Job {
                 pipeline,
                 sink,
+                checkpoint,
                 base_dir: doc.base_dir().to_path_buf(),
             }),
             _ => Err(sluice_pipeline::Error::Config(ConfigErrors::sorted(errors)).into()),
@@ -65,16 +144,88 @@ impl Job {
 
     /// Opens the source, builds stages (computing statistics where needed) and starts the sink.
     pub async fn prepare(&self) -> Result<PreparedJob, JobError> {
-        let prepared = self.pipeline().prepare().await?;
+        self.prepare_resuming(false).await
+    }
+
+    /// As [`Job::prepare`]; with `resume`, continues from the checkpoint if there is one.
+    /// Without it, an existing checkpoint is an error (so a finished or crashed run is never
+    /// silently redone or continued).
+    pub async fn prepare_resuming(&self, resume: bool) -> Result<PreparedJob, JobError> {
         let sink_config = self
             .sink
             .as_ref()
             .map(|s| s.value.clone())
             .unwrap_or(SinkConfig::Null(Default::default()));
+        let mut pipeline = self.pipeline();
+        let mut checkpoint = None;
+        let mut sink_resume = None;
+        if let Some(c) = &self.checkpoint {
+            if !sink_config.flushes_while_running() {
+                let at = self
+                    .sink
+                    .as_ref()
+                    .map(|s| s.location.clone())
+                    .unwrap_or_default();
+                return Err(JobError::Checkpoint {
+                    url: c.path.clone(),
+                    message: format!(
+                        "the `{}` sink (at {at}) makes its output visible only at the end, so no checkpoint could cover it; use `max_rows_per_file` (parquet part files), or a `kafka` or `null` sink",
+                        sink_config.kind()
+                    ),
+                });
+            }
+            let location = resolve(&c.path, &self.base_dir, &c.storage)?;
+            let url = location.url.to_string();
+            let mut rows_before = 0;
+            match location.store.get(&location.path).await {
+                Ok(got) => {
+                    if !resume {
+                        return Err(JobError::Checkpoint {
+                            url,
+                            message: "exists from an earlier run: pass --resume to continue from it, or delete it to start over".into(),
+                        });
+                    }
+                    let bytes = got.bytes().await.map_err(|e| JobError::Checkpoint {
+                        url: url.clone(),
+                        message: format!("cannot read it: {e}"),
+                    })?;
+                    let cp: Checkpoint =
+                        serde_json::from_slice(&bytes).map_err(|e| JobError::Checkpoint {
+                            url: url.clone(),
+                            message: format!(
+                                "is not a Sluice checkpoint ({e}); delete it to start over"
+                            ),
+                        })?;
+                    tracing::info!(%url, rows = cp.rows_written, "resuming from checkpoint");
+                    rows_before = cp.rows_written;
+                    pipeline = pipeline.resume_from(cp.source.clone());
+                    sink_resume = cp.sink.clone();
+                }
+                Err(object_store::Error::NotFound { .. }) => {
+                    if resume {
+                        tracing::info!(%url, "no checkpoint yet: starting from the beginning");
+                    }
+                }
+                Err(e) => {
+                    return Err(JobError::Checkpoint {
+                        url,
+                        message: format!("cannot read it: {e}"),
+                    });
+                }
+            }
+            checkpoint = Some(CheckpointWriter {
+                location,
+                interval: c.interval.0,
+                rows_before,
+            });
+        }
+        let prepared = pipeline.prepare().await?;
         Ok(PreparedJob {
             prepared,
             sink_config,
             base_dir: self.base_dir.clone(),
+            checkpoint,
+            sink_resume,
         })
     }
 }
@@ -85,6 +236,14 @@ pub struct PreparedJob {
     prepared: PreparedPipeline,
     sink_config: SinkConfig,
     base_dir: PathBuf,
+    checkpoint: Option<CheckpointWriter>,
+    sink_resume: Option<serde_json::Value>,
+}
+
+impl std::fmt::Debug for CheckpointWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CheckpointWriter({})", self.location.url)
+    }
 }
 
 /// Per-stage numbers of a finished run.
@@ -170,6 +329,8 @@ impl PreparedJob {
 
     /// Runs to completion, or until `interrupt` resolves (then the sink is aborted and
     /// [`JobError::Interrupted`] returned). On any error the sink's partial output is removed.
+    /// With a checkpoint, the sink is flushed and the checkpoint written every interval and on
+    /// interrupt; completed part files stay.
     pub async fn run(self, interrupt: impl Future<Output = ()>) -> Result<RunReport, JobError> {
         let started = Instant::now();
         let metrics = self.prepared.metrics();
@@ -177,57 +338,129 @@ impl PreparedJob {
             schema: self.prepared.schema().clone(),
             base_dir: self.base_dir.clone(),
             pool: self.prepared.pool().clone(),
+            resume: self.sink_resume.clone(),
         };
         let kind = self.sink_config.kind();
         let mut sink = self.sink_config.build(&cx).await?;
         let acker = self.prepared.acknowledger();
+        let checkpoint = self.checkpoint;
         let mut stream = self.prepared.stream();
         tokio::pin!(interrupt);
-        let mut last_commit = Instant::now();
+        let every = checkpoint
+            .as_ref()
+            .map(|c| c.interval)
+            .unwrap_or(COMMIT_INTERVAL);
+        let mut next_commit = tokio::time::Instant::now() + every;
+        let mut rows = 0u64;
+        let mut uncommitted = false;
         loop {
-            tokio::select! {
+            let step = tokio::select! {
                 biased;
-                _ = &mut interrupt => {
+                _ = &mut interrupt => Step::Interrupted,
+                // Also when no batch comes: an idle stream still gets its last rows committed.
+                _ = tokio::time::sleep_until(next_commit) => Step::Commit,
+                item = stream.next() => match item {
+                    Some(Ok(batch)) => match sink.write(&batch).await {
+                        Ok(()) => {
+                            rows += batch.num_rows() as u64;
+                            acker.observe(&batch.lineage);
+                            uncommitted = true;
+                            Step::Wrote
+                        }
+                        Err(e) => Step::Failed(e.into()),
+                    },
+                    Some(Err(e)) => Step::Failed(e.into()),
+                    None => Step::End,
+                }
+            };
+            match step {
+                Step::Wrote => {}
+                Step::Commit => {
+                    next_commit = tokio::time::Instant::now() + every;
+                    if uncommitted {
+                        uncommitted = false;
+                        if let Err(e) =
+                            commit(&mut *sink, &acker, checkpoint.as_ref(), rows, false).await
+                        {
+                            drop(stream);
+                            sink.abort().await;
+                            return Err(e);
+                        }
+                    }
+                }
+                Step::End => break,
+                Step::Interrupted => {
                     drop(stream);
+                    if let Some(cp) = &checkpoint {
+                        // Keep what is complete: flush, record it, then stop.
+                        let saved = commit(&mut *sink, &acker, Some(cp), rows, false).await;
+                        sink.abort().await;
+                        saved?;
+                        return Err(JobError::InterruptedAtCheckpoint(
+                            cp.location.url.to_string(),
+                        ));
+                    }
                     sink.abort().await;
                     return Err(JobError::Interrupted);
                 }
-                item = stream.next() => match item {
-                    Some(Ok(batch)) => {
-                        if let Err(e) = sink.write(&batch).await {
-                            drop(stream);
-                            sink.abort().await;
-                            return Err(e.into());
-                        }
-                        acker.observe(&batch.lineage);
-                        if last_commit.elapsed() >= COMMIT_INTERVAL {
-                            last_commit = Instant::now();
-                            match sink.flush().await {
-                                Ok(true) => {
-                                    acker.commit(false);
-                                }
-                                Ok(false) => {}
-                                Err(e) => {
-                                    drop(stream);
-                                    sink.abort().await;
-                                    return Err(e.into());
-                                }
-                            }
-                        }
-                    }
-                    Some(Err(e)) => {
-                        drop(stream);
-                        sink.abort().await;
-                        return Err(e.into());
-                    }
-                    None => break,
+                Step::Failed(e) => {
+                    drop(stream);
+                    sink.abort().await;
+                    return Err(e);
                 }
             }
         }
+        let state = sink.state();
         let report = sink.finish().await?;
-        acker.commit(true);
+        let source = acker.state();
+        if let Some(cp) = &checkpoint {
+            cp.write(&Checkpoint {
+                version: 1,
+                source: source.clone(),
+                sink: state,
+                rows_written: cp.rows_before + rows,
+                complete: true,
+            })
+            .await?;
+        }
+        acker.store(&source, true);
         Ok(build_report(&metrics, report, kind, started.elapsed()))
     }
+}
+
+enum Step {
+    Wrote,
+    Commit,
+    End,
+    Interrupted,
+    Failed(JobError),
+}
+
+/// Makes what was written durable, records it in the checkpoint, then lets source offsets
+/// advance (in that order: a Kafka offset is stored only once a checkpoint covers it).
+async fn commit(
+    sink: &mut dyn Sink,
+    acker: &Acknowledger,
+    checkpoint: Option<&CheckpointWriter>,
+    rows: u64,
+    final_commit: bool,
+) -> Result<(), JobError> {
+    if !sink.flush().await? {
+        return Ok(());
+    }
+    let source = acker.state();
+    if let Some(cp) = checkpoint {
+        cp.write(&Checkpoint {
+            version: 1,
+            source: source.clone(),
+            sink: sink.state(),
+            rows_written: cp.rows_before + rows,
+            complete: false,
+        })
+        .await?;
+    }
+    acker.store(&source, final_commit);
+    Ok(())
 }
 
 /// How often positions are acknowledged (sink flushed, offsets stored) while running.

@@ -52,6 +52,10 @@ enum Command {
         /// Also write the run summary as JSON to this file.
         #[arg(long)]
         summary_json: Option<PathBuf>,
+        /// Continue from the `checkpoint:` file if it exists (start fresh if not). Without
+        /// it, an existing checkpoint is an error.
+        #[arg(long)]
+        resume: bool,
     },
     /// Check pipeline files: every config problem with file:line:column, then (unless
     /// --no-data) the source's files and the schema through every stage.
@@ -106,7 +110,17 @@ fn main() -> ExitCode {
                 config,
                 progress,
                 summary_json,
-            } => run(&config, progress, summary_json.as_deref(), cli.quiet).await,
+                resume,
+            } => {
+                run(
+                    &config,
+                    progress,
+                    summary_json.as_deref(),
+                    resume,
+                    cli.quiet,
+                )
+                .await
+            }
             Command::Validate { configs, no_data } => validate(&configs, no_data).await,
             Command::Inspect { paths, rows } => inspect(&paths, rows).await,
         }
@@ -162,6 +176,7 @@ async fn run(
     config: &Path,
     progress: ProgressMode,
     summary_json: Option<&Path>,
+    resume: bool,
     quiet: bool,
 ) -> ExitCode {
     let interrupt = interrupt_signal().shared();
@@ -173,7 +188,7 @@ async fn run(
         }
     };
     let prepared = tokio::select! {
-        p = job.prepare() => p,
+        p = job.prepare_resuming(resume) => p,
         _ = interrupt.clone() => Err(JobError::Interrupted),
     };
     let prepared = match prepared {
@@ -212,7 +227,10 @@ async fn run(
 
 fn fail(e: &JobError) -> ExitCode {
     print_error(e);
-    if matches!(e, JobError::Interrupted) {
+    if matches!(
+        e,
+        JobError::Interrupted | JobError::InterruptedAtCheckpoint(_)
+    ) {
         ExitCode::from(130)
     } else {
         ExitCode::FAILURE
@@ -258,6 +276,25 @@ fn print_summary(config: &Path, r: &RunReport) {
         r.bytes_read as f64 / 1e6,
         r.bytes_decoded as f64 / 1e6
     );
+    if !r.partitions.is_empty() {
+        println!(
+            "  kafka    {} partition(s); {} record(s) could not be decoded, {} dead-lettered",
+            r.partitions.len(),
+            r.records_bad,
+            r.records_dead_lettered
+        );
+        for (name, p) in &r.partitions {
+            let lag = if p.lag >= 0 {
+                p.lag.to_string()
+            } else {
+                "unknown".into()
+            };
+            println!(
+                "      {name}: {} records ({:.0}/s), {} bad, lag {lag}",
+                p.records, p.records_per_second, p.bad
+            );
+        }
+    }
     for s in &r.stages {
         let removed = if s.rows_removed > 0 {
             format!(", {} removed on purpose", s.rows_removed)

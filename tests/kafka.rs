@@ -536,3 +536,167 @@ fn until_end_finishes_with_empty_partitions_and_group_assignment() {
         assert_eq!(rows, 10, "{extra}");
     }
 }
+
+/// Polls `check` until it returns `Some`, failing after `timeout`. Waits on a condition, not
+/// on time: the interval only bounds how often the condition is evaluated.
+fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_checkpoint(path: &std::path::Path) -> Option<serde_json::Value> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// Ids in every `part-*.parquet` under `dir` (the staging files of an upload killed midway
+/// are not parts).
+fn part_ids(dir: &std::path::Path) -> Vec<i64> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("part-") && name.ends_with(".parquet") {
+            out.extend(ids(&read_parquet(&p)));
+        }
+    }
+    out
+}
+
+fn spawn_sluice(dir: &std::path::Path, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn sigkill(child: &mut std::process::Child) {
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended before it could be killed"
+    );
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+#[test]
+fn static_mode_killed_and_resumed_from_checkpoint_delivers_every_record_exactly_once() {
+    let rt = runtime();
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("crash-static", 4).await;
+        produce_json(&t, 30_000, 4).await;
+        t
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let job = |until: &str| {
+        format!(
+            "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  schema: {JSON_SCHEMA}\n  batch_rows: 500\n{until}checkpoint:\n  path: state/checkpoint.json\n  interval: 300ms\nsink:\n  type: parquet\n  path: out\n  max_rows_per_file: 1500\n",
+            kafka::brokers()
+        )
+    };
+    // Run 1 is unbounded: it is still running whatever the timing when it is killed.
+    std::fs::write(dir.path().join("job.yaml"), job("")).unwrap();
+    let cp = dir.path().join("state/checkpoint.json");
+    let mut run1 = spawn_sluice(dir.path(), &["run", "job.yaml"]);
+    wait_for("a first checkpoint", Duration::from_secs(60), || {
+        read_checkpoint(&cp).filter(|c| c["rows_written"].as_u64() > Some(0))
+    });
+    // More records arrive while it runs, in steps that each wait for the run to catch up
+    // (a condition, not a timer); it is killed while they are still arriving.
+    let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let topic = topic.clone();
+        let cp = cp.clone();
+        let killed = killed.clone();
+        std::thread::spawn(move || {
+            let rt = runtime();
+            for step in 0..30i64 {
+                let from = 30_000 + step * 1000;
+                rt.block_on(kafka::produce(
+                    &topic,
+                    (from..from + 1000).map(|i| ((i % 4) as i32, json_record(i))),
+                ));
+                let target = (from - 5000) as u64;
+                wait_for("the run to catch up", Duration::from_secs(60), || {
+                    if killed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Some(());
+                    }
+                    read_checkpoint(&cp)
+                        .filter(|c| c["rows_written"].as_u64() >= Some(target))
+                        .map(|_| ())
+                });
+            }
+        })
+    };
+    // Kill it in the window where a part file exists that the last checkpoint does not cover
+    // yet: the resumed run must replace that part, not keep it twice.
+    wait_for(
+        "a part file written after the last checkpoint",
+        Duration::from_secs(60),
+        || {
+            let c = read_checkpoint(&cp)?;
+            let covered = c["rows_written"].as_u64()?;
+            let on_disk = part_ids(&dir.path().join("out")).len() as u64;
+            (covered > 36_000 && on_disk > covered).then_some(())
+        },
+    );
+    sigkill(&mut run1);
+    killed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let at_kill = read_checkpoint(&cp).unwrap();
+    assert_eq!(at_kill["complete"], false);
+    let written_at_kill = part_ids(&dir.path().join("out")).len();
+    producer.join().unwrap();
+    assert!(
+        at_kill["rows_written"].as_u64() < Some(60_000),
+        "killed before all records had arrived"
+    );
+
+    // Run 2 resumes (bounded now) and finishes.
+    std::fs::write(dir.path().join("job.yaml"), job("  until: end\n")).unwrap();
+    let out = sluice()
+        .args(["run", "job.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an existing checkpoint needs --resume"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pass --resume"));
+    let out = sluice()
+        .args(["run", "job.yaml", "--resume"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut all = part_ids(&dir.path().join("out"));
+    eprintln!(
+        "killed with {written_at_kill} rows in part files ({} covered by the checkpoint); after resume {}",
+        at_kill["rows_written"],
+        all.len()
+    );
+    all.sort_unstable();
+    assert_eq!(all.len(), 60_000, "no record twice, none missing");
+    assert_eq!(all, (0..60_000).collect::<Vec<_>>());
+    let done = read_checkpoint(&cp).unwrap();
+    assert_eq!(done["complete"], true);
+    assert_eq!(done["rows_written"], 60_000);
+}

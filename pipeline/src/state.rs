@@ -132,17 +132,28 @@ impl Acknowledger {
         }
     }
 
-    /// Declares everything observed so far durable: stores the offsets with the consumer
-    /// group (if any) and returns the state to checkpoint. `final_commit` commits
-    /// synchronously (end of run).
-    pub fn commit(&self, final_commit: bool) -> SourceState {
+    /// The positions just past everything observed so far: what a checkpoint records once
+    /// those rows are durable.
+    pub fn state(&self) -> SourceState {
         let positions = self.written.lock().map(|w| w.clone()).unwrap_or_default();
-        if let Some(store) = self.store.get() {
-            store.store(&positions, final_commit);
-        }
         SourceState {
             kafka: (!positions.0.is_empty()).then_some(positions),
         }
+    }
+
+    /// Declares `state` durable (its rows written, its checkpoint stored): stores the offsets
+    /// with the consumer group, if any. `final_commit` commits synchronously (end of run).
+    pub fn store(&self, state: &SourceState, final_commit: bool) {
+        if let (Some(store), Some(k)) = (self.store.get(), &state.kafka) {
+            store.store(k, final_commit);
+        }
+    }
+
+    /// [`Acknowledger::state`] then [`Acknowledger::store`]: everything observed is durable.
+    pub fn commit(&self, final_commit: bool) -> SourceState {
+        let state = self.state();
+        self.store(&state, final_commit);
+        state
     }
 }
 

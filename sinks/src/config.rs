@@ -28,6 +28,16 @@ impl SinkConfig {
             SinkConfig::Kafka(_) => "kafka",
         }
     }
+
+    /// Whether [`crate::Sink::flush`] can make output durable while the run goes on (so a
+    /// checkpoint can cover it).
+    pub fn flushes_while_running(&self) -> bool {
+        match self {
+            SinkConfig::Parquet(p) => p.max_rows_per_file.is_some(),
+            SinkConfig::ArrowIpc(_) => false,
+            SinkConfig::Null(_) | SinkConfig::Kafka(_) => true,
+        }
+    }
 }
 
 impl Component for SinkConfig {
@@ -77,9 +87,16 @@ pub struct ParquetSinkConfig {
     /// zstd level, 1–22. Default: 3.
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
-    /// Replace an existing file. Default: true.
+    /// Replace an existing file (part-file mode: remove the directory's `part-*.parquet`
+    /// first). Default: true.
     #[serde(default = "default_true")]
     pub overwrite: bool,
+    /// Write numbered part files `part-00000.parquet`, … under `path` (a directory), each
+    /// closed and made visible at the first batch boundary at or past this many rows (and at
+    /// every checkpoint). Needed for checkpoints and unbounded sources: output is durable
+    /// while the run goes on. Default: one file.
+    #[serde(default)]
+    pub max_rows_per_file: Option<u64>,
     /// How to reach the object store (options, retry budget), as for sources.
     #[serde(default)]
     pub storage: StorageConfig,

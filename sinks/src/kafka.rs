@@ -235,11 +235,14 @@ fn encode_ipc(data: &RecordBatch, max_bytes: usize) -> std::result::Result<Vec<V
     Ok(out)
 }
 
+/// A message to send: key (optional) and payload.
+type Message = (Option<Vec<u8>>, Vec<u8>);
+
 /// Encodes each row as one JSON object (and its key, when a key column is set).
 fn encode_json(
     data: &RecordBatch,
     key_column: Option<usize>,
-) -> std::result::Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, String> {
+) -> std::result::Result<Vec<Message>, String> {
     let mut buf = Vec::new();
     {
         let mut w = arrow::json::LineDelimitedWriter::new(&mut buf);

@@ -80,6 +80,11 @@ pub trait Sink: Send {
     async fn flush(&mut self) -> Result<bool> {
         Ok(false)
     }
+    /// What a checkpoint must hold to resume this sink after the last `flush` (part-file
+    /// numbering); `None` when there is nothing to remember.
+    fn state(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// Completes the output and makes it visible.
     async fn finish(self: Box<Self>) -> Result<SinkReport>;
     /// Discards everything written; no partial output remains.
@@ -95,6 +100,8 @@ pub struct SinkContext {
     pub base_dir: std::path::PathBuf,
     /// The CPU pool encoding runs on.
     pub pool: CpuPool,
+    /// Sink state from the checkpoint being resumed ([`Sink::state`]), if any.
+    pub resume: Option<serde_json::Value>,
 }
 
 impl SinkConfig {

@@ -43,6 +43,7 @@ fn context(dir: &std::path::Path) -> SinkContext {
         schema: batch(0, 1).data.schema(),
         base_dir: dir.to_path_buf(),
         pool: CpuPool::new(Some(2)).unwrap(),
+        resume: None,
     }
 }
 
@@ -62,6 +63,7 @@ fn parquet(path: &str, overwrite: bool) -> SinkConfig {
         compression: ParquetCompression::Zstd,
         zstd_level: 3,
         overwrite,
+        max_rows_per_file: None,
         storage: Default::default(),
     })
 }
@@ -147,4 +149,76 @@ async fn overwrite_false_refuses_an_existing_file() {
         err.contains("out.parquet already exists and `overwrite` is false"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn part_files_rotate_flush_and_resume_replaces_parts_after_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = parquet("out", true);
+    if let SinkConfig::Parquet(p) = &mut config {
+        p.max_rows_per_file = Some(100);
+    }
+    // Run 1: 3 batches of 60 rows → part 0 (120 rows, closed at the boundary past 100),
+    // then a flush closes part 1 (60 rows). State after the flush: next part 2.
+    let mut sink = config.build(&context(dir.path())).await.unwrap();
+    for i in 0..3 {
+        sink.write(&batch(i * 60, 60)).await.unwrap();
+    }
+    assert!(
+        sink.flush().await.unwrap(),
+        "part files are durable at a flush"
+    );
+    let state = sink.state().unwrap();
+    assert_eq!(state["next_part"], 2);
+    // Written after the "checkpoint", then the process dies (no finish, no abort).
+    sink.write(&batch(180, 120)).await.unwrap();
+    std::mem::forget(sink);
+    assert_eq!(
+        entries(&dir.path().join("out")),
+        vec![
+            "part-00000.parquet",
+            "part-00001.parquet",
+            "part-00002.parquet"
+        ]
+    );
+
+    // Run 2 resumes from the state: part 2 is removed and written again.
+    let mut cx = context(dir.path());
+    cx.resume = Some(state);
+    let mut sink = config.build(&cx).await.unwrap();
+    assert_eq!(
+        entries(&dir.path().join("out")),
+        vec!["part-00000.parquet", "part-00001.parquet"]
+    );
+    sink.write(&batch(180, 50)).await.unwrap();
+    let report = sink.finish().await.unwrap();
+    assert_eq!(report.rows, 50);
+    let mut ids = Vec::new();
+    for name in entries(&dir.path().join("out")) {
+        let f = std::fs::File::open(dir.path().join("out").join(name)).unwrap();
+        for b in parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+            .unwrap()
+            .build()
+            .unwrap()
+        {
+            let b = b.unwrap();
+            ids.extend(
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .iter()
+                    .copied(),
+            );
+        }
+    }
+    assert_eq!(ids, (0..230).collect::<Vec<i64>>());
+
+    // A fresh run (no resume) with overwrite: false refuses the existing parts.
+    let mut keep = parquet("out", false);
+    if let SinkConfig::Parquet(p) = &mut keep {
+        p.max_rows_per_file = Some(100);
+    }
+    assert!(keep.build(&context(dir.path())).await.is_err());
 }

@@ -190,10 +190,12 @@ impl ChunkDecoder {
                 Some(hs) if !hs.is_empty() => {
                     let s = headers.values();
                     for (k, v) in hs {
-                        s.field_builder::<StringBuilder>(0)
-                            .map(|b| b.append_value(k));
-                        s.field_builder::<BinaryBuilder>(1)
-                            .map(|b| b.append_option(v.as_deref()));
+                        if let Some(b) = s.field_builder::<StringBuilder>(0) {
+                            b.append_value(k);
+                        }
+                        if let Some(b) = s.field_builder::<BinaryBuilder>(1) {
+                            b.append_option(v.as_deref());
+                        }
                         s.append(true);
                     }
                     headers.append(true);

@@ -866,13 +866,10 @@ impl Poller {
                     }
                 }
             }
-            if chunk.records.len() >= max_records
-                || chunk.bytes() >= MAX_CHUNK_BYTES
-                || (!chunk.records.is_empty() && chunk_started.elapsed() >= self.batch_timeout)
-            {
-                if !flush(&mut chunk, &mut rows, &self.metrics, &self.topics) {
-                    return;
-                }
+            let full = chunk.records.len() >= max_records || chunk.bytes() >= MAX_CHUNK_BYTES;
+            let old = !chunk.records.is_empty() && chunk_started.elapsed() >= self.batch_timeout;
+            if (full || old) && !flush(&mut chunk, &mut rows, &self.metrics, &self.topics) {
+                return;
             }
         }
         let _ = flush(&mut chunk, &mut rows, &self.metrics, &self.topics);

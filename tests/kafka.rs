@@ -700,3 +700,240 @@ fn static_mode_killed_and_resumed_from_checkpoint_delivers_every_record_exactly_
     assert_eq!(done["complete"], true);
     assert_eq!(done["rows_written"], 60_000);
 }
+
+/// The offsets a consumer group has committed, per partition.
+fn committed(topic: &str, group: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka::brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    got.elements()
+        .iter()
+        .map(|e| {
+            let o = match e.offset() {
+                rdkafka::Offset::Offset(o) => o,
+                _ => 0,
+            };
+            (e.partition(), o)
+        })
+        .collect()
+}
+
+#[test]
+fn group_mode_killed_and_restarted_delivers_at_least_once_with_duplicates_only_past_the_commit() {
+    let rt = runtime();
+    let n = 40_000i64;
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("crash-group", 4).await;
+        produce_json(&t, 20_000, 4).await;
+        t
+    });
+    let group = kafka::unique("sluice-group");
+    let dir = tempfile::tempdir().unwrap();
+    let job = |until: &str, out: &str| {
+        format!(
+            "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  schema: {JSON_SCHEMA}\n  batch_rows: 500\n  assignment: group\n  group_id: {group}\n  properties: {{session.timeout.ms: 6000, auto.commit.interval.ms: 100}}\n{until}sink:\n  type: parquet\n  path: {out}\n  max_rows_per_file: 1500\n",
+            kafka::brokers()
+        )
+    };
+    std::fs::write(dir.path().join("run1.yaml"), job("", "out1")).unwrap();
+    let mut run1 = spawn_sluice(dir.path(), &["run", "run1.yaml"]);
+    let out1 = dir.path().join("out1");
+    let on_disk = || {
+        std::fs::read_dir(&out1)
+            .map(|_| part_ids(&out1).len())
+            .unwrap_or(0)
+    };
+    // The group has committed part of what run 1 wrote; records are still arriving.
+    wait_for("a first commit", Duration::from_secs(60), || {
+        let c: i64 = committed(&topic, &group, 4).values().sum();
+        (c > 0).then_some(())
+    });
+    rt.block_on(kafka::produce(
+        &topic,
+        (20_000..30_000i64).map(|i| ((i % 4) as i32, json_record(i))),
+    ));
+    wait_for("run 1 to take new records", Duration::from_secs(60), || {
+        (on_disk() > 21_000).then_some(())
+    });
+    sigkill(&mut run1);
+    let at_kill = committed(&topic, &group, 4);
+    let first = part_ids(&out1);
+    rt.block_on(kafka::produce(
+        &topic,
+        (30_000..n).map(|i| ((i % 4) as i32, json_record(i))),
+    ));
+
+    std::fs::write(dir.path().join("run2.yaml"), job("  until: end\n", "out2")).unwrap();
+    let out = sluice()
+        .args(["run", "run2.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second = part_ids(&dir.path().join("out2"));
+    let mut all: Vec<i64> = first.iter().chain(second.iter()).copied().collect();
+    all.sort_unstable();
+    let unique: BTreeSet<i64> = all.iter().copied().collect();
+    assert_eq!(
+        unique,
+        (0..n).collect::<BTreeSet<_>>(),
+        "every record at least once"
+    );
+    let first_set: BTreeSet<i64> = first.iter().copied().collect();
+    let duplicates: Vec<i64> = second
+        .iter()
+        .copied()
+        .filter(|id| first_set.contains(id))
+        .collect();
+    // A duplicate is a record run 1 wrote but the group had not committed: its offset is at or
+    // past the committed offset of its partition.
+    for id in &duplicates {
+        let (partition, offset) = ((id % 4) as i32, id / 4);
+        assert!(
+            offset >= at_kill[&partition],
+            "id {id} (partition {partition} offset {offset}) was committed at {} yet delivered again",
+            at_kill[&partition]
+        );
+    }
+    let committed_rows: i64 = at_kill.values().sum();
+    assert!(duplicates.len() as i64 <= first.len() as i64 - committed_rows);
+    eprintln!(
+        "group crash: run 1 wrote {}, group had committed {committed_rows}; {} duplicates after restart",
+        first.len(),
+        duplicates.len()
+    );
+}
+
+#[test]
+fn broker_killed_and_restarted_mid_run_loses_nothing() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = kafka::DurableBroker::start(common::s3::bucket("tansu"), dir.path());
+    let brokers = broker.brokers();
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic_on(&brokers, "restart", 2).await;
+        kafka::produce_on(
+            &brokers,
+            &t,
+            (0..5_000i64).map(|i| ((i % 2) as i32, json_record(i))),
+        )
+        .await;
+        t
+    });
+    // The run stops after exactly 10,000 records: half produced before the broker dies, half
+    // after it is back.
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source:\n  type: kafka\n  brokers: {brokers}\n  topic: {topic}\n  format: json\n  schema: {JSON_SCHEMA}\n  batch_rows: 250\n  until: {{records: 10000}}\nsink:\n  type: parquet\n  path: out\n  max_rows_per_file: 1000\n"
+        ),
+    )
+    .unwrap();
+    let mut run = spawn_sluice(dir.path(), &["run", "job.yaml"]);
+    let out = dir.path().join("out");
+    wait_for(
+        "the run to write its first part",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_dir(&out)
+                .ok()
+                .filter(|_| !part_ids(&out).is_empty())
+        },
+    );
+    broker.kill();
+    broker.restart();
+    rt.block_on(kafka::produce_on(
+        &brokers,
+        &topic,
+        (5_000..10_000i64).map(|i| ((i % 2) as i32, json_record(i))),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = run.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run did not finish after the broker came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(dir.path().join("stderr.log")).unwrap()
+    );
+    let mut ids = part_ids(&out);
+    ids.sort_unstable();
+    assert_eq!(ids, (0..10_000).collect::<Vec<_>>());
+}
+
+#[test]
+fn authentication_failure_is_reported_within_the_timeout_without_the_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("tcp://127.0.0.1:{port}");
+    let mut broker = std::process::Command::new(kafka::tansu())
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--storage-engine",
+            "memory://tansu/",
+            "--authentication",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the broker to listen", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source:\n  type: kafka\n  brokers: 127.0.0.1:{port}\n  topic: t\n  format: raw\n  connect_timeout: 3s\n  properties:\n    security.protocol: SASL_PLAINTEXT\n    sasl.mechanism: SCRAM-SHA-256\n    sasl.username: alice\n    sasl.password: not-the-password-8d1f\n"
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = sluice()
+        .args(["run", "job.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    broker.kill().unwrap();
+    broker.wait().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.contains("cannot reach the brokers within 3s"), "{err}");
+    assert!(last.contains("SASL authentication error"), "{last}");
+    assert!(
+        !err.contains("not-the-password-8d1f"),
+        "the secret leaked: {err}"
+    );
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.contains("not-the-password-8d1f"));
+}

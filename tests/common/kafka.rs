@@ -202,3 +202,97 @@ pub fn json_record(id: i64) -> Vec<u8> {
 
 /// The schema of [`json_record`] as YAML.
 pub const JSON_SCHEMA: &str = r#"{id: int64, label: int64, x: "float32[4]"}"#;
+
+/// A Tansu broker of the test's own, storing topics in an S3 bucket on the test S3 server, so
+/// that its data survives `kill -9`.
+pub struct DurableBroker {
+    pub port: u16,
+    pub bucket: String,
+    child: Option<std::process::Child>,
+    log: std::path::PathBuf,
+}
+
+impl DurableBroker {
+    pub fn start(bucket: String, log_dir: &std::path::Path) -> DurableBroker {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut b = DurableBroker {
+            port,
+            bucket,
+            child: None,
+            log: log_dir.join("tansu.log"),
+        };
+        b.restart();
+        b
+    }
+
+    pub fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (again) on the same port and storage, and waits until it answers.
+    pub fn restart(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = std::process::Command::new(tansu())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                &format!("s3://{}/", self.bucket),
+            ])
+            .env("AWS_ENDPOINT", super::s3::endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", super::s3::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", super::s3::SECRET)
+            .env("AWS_DEFAULT_REGION", "us-east-1")
+            .env("AWS_REGION", "us-east-1")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ok = std::process::Command::new(tansu())
+                .args(["topic", "list", "--broker", &url])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "durable broker did not start: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for DurableBroker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

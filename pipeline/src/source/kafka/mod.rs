@@ -75,7 +75,14 @@ impl ClientContext for SourceContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(target: "sluice::kafka", "{error}: {reason}");
-        if let Ok(mut e) = self.last_error.lock() {
+        // "All brokers down" follows the error that says why; keep the cause.
+        let generic = matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::AllBrokersDown)
+        );
+        if let Ok(mut e) = self.last_error.lock()
+            && (!generic || e.is_none())
+        {
             *e = Some(format!("{reason} ({error})"));
         }
     }
@@ -85,7 +92,15 @@ impl ConsumerContext for SourceContext {}
 
 type SourceConsumer = BaseConsumer<SourceContext>;
 
+/// The last error librdkafka reported, for messages. Only for a consumer that is not
+/// reading: error callbacks are served by polling, so this polls once to let pending ones
+/// through.
 fn last_error(c: &SourceConsumer) -> String {
+    let _ = c.poll(Duration::from_millis(100));
+    recorded_error(c)
+}
+
+fn recorded_error(c: &SourceConsumer) -> String {
     c.context()
         .last_error
         .lock()
@@ -856,7 +871,7 @@ impl Poller {
                         let _ = flush(&mut chunk, &mut rows, &self.metrics, &self.topics);
                         let _ = tx.blocking_send(Err(kafka_err(
                             &self.brokers,
-                            format!("{e}{}", last_error(&self.consumer)),
+                            format!("{e}{}", recorded_error(&self.consumer)),
                         )));
                         return;
                     }

@@ -268,14 +268,23 @@ async fn tick(bar: ProgressBar, metrics: std::sync::Arc<PipelineMetrics>) {
 #[allow(clippy::print_stdout)]
 fn print_summary(config: &Path, r: &RunReport) {
     println!("sluice run {}: ok", config.display());
-    println!(
-        "  source   {} file(s), {} row group(s), {} rows read ({:.2} MB compressed, {:.2} MB decoded)",
-        r.files,
-        r.row_groups,
-        r.rows_read,
-        r.bytes_read as f64 / 1e6,
-        r.bytes_decoded as f64 / 1e6
-    );
+    if r.partitions.is_empty() {
+        println!(
+            "  source   {} file(s), {} row group(s), {} rows read ({:.2} MB compressed, {:.2} MB decoded)",
+            r.files,
+            r.row_groups,
+            r.rows_read,
+            r.bytes_read as f64 / 1e6,
+            r.bytes_decoded as f64 / 1e6
+        );
+    } else {
+        println!(
+            "  source   kafka: {} rows read ({:.2} MB of messages, {:.2} MB decoded)",
+            r.rows_read,
+            r.bytes_read as f64 / 1e6,
+            r.bytes_decoded as f64 / 1e6
+        );
+    }
     if !r.partitions.is_empty() {
         println!(
             "  kafka    {} partition(s); {} record(s) could not be decoded, {} dead-lettered",
@@ -352,12 +361,7 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
         }
         match job.pipeline().plan().await {
             Ok(plan) => {
-                println!(
-                    "{}: ok — {} file(s), {} rows",
-                    path.display(),
-                    plan.files,
-                    plan.rows
-                );
+                println!("{}: ok — {}", path.display(), plan.summary);
                 println!("  source: {}", schema_line(&plan.source_schema));
                 for (stage, schema) in &plan.stages {
                     println!("  {stage}: {}", schema_line(schema));

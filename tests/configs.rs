@@ -7,6 +7,12 @@ use common::*;
 
 #[test]
 fn every_config_validates_and_runs() {
+    // The Kafka examples (digits-to-kafka publishes, kafka-to-parquet reads back) share a
+    // fresh topic on the test broker.
+    let topic = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kafka::create_topic("configs-digits", 2));
+    let brokers = kafka::brokers();
     let mut seen = 0;
     let mut entries: Vec<_> = std::fs::read_dir(repo().join("configs"))
         .unwrap()
@@ -17,6 +23,9 @@ fn every_config_validates_and_runs() {
     for config in entries {
         let out = tempfile::tempdir().unwrap();
         sluice()
+            .env("SLUICE_KAFKA_BROKERS", &brokers)
+            .env("SLUICE_KAFKA_TOPIC", &topic)
+            .env("SLUICE_OUT_DIR", out.path())
             .arg("validate")
             .arg(&config)
             .assert()
@@ -29,6 +38,8 @@ fn every_config_validates_and_runs() {
             .arg("--summary-json")
             .arg(&summary)
             .env("SLUICE_OUT_DIR", out.path())
+            .env("SLUICE_KAFKA_BROKERS", &brokers)
+            .env("SLUICE_KAFKA_TOPIC", &topic)
             .assert()
             .success();
         let report: serde_json::Value =

@@ -44,10 +44,23 @@ fn config_reference_covers_every_key() {
     check::<StageConfig>(&doc, "## `stages`");
     check::<SinkConfig>(&doc, "## `sink`");
     let runtime = section(&doc, "## `runtime`");
-    for key in ["threads", "parallelism", "queue_bytes"] {
+    for key in [
+        "threads",
+        "parallelism",
+        "queue_bytes",
+        "rank",
+        "world_size",
+    ] {
         assert!(
             runtime.contains(&format!("`{key}`")),
             "runtime key `{key}` undocumented"
+        );
+    }
+    let checkpoint = section(&doc, "## `checkpoint`");
+    for key in ["path", "interval", "storage"] {
+        assert!(
+            checkpoint.contains(&format!("`{key}`")),
+            "checkpoint key `{key}` undocumented"
         );
     }
 }

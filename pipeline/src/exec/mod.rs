@@ -58,6 +58,9 @@ pub struct Pipeline {
 /// stage.
 #[derive(Debug)]
 pub struct Plan {
+    /// What the source reads, in words (`3 file(s), 1437 rows`, `kafka: 4 partition(s) of
+    /// events`).
+    pub summary: String,
     /// Number of files the source will read.
     pub files: usize,
     /// Rows the source will produce (all epochs).
@@ -173,7 +176,16 @@ impl Pipeline {
             stages.push((sref, out.clone()));
             schema = out;
         }
+        let summary = match &source {
+            Source::Parquet(p) => format!(
+                "{} file(s), {} rows",
+                p.num_files().unwrap_or(0),
+                p.total_rows().unwrap_or(0)
+            ),
+            Source::Kafka(k) => k.describe(),
+        };
         Ok(Plan {
+            summary,
             files: source.num_files().unwrap_or(0),
             rows: source.total_rows().unwrap_or(0),
             source_schema: source.schema().clone(),

@@ -74,6 +74,9 @@ impl ClientContext for SourceContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error, KafkaError::PartitionEOF(_)) {
+            return; // expected with `until: end`, handled by the poller
+        }
         tracing::warn!(target: "sluice::kafka", "{error}: {reason}");
         // "All brokers down" follows the error that says why; keep the cause.
         let generic = matches!(
@@ -200,6 +203,26 @@ impl KafkaSource {
 
     pub(crate) fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// E.g. `kafka: 4 partition(s) of events (static, rank 0 of 1)`.
+    pub(crate) fn describe(&self) -> String {
+        let topics = self
+            .topics
+            .iter()
+            .map(|t| &**t)
+            .collect::<Vec<_>>()
+            .join(", ");
+        match self.config.assignment {
+            Assignment::Static => format!(
+                "kafka: {} partition(s) of {topics} assigned to this rank",
+                self.assigned.len()
+            ),
+            Assignment::Group => format!(
+                "kafka: topic(s) {topics}, partitions assigned by consumer group `{}`",
+                self.config.group_id.as_deref().unwrap_or_default()
+            ),
+        }
     }
 
     /// Consumes until the `until` bound (or forever), sending decoded batches to `tx`.
@@ -760,6 +783,10 @@ impl Poller {
                      metrics: &PipelineMetrics,
                      topics: &[Arc<str>]|
          -> bool {
+            metrics
+                .source
+                .bytes_read
+                .fetch_add(chunk.bytes() as u64, Ordering::Relaxed);
             for ((t, p), n) in rows.drain() {
                 metrics
                     .source

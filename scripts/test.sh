@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this script). Works on a fresh machine
-# with a Rust toolchain and python3: cargo fetches the dependencies, scripts/services.sh
-# installs and starts the S3 server (moto) the integration tests use, and stops it at the end.
+# with a Rust toolchain, a C toolchain and python3: cargo fetches the dependencies (librdkafka
+# is built from source and needs OpenSSL headers, installed here with apt-get if missing),
+# scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
+# the integration tests use, and stops them at the end.
 #
 #   scripts/test.sh            formatting, clippy (warnings are errors), every test
 #   SLUICE_SKIP_LINT=1 scripts/test.sh   tests only
@@ -15,6 +17,17 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; } \
+    && [[ ! -f /usr/include/openssl/ssl.h ]]; then
+    step "installing OpenSSL headers (librdkafka's TLS)"
+    if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+        apt-get install -y -q libssl-dev pkg-config >/dev/null
+    else
+        echo "error: OpenSSL headers not found; install libssl-dev (Debian/Ubuntu) or openssl-devel" >&2
+        exit 1
+    fi
+fi
+
 if [[ "${SLUICE_SKIP_LINT:-0}" != 1 ]]; then
     step "cargo fmt --check"
     cargo fmt --all -- --check
@@ -22,7 +35,7 @@ if [[ "${SLUICE_SKIP_LINT:-0}" != 1 ]]; then
     cargo clippy --workspace --all-targets --locked -- -D warnings
 fi
 
-step "starting services (S3 server)"
+step "starting services (S3 server, Kafka broker)"
 SERVICES_STARTED=0
 cleanup() { if [[ "$SERVICES_STARTED" == 1 ]]; then scripts/services.sh stop || true; fi; }
 trap cleanup EXIT

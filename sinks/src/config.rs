@@ -181,7 +181,8 @@ pub struct KafkaSinkConfig {
     /// `json` only: column whose value becomes the message key (partitioning by key).
     #[serde(default)]
     pub key: Option<String>,
-    /// Producer compression: `zstd` (default), `lz4`, `snappy`, `gzip`, `none`.
+    /// `zstd` (default), `lz4`, `snappy`, `gzip`, `none`. `arrow_ipc`: compresses the IPC
+    /// buffers (`zstd`, `lz4`, `none`), messages go uncompressed; `json`: producer compression.
     #[serde(default)]
     pub compression: KafkaCompression,
     /// Idempotent producer (no duplicates from producer retries). Default: true.

@@ -25,6 +25,7 @@ pub(crate) struct KafkaSink {
     producer: FutureProducer,
     topic: String,
     format: KafkaSinkFormat,
+    ipc_compression: Option<CompressionType>,
     key_column: Option<usize>,
     max_message_bytes: usize,
     pool: CpuPool,
@@ -47,14 +48,31 @@ impl KafkaSink {
         let mut cfg = ClientConfig::new();
         cfg.set("bootstrap.servers", c.brokers.0.join(","));
         cfg.set("client.id", "sluice");
+        use crate::config::KafkaCompression as K;
+        // arrow_ipc compresses the IPC buffers (readers decompress column by column) and sends
+        // the messages as they are; compressing twice only costs CPU. json compresses at the
+        // Kafka level.
+        let ipc_compression = match (c.format, c.compression) {
+            (KafkaSinkFormat::Json, _) | (_, K::None) => None,
+            (KafkaSinkFormat::ArrowIpc, K::Zstd) => Some(CompressionType::ZSTD),
+            (KafkaSinkFormat::ArrowIpc, K::Lz4) => Some(CompressionType::LZ4_FRAME),
+            (KafkaSinkFormat::ArrowIpc, other) => {
+                return Err(sink_err(
+                    &c.topic,
+                    format!(
+                        "`format: arrow_ipc` compresses with `zstd`, `lz4` or `none`, not `{other:?}`"
+                    ),
+                ));
+            }
+        };
         cfg.set(
             "compression.type",
-            match c.compression {
-                crate::config::KafkaCompression::Zstd => "zstd",
-                crate::config::KafkaCompression::Lz4 => "lz4",
-                crate::config::KafkaCompression::Snappy => "snappy",
-                crate::config::KafkaCompression::Gzip => "gzip",
-                crate::config::KafkaCompression::None => "none",
+            match (c.format, c.compression) {
+                (KafkaSinkFormat::ArrowIpc, _) | (_, K::None) => "none",
+                (_, K::Zstd) => "zstd",
+                (_, K::Lz4) => "lz4",
+                (_, K::Snappy) => "snappy",
+                (_, K::Gzip) => "gzip",
             },
         );
         cfg.set(
@@ -138,6 +156,7 @@ impl KafkaSink {
             producer,
             topic: c.topic.clone(),
             format: c.format,
+            ipc_compression,
             key_column,
             max_message_bytes: c.max_message_bytes,
             pool: cx.pool.clone(),
@@ -208,13 +227,17 @@ fn humantime_secs(d: Duration) -> String {
 }
 
 /// Encodes a batch as Arrow IPC streams, each at most about `max_bytes` (split by rows).
-fn encode_ipc(data: &RecordBatch, max_bytes: usize) -> std::result::Result<Vec<Vec<u8>>, String> {
+fn encode_ipc(
+    data: &RecordBatch,
+    max_bytes: usize,
+    compression: Option<CompressionType>,
+) -> std::result::Result<Vec<Vec<u8>>, String> {
     let rows = data.num_rows();
     let size = data.get_array_memory_size().max(1);
     let pieces = size.div_ceil(max_bytes.max(1)).max(1);
     let per = rows.div_ceil(pieces).max(1);
     let options = IpcWriteOptions::default()
-        .try_with_compression(Some(CompressionType::ZSTD))
+        .try_with_compression(compression)
         .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     let mut start = 0;
@@ -304,13 +327,13 @@ impl Sink for KafkaSink {
         let max = self.max_message_bytes;
         let key = self.key_column;
         let format = self.format;
+        let compression = self.ipc_compression;
         let topic = self.topic.clone();
         let encoded = self
             .pool
             .run(move || match format {
-                KafkaSinkFormat::ArrowIpc => {
-                    encode_ipc(&data, max).map(|v| v.into_iter().map(|p| (None, p)).collect())
-                }
+                KafkaSinkFormat::ArrowIpc => encode_ipc(&data, max, compression)
+                    .map(|v| v.into_iter().map(|p| (None, p)).collect()),
                 KafkaSinkFormat::Json => encode_json(&data, key),
             })
             .await

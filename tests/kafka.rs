@@ -937,3 +937,139 @@ fn authentication_failure_is_reported_within_the_timeout_without_the_secret() {
     let out = String::from_utf8_lossy(&out.stdout);
     assert!(!out.contains("not-the-password-8d1f"));
 }
+
+#[test]
+fn raw_format_keeps_keys_headers_and_timestamps_and_starts_at_a_timestamp() {
+    use arrow::array::Array;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+    let rt = runtime();
+    let topic = rt.block_on(kafka::create_topic("raw", 1));
+    // Ten records with timestamps 1_000_000 + i*1000 ms; odd ones carry a header, even ones a key.
+    rt.block_on(async {
+        let p = kafka::producer(&kafka::brokers());
+        for i in 0..10i64 {
+            let value = format!("value-{i}");
+            let key = format!("key-{i}");
+            let mut rec: FutureRecord<'_, str, str> = FutureRecord::to(&topic)
+                .payload(value.as_str())
+                .timestamp(1_000_000 + i * 1000);
+            if i % 2 == 0 {
+                rec = rec.key(key.as_str());
+            } else {
+                rec = rec.headers(OwnedHeaders::new().insert(Header {
+                    key: "trace",
+                    value: Some(key.as_bytes()),
+                }));
+            }
+            p.send(rec, Duration::from_secs(10)).await.unwrap();
+        }
+    });
+    let yaml = |start: &str| {
+        format!(
+            "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: raw\n  until: end\n{start}",
+            kafka::brokers()
+        )
+    };
+    let read = |yaml: String| {
+        rt.block_on(async {
+            let mut s = Pipeline::from_yaml(&yaml).unwrap().stream();
+            let mut out = Vec::new();
+            while let Some(b) = s.next().await {
+                out.push(b.unwrap().data);
+            }
+            out
+        })
+    };
+    let all = read(yaml(""));
+    let b = arrow::compute::concat_batches(&all[0].schema(), &all).unwrap();
+    assert_eq!(b.num_rows(), 10);
+    let schema = b.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["key", "value", "timestamp", "headers"]);
+    let key = b.column(0).as_binary::<i32>();
+    let value = b.column(1).as_binary::<i32>();
+    let ts = b
+        .column(2)
+        .as_primitive::<arrow::datatypes::TimestampMillisecondType>();
+    let headers = b.column(3).as_list::<i32>();
+    for i in 0..10usize {
+        assert_eq!(value.value(i), format!("value-{i}").as_bytes());
+        assert_eq!(ts.value(i), 1_000_000 + i as i64 * 1000);
+        if i % 2 == 0 {
+            assert_eq!(key.value(i), format!("key-{i}").as_bytes());
+            assert_eq!(headers.value(i).len(), 0);
+        } else {
+            assert!(key.is_null(i));
+            let h = headers.value(i);
+            let h = h.as_struct();
+            assert_eq!(h.len(), 1);
+            assert_eq!(h.column(0).as_string::<i32>().value(0), "trace");
+            assert_eq!(
+                h.column(1).as_binary::<i32>().value(0),
+                format!("key-{i}").as_bytes()
+            );
+        }
+    }
+    // From a timestamp: the first record at or after it.
+    let late = read(yaml("  start: {timestamp: 1006500}\n"));
+    let rows: usize = late.iter().map(RecordBatch::num_rows).sum();
+    assert_eq!(rows, 3, "records 7, 8, 9");
+    let first = late[0].column(1).as_binary::<i32>().value(0).to_vec();
+    assert_eq!(first, b"value-7");
+}
+
+#[test]
+fn json_sink_publishes_one_keyed_message_per_row_and_duration_bounds_a_run() {
+    let rt = runtime();
+    let topic = rt.block_on(kafka::create_topic("json-sink", 2));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source: {{type: parquet, path: {}, columns: [id, label]}}\nsink:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  key: id\n",
+            common::repo().join("data/digits/test.parquet").display(),
+            kafka::brokers()
+        ),
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["run", "job.yaml"])
+        .current_dir(dir.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = kafka::read_topic(&kafka::brokers(), &topic, 360, Duration::from_secs(30));
+    let mut ids = BTreeSet::new();
+    for r in &got {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+        let id = v["id"].as_i64().unwrap();
+        assert_eq!(r.key.as_deref(), Some(id.to_string().as_bytes()));
+        assert!(v["label"].is_i64());
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 360);
+
+    // An unbounded source with `until: {duration}` ends on time with what it read.
+    let started = Instant::now();
+    let yaml = format!(
+        "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  schema: {{id: int64, label: int64}}\n  until: {{duration: 2s}}\n",
+        kafka::brokers()
+    );
+    let rows = rt.block_on(async {
+        let mut s = Pipeline::from_yaml(&yaml).unwrap().stream();
+        let mut rows = 0;
+        while let Some(b) = s.next().await {
+            rows += b.unwrap().num_rows();
+        }
+        rows
+    });
+    assert_eq!(rows, 360);
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(started.elapsed() < Duration::from_secs(30));
+}

@@ -9,6 +9,7 @@
 //! by queues bounded in bytes; row order is preserved.
 
 pub mod batch;
+pub mod collective;
 pub mod config;
 mod error;
 pub mod exec;

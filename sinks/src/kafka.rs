@@ -365,7 +365,8 @@ impl Sink for KafkaSink {
 
     async fn abort(self: Box<Self>) {
         // Nothing to take back: delivered messages stay (at-least-once). Give queued ones a
-        // moment so the producer closes cleanly.
-        let _ = self.producer.flush(Duration::from_secs(5));
+        // moment so the producer closes cleanly (flush blocks: off the async threads).
+        let producer = self.producer.clone();
+        let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
     }
 }

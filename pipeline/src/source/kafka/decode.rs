@@ -293,12 +293,14 @@ impl ChunkDecoder {
     }
 
     /// JSON: feed every record to one decoder, checking after each that it was exactly one
-    /// complete value. A syntactically bad record is set aside and the good ones before it
-    /// are fed again to a fresh decoder (a tape decoder cannot be rewound). Type errors show
+    /// complete value. A syntactically bad record is set aside; the good ones before it are
+    /// decoded again into their own batch (a tape decoder cannot be rewound). Type errors show
     /// only when the rows are built (`flush`): then the run is bisected to find them.
     fn decode_json(&self, chunk: &RawChunk) -> Decoded {
         let mut out = Decoded::default();
         let mut good: Vec<&RecordMeta> = Vec::with_capacity(chunk.records.len());
+        // Start (in `good`) of the records the current decoder holds.
+        let mut segment = 0;
         let mut decoder = match self.json_decoder(chunk.records.len()) {
             Ok(d) => d,
             Err(e) => {
@@ -332,24 +334,27 @@ impl ChunkDecoder {
             match ok {
                 Ok(()) => good.push(r),
                 Err(e) => {
+                    // The decoder holds a broken value now. The good records since the last
+                    // bad one become a batch of their own (decoded again, once), and a fresh
+                    // decoder takes the records after this one: each record is fed at most
+                    // twice however many bad ones there are.
+                    self.bisect_json(chunk, &good[segment..], &mut out);
+                    segment = good.len();
                     out.bad.push(self.bad(chunk, r, e));
-                    // Start over with the records known to be whole values.
                     decoder = match self.json_decoder(chunk.records.len()) {
                         Ok(d) => d,
                         Err(_) => return out,
                     };
-                    for g in &good {
-                        let _ = decoder.decode(chunk.value(g).unwrap_or_default());
-                    }
                 }
             }
         }
+        let rest = &good[segment..];
         match decoder.flush() {
-            Ok(Some(data)) if data.num_rows() == good.len() => {
-                out.batches.push(Batch::new(data, self.row_lineage(&good)));
+            Ok(Some(data)) if data.num_rows() == rest.len() => {
+                out.batches.push(Batch::new(data, self.row_lineage(rest)));
             }
-            Ok(None) if good.is_empty() => {}
-            _ => self.bisect_json(chunk, &good, &mut out),
+            Ok(None) if rest.is_empty() => {}
+            _ => self.bisect_json(chunk, rest, &mut out),
         }
         out.bad.sort_by_key(|b| (b.partition, b.offset));
         out
@@ -488,6 +493,33 @@ mod tests {
             .collect();
         assert_eq!(lineage, vec![0, 2, 7]);
         let _ = Int64Array::from(vec![0]);
+    }
+
+    #[test]
+    fn json_with_many_bad_records_keeps_order_and_counts() {
+        let d = json_decoder();
+        let values: Vec<Vec<u8>> = (0..3000i64)
+            .map(|i| match i % 3 {
+                0 => format!(r#"{{"id": {i}, "x": [1, 2]}}"#).into_bytes(),
+                1 => format!(r#"{{"id": {i}, "x": [1"#).into_bytes(),
+                _ => format!(r#"{{"id": "id-{i}", "x": [1, 2]}}"#).into_bytes(),
+            })
+            .collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let out = d.decode(chunk(&refs));
+        let ids: Vec<i64> = out
+            .batches
+            .iter()
+            .flat_map(|b| {
+                b.data
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(ids, (0..3000).step_by(3).collect::<Vec<i64>>());
+        assert_eq!(out.bad.len(), 2000);
     }
 
     #[test]

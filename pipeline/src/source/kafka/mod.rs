@@ -13,7 +13,7 @@
 pub(crate) mod dead_letter;
 pub(crate) mod decode;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -125,6 +125,8 @@ pub(crate) struct KafkaSource {
     assigned: Vec<(u16, i32, Offset, u64)>,
     /// `until: end`: the end offset of each partition at the start of the run.
     ends: HashMap<(u16, i32), i64>,
+    /// Positions restored from a checkpoint.
+    resume_positions: Option<KafkaPositions>,
     acker: Arc<Acknowledger>,
     metrics: Arc<PipelineMetrics>,
 }
@@ -171,6 +173,13 @@ impl KafkaSource {
         if config.format == KafkaFormat::Raw && config.schema.is_some() {
             return Err(source_err(
                 "`format: raw` has a fixed schema (key, value, timestamp, headers); remove `schema`".into(),
+            ));
+        }
+        if config.assignment == Assignment::Group
+            && matches!(config.start, StartPosition::Timestamp(_))
+        {
+            return Err(source_err(
+                "`start: {timestamp: …}` needs `assignment: static` (a consumer group starts from its committed offsets, else earliest/latest)".into(),
             ));
         }
         if config.assignment == Assignment::Group && config.group_id.is_none() {
@@ -292,6 +301,22 @@ impl KafkaSource {
                     _ => None,
                 })
                 .collect(),
+            from_timestamp: match self.config.start {
+                StartPosition::Timestamp(ts) => Some((
+                    ts,
+                    self.assigned
+                        .iter()
+                        .filter(|(t, p, _, _)| {
+                            self.resume_positions
+                                .as_ref()
+                                .and_then(|r| r.get(&self.topics[*t as usize], *p))
+                                .is_none()
+                        })
+                        .map(|(t, p, _, _)| (*t, *p))
+                        .collect(),
+                )),
+                _ => None,
+            },
             group: self.config.assignment == Assignment::Group,
             brokers: brokers.clone(),
             metrics: self.metrics.clone(),
@@ -561,6 +586,7 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
         consumer,
         assigned,
         ends,
+        resume_positions: resume,
         acker: Arc::new(Acknowledger::default()),
         metrics,
     })
@@ -742,6 +768,10 @@ struct Poller {
     ends: HashMap<(u16, i32), i64>,
     /// `arrow_ipc` resume: rows to skip of the message at this offset.
     skip: HashMap<(u16, i32), (i64, u64)>,
+    /// `start: {timestamp}`: partitions that start there and the timestamp. Records before the
+    /// first one at or after it are skipped, so a broker that answers the offset lookup
+    /// loosely (Tansu returns the first offset) still starts at the right record.
+    from_timestamp: Option<(i64, HashSet<(u16, i32)>)>,
     group: bool,
     brokers: String,
     metrics: Arc<PipelineMetrics>,
@@ -829,6 +859,14 @@ impl Poller {
                     };
                     let key = (t, m.partition());
                     let offset = m.offset();
+                    if let Some((ts, waiting)) = self.from_timestamp.as_mut()
+                        && waiting.contains(&key)
+                    {
+                        if m.timestamp().to_millis().is_some_and(|t| t < *ts) {
+                            continue;
+                        }
+                        waiting.remove(&key);
+                    }
                     if chunk.records.is_empty() {
                         chunk_started = Instant::now();
                     }

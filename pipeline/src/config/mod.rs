@@ -372,6 +372,10 @@ pub enum StageConfig {
     Clip(ClipConfig),
     /// Re-batch to a fixed number of rows.
     Batch(BatchConfig),
+    /// Add seeded Gaussian noise.
+    GaussianNoise(GaussianNoiseConfig),
+    /// Zero values at random (seeded).
+    FeatureDropout(FeatureDropoutConfig),
 }
 
 impl StageConfig {
@@ -387,6 +391,8 @@ impl StageConfig {
             StageConfig::OneHot(_) => "one_hot",
             StageConfig::Clip(_) => "clip",
             StageConfig::Batch(_) => "batch",
+            StageConfig::GaussianNoise(_) => "gaussian_noise",
+            StageConfig::FeatureDropout(_) => "feature_dropout",
         }
     }
 }
@@ -403,6 +409,8 @@ impl Component for StageConfig {
         "one_hot",
         "clip",
         "batch",
+        "gaussian_noise",
+        "feature_dropout",
     ];
     fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
         Ok(match kind {
@@ -415,6 +423,8 @@ impl Component for StageConfig {
             "one_hot" => StageConfig::OneHot(OneHotConfig::deserialize(d)?),
             "clip" => StageConfig::Clip(ClipConfig::deserialize(d)?),
             "batch" => StageConfig::Batch(BatchConfig::deserialize(d)?),
+            "gaussian_noise" => StageConfig::GaussianNoise(GaussianNoiseConfig::deserialize(d)?),
+            "feature_dropout" => StageConfig::FeatureDropout(FeatureDropoutConfig::deserialize(d)?),
             other => return Err(de::Error::unknown_variant(other, Self::KINDS)),
         })
     }
@@ -520,6 +530,39 @@ pub struct BatchConfig {
     /// run summary). Default: false.
     #[serde(default)]
     pub drop_last: bool,
+}
+
+/// `type: gaussian_noise` — adds `std · N(0, 1)` to every value. Each draw is a pure function
+/// of (seed, stage, column, epoch, row identity from lineage): the same row gets the same noise
+/// for any thread count or batching, and new noise each epoch.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GaussianNoiseConfig {
+    /// float32/float64 columns, or fixed-size lists of them (noise per element).
+    pub columns: Vec<String>,
+    /// Standard deviation of the noise; ≥ 0.
+    pub std: f64,
+    /// Seed. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// `type: feature_dropout` — sets each value to 0 with probability `p` (seeded like
+/// `gaussian_noise`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureDropoutConfig {
+    /// float32/float64 columns, or fixed-size lists of them (dropout per element).
+    pub columns: Vec<String>,
+    /// Probability of zeroing a value, in `[0, 1)`.
+    pub p: f64,
+    /// Multiply kept values by `1 / (1 - p)` (inverted dropout), keeping the expected value.
+    /// Default: false.
+    #[serde(default)]
+    pub scale: bool,
+    /// Seed. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
 }
 
 #[cfg(test)]

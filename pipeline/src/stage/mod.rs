@@ -2,6 +2,7 @@
 //! impossible casts fail before any data moves), then applied batch by batch with Arrow
 //! kernels.
 
+mod augment;
 mod expr;
 mod kernels;
 pub(crate) mod rebatch;
@@ -299,6 +300,34 @@ pub(crate) fn build(
                 input.clone(),
             ))
         }
+        StageConfig::GaussianNoise(c) => {
+            if !(c.std >= 0.0 && c.std.is_finite()) {
+                return Err(err(format!(
+                    "`std` must be a finite number ≥ 0, not {}",
+                    c.std
+                )));
+            }
+            augment_stage(
+                stage,
+                input,
+                &c.columns,
+                c.seed,
+                augment::Noise::Gaussian { std: c.std },
+            )
+        }
+        StageConfig::FeatureDropout(c) => {
+            if !(0.0..1.0).contains(&c.p) {
+                return Err(err(format!("`p` must be in [0, 1), not {}", c.p)));
+            }
+            let scale = if c.scale { 1.0 / (1.0 - c.p) } else { 1.0 };
+            augment_stage(
+                stage,
+                input,
+                &c.columns,
+                c.seed,
+                augment::Noise::Dropout { p: c.p, scale },
+            )
+        }
         StageConfig::Batch(c) => {
             if c.size == 0 {
                 return Err(err("`size` must be at least 1".into()));
@@ -354,4 +383,37 @@ pub(crate) fn with_columns(
         source: e,
     })?;
     Ok(Batch::new(data, batch.lineage))
+}
+
+fn augment_stage(
+    stage: &StageRef,
+    input: &SchemaRef,
+    columns: &[String],
+    seed: u64,
+    noise: augment::Noise,
+) -> Result<(BuiltStage, SchemaRef)> {
+    let mut cols = Vec::new();
+    for name in columns {
+        let i = column_index(stage, input, name)?;
+        let t = input.field(i).data_type();
+        if !augment::supported(t) {
+            return Err(Error::Stage {
+                stage: stage.clone(),
+                message: format!(
+                    "column `{name}` is {t}; {} needs float32/float64 or fixed-size lists of them (add a `cast` first)",
+                    stage.kind
+                ),
+            });
+        }
+        cols.push((i, augment::column_key(seed, stage.index, name)));
+    }
+    Ok((
+        BuiltStage::Map(Arc::new(augment::Augment {
+            stage: stage.clone(),
+            noise,
+            columns: cols,
+            schema: input.clone(),
+        })),
+        input.clone(),
+    ))
 }

@@ -1,0 +1,355 @@
+//! Seeded tabular augmentation: `gaussian_noise` and `feature_dropout`.
+//!
+//! Every random draw is a pure function of `(seed, stage, column, epoch, sample identity)`:
+//! a ChaCha8 key is derived from the seed, the stage's position and the column; the stream is
+//! the row's identity, hashed from its lineage (object URL and row, or Kafka topic, partition
+//! and offset) and epoch. Thread count, batch boundaries and timing cannot change a value: the
+//! same row gets the same noise wherever and whenever it is processed.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, PrimitiveArray, RecordBatch};
+use arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type, SchemaRef};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::batch::{Batch, Lineage, Origin};
+use crate::error::{Error, Result, StageRef};
+
+/// What an augmentation does to each value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Noise {
+    /// `x + std · N(0, 1)`.
+    Gaussian { std: f64 },
+    /// `0` with probability `p`, else `x · scale`.
+    Dropout { p: f64, scale: f64 },
+}
+
+#[derive(Debug)]
+pub(crate) struct Augment {
+    pub stage: StageRef,
+    pub noise: Noise,
+    /// Column index and the ChaCha key for it.
+    pub columns: Vec<(usize, [u8; 32])>,
+    pub schema: SchemaRef,
+}
+
+/// Whether a column can be augmented: float32/float64, or a fixed-size list of them.
+pub(crate) fn supported(t: &DataType) -> bool {
+    match t {
+        DataType::Float32 | DataType::Float64 => true,
+        DataType::FixedSizeList(f, _) => {
+            matches!(f.data_type(), DataType::Float32 | DataType::Float64)
+        }
+        _ => false,
+    }
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// FNV-1a, 64 bit: a fixed, platform-independent hash (std's hasher may change between Rust
+/// releases, which would change every augmentation).
+fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn origin_hash(o: &Origin) -> u64 {
+    const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    match o {
+        Origin::Object { url, row_group } => {
+            // The row position is counted from the start of the object: the row group does
+            // not enter the identity.
+            let _ = row_group;
+            fnv1a(url.as_bytes(), fnv1a(b"object", BASIS))
+        }
+        Origin::Kafka { topic, partition } => fnv1a(
+            &partition.to_le_bytes(),
+            fnv1a(topic.as_bytes(), fnv1a(b"kafka", BASIS)),
+        ),
+        Origin::KafkaMessage {
+            topic,
+            partition,
+            offset,
+            ..
+        } => fnv1a(
+            &offset.to_le_bytes(),
+            fnv1a(
+                &partition.to_le_bytes(),
+                fnv1a(topic.as_bytes(), fnv1a(b"kafka-message", BASIS)),
+            ),
+        ),
+    }
+}
+
+/// The identity of every row of a batch, with its epoch mixed in.
+pub(crate) fn row_ids(lineage: &Lineage) -> Vec<u64> {
+    let mut out = Vec::with_capacity(lineage.num_rows() as usize);
+    for s in lineage.spans() {
+        let h = origin_hash(&s.origin) ^ splitmix64(s.epoch.wrapping_add(0x5eed));
+        for k in 0..s.len {
+            out.push(splitmix64(h ^ splitmix64(s.first + k)));
+        }
+    }
+    out
+}
+
+/// The ChaCha key of one column of one stage.
+pub(crate) fn column_key(seed: u64, stage_index: usize, column: &str) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    let mut x = fnv1a(column.as_bytes(), splitmix64(seed) ^ stage_index as u64);
+    for chunk in key.chunks_mut(8) {
+        x = splitmix64(x);
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    key
+}
+
+trait Float: ArrowPrimitiveType {
+    fn apply(v: Self::Native, noise: Noise, rng: &mut ChaCha8Rng) -> Self::Native;
+}
+
+impl Float for Float32Type {
+    fn apply(v: f32, noise: Noise, rng: &mut ChaCha8Rng) -> f32 {
+        match noise {
+            Noise::Gaussian { std } => {
+                let z: f32 = StandardNormal.sample(rng);
+                v + std as f32 * z
+            }
+            Noise::Dropout { p, scale } => {
+                if rand::RngExt::random::<f64>(rng) < p {
+                    0.0
+                } else {
+                    v * scale as f32
+                }
+            }
+        }
+    }
+}
+
+impl Float for Float64Type {
+    fn apply(v: f64, noise: Noise, rng: &mut ChaCha8Rng) -> f64 {
+        match noise {
+            Noise::Gaussian { std } => {
+                let z: f64 = StandardNormal.sample(rng);
+                v + std * z
+            }
+            Noise::Dropout { p, scale } => {
+                if rand::RngExt::random::<f64>(rng) < p {
+                    0.0
+                } else {
+                    v * scale
+                }
+            }
+        }
+    }
+}
+
+/// Applies `noise` to `values` (row `r` owns `values[r*width .. (r+1)*width]`).
+fn augment_values<T: Float>(
+    values: &PrimitiveArray<T>,
+    width: usize,
+    ids: &[u64],
+    key: [u8; 32],
+    noise: Noise,
+) -> PrimitiveArray<T> {
+    let mut rng = ChaCha8Rng::from_seed(key);
+    let src = values.values();
+    let mut out = Vec::with_capacity(src.len());
+    for (r, id) in ids.iter().enumerate() {
+        rng.set_stream(*id);
+        rng.set_word_pos(0);
+        for v in &src[r * width..(r + 1) * width] {
+            out.push(T::apply(*v, noise, &mut rng));
+        }
+    }
+    PrimitiveArray::<T>::new(out.into(), values.nulls().cloned())
+}
+
+fn augment_column(
+    col: &ArrayRef,
+    ids: &[u64],
+    key: [u8; 32],
+    noise: Noise,
+) -> std::result::Result<ArrayRef, String> {
+    match col.data_type() {
+        DataType::Float32 => Ok(Arc::new(augment_values(
+            col.as_primitive::<Float32Type>(),
+            1,
+            ids,
+            key,
+            noise,
+        ))),
+        DataType::Float64 => Ok(Arc::new(augment_values(
+            col.as_primitive::<Float64Type>(),
+            1,
+            ids,
+            key,
+            noise,
+        ))),
+        DataType::FixedSizeList(field, n) => {
+            let list = col.as_fixed_size_list();
+            let width = *n as usize;
+            // A sliced list: take exactly this batch's values.
+            let values = list
+                .values()
+                .slice(list.offset() * width, list.len() * width);
+            let inner: ArrayRef = match field.data_type() {
+                DataType::Float32 => Arc::new(augment_values(
+                    values.as_primitive::<Float32Type>(),
+                    width,
+                    ids,
+                    key,
+                    noise,
+                )),
+                DataType::Float64 => Arc::new(augment_values(
+                    values.as_primitive::<Float64Type>(),
+                    width,
+                    ids,
+                    key,
+                    noise,
+                )),
+                other => return Err(format!("unsupported list element type {other}")),
+            };
+            FixedSizeListArray::try_new(field.clone(), *n, inner, list.nulls().cloned())
+                .map(|a| Arc::new(a) as ArrayRef)
+                .map_err(|e| e.to_string())
+        }
+        other => Err(format!("unsupported type {other}")),
+    }
+}
+
+impl super::Transform for Augment {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let ids = row_ids(&batch.lineage);
+        if ids.len() != batch.num_rows() {
+            return Err(Error::Internal(format!(
+                "{}: lineage covers {} rows of {}",
+                self.stage,
+                ids.len(),
+                batch.num_rows()
+            )));
+        }
+        let mut cols = batch.data.columns().to_vec();
+        for (i, key) in &self.columns {
+            cols[*i] =
+                augment_column(&cols[*i], &ids, *key, self.noise).map_err(|m| Error::Stage {
+                    stage: self.stage.clone(),
+                    message: m,
+                })?;
+        }
+        let data = RecordBatch::try_new(self.schema.clone(), cols).map_err(|e| Error::Arrow {
+            context: self.stage.to_string(),
+            source: e,
+        })?;
+        Ok(Batch::new(data, batch.lineage))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::Transform;
+    use arrow::array::Float32Array;
+    use arrow::datatypes::{Field, Schema};
+
+    fn batch(n: usize, first: u64, epoch: u64) -> Batch {
+        let field = Arc::new(Field::new("item", DataType::Float32, true));
+        let values = Float32Array::from_iter_values((0..n * 4).map(|v| v as f32));
+        let x = FixedSizeListArray::try_new(field.clone(), 4, Arc::new(values), None).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "x",
+            DataType::FixedSizeList(field, 4),
+            true,
+        )]));
+        let data = RecordBatch::try_new(schema, vec![Arc::new(x)]).unwrap();
+        let origin = Origin::Object {
+            url: Arc::from("file:///d.parquet"),
+            row_group: 0,
+        };
+        Batch::new(data, Lineage::new(origin, first, n as u64, epoch))
+    }
+
+    fn stage(noise: Noise) -> Augment {
+        Augment {
+            stage: StageRef {
+                index: 0,
+                kind: "gaussian_noise",
+                location: None,
+            },
+            noise,
+            columns: vec![(0, column_key(7, 0, "x"))],
+            schema: batch(1, 0, 0).data.schema(),
+        }
+    }
+
+    fn flat(b: &Batch) -> Vec<f32> {
+        let l = b.data.column(0).as_fixed_size_list();
+        let v = l.values().slice(l.offset() * 4, l.len() * 4);
+        v.as_primitive::<Float32Type>().values().to_vec()
+    }
+
+    #[test]
+    fn noise_depends_on_the_row_not_on_batching() {
+        let s = stage(Noise::Gaussian { std: 0.5 });
+        let whole = flat(&s.apply(batch(100, 0, 0)).unwrap());
+        let b = batch(100, 0, 0);
+        let mut split = flat(&s.apply(b.slice(0, 37)).unwrap());
+        split.extend(flat(&s.apply(b.slice(37, 63)).unwrap()));
+        assert_eq!(whole, split);
+        // Another epoch, another draw; the same epoch again, the same draw.
+        let again = flat(&s.apply(batch(100, 0, 0)).unwrap());
+        assert_eq!(whole, again);
+        let next_epoch = flat(&s.apply(batch(100, 0, 1)).unwrap());
+        assert_ne!(whole, next_epoch);
+    }
+
+    #[test]
+    fn gaussian_noise_has_the_requested_spread() {
+        let s = stage(Noise::Gaussian { std: 0.1 });
+        let input = batch(25_000, 0, 0);
+        let before = flat(&input);
+        let after = flat(&s.apply(input).unwrap());
+        let d: Vec<f64> = before
+            .iter()
+            .zip(&after)
+            .map(|(a, b)| (*b - *a) as f64)
+            .collect();
+        let n = d.len() as f64;
+        let mean = d.iter().sum::<f64>() / n;
+        let std = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+        assert!(mean.abs() < 0.003, "mean {mean}");
+        assert!((std - 0.1).abs() < 0.003, "std {std}");
+    }
+
+    #[test]
+    fn dropout_zeroes_about_p_and_scales_the_rest_exactly() {
+        let s = stage(Noise::Dropout {
+            p: 0.25,
+            scale: 1.0 / 0.75,
+        });
+        let input = batch(10_000, 5, 0);
+        let before = flat(&input);
+        let after = flat(&s.apply(input).unwrap());
+        let mut zeros = 0;
+        for (a, b) in before.iter().zip(&after) {
+            if *b == 0.0 && *a != 0.0 {
+                zeros += 1;
+            } else {
+                assert_eq!(*b, *a * (1.0f64 / 0.75) as f32);
+            }
+        }
+        let frac = zeros as f64 / before.len() as f64;
+        assert!((frac - 0.25).abs() < 0.01, "{frac}");
+    }
+}

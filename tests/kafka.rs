@@ -13,6 +13,24 @@ use common::{read_parquet, sluice};
 use futures::StreamExt;
 use sluice::pipeline::{Origin, Pipeline};
 
+/// Runs `sluice` in `dir` (bounded: a hang fails the test after 2 minutes).
+fn run_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    sluice()
+        .args(args)
+        .current_dir(dir)
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap()
+}
+
+fn assert_ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -101,17 +119,11 @@ fn json_topic_to_parquet_exactly_once_with_lineage() {
     );
     std::fs::write(dir.path().join("job.yaml"), &yaml).unwrap();
     let started = Instant::now();
-    let out = sluice()
-        .args(["run", "job.yaml", "--summary-json", "summary.json"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_in(
+        dir.path(),
+        &["run", "job.yaml", "--summary-json", "summary.json"],
     );
+    assert_ok(&out);
     eprintln!("sluice run: {n} records in {:?}", started.elapsed());
     let batches = read_parquet(&dir.path().join("out.parquet"));
     let mut got = ids(&batches);
@@ -185,34 +197,16 @@ fn kafka_to_kafka_arrow_ipc_round_trip_equals_input() {
         kafka::brokers()
     );
     std::fs::write(dir.path().join("publish.yaml"), &yaml).unwrap();
-    let out = sluice()
-        .args(["run", "publish.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_in(dir.path(), &["run", "publish.yaml"]);
+    assert_ok(&out);
     // Second leg: arrow_ipc with no declared schema (taken from the first message).
     let yaml = format!(
         "source:\n  type: kafka\n  brokers: {}\n  topic: {middle}\n  format: arrow_ipc\n  until: end\nsink:\n  type: parquet\n  path: back.parquet\n",
         kafka::brokers()
     );
     std::fs::write(dir.path().join("back.yaml"), &yaml).unwrap();
-    let out = sluice()
-        .args(["run", "back.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_in(dir.path(), &["run", "back.yaml"]);
+    assert_ok(&out);
     let batches = read_parquet(&dir.path().join("back.parquet"));
     let mut got = ids(&batches);
     assert_eq!(got.len() as i64, n);
@@ -255,17 +249,11 @@ fn malformed_json_goes_to_the_dead_letter_file_with_offsets() {
         json_source(&topic, "  dead_letter: {type: file, path: dlq}\n")
     );
     std::fs::write(dir.path().join("job.yaml"), &yaml).unwrap();
-    let out = sluice()
-        .args(["run", "job.yaml", "--summary-json", "summary.json"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_in(
+        dir.path(),
+        &["run", "job.yaml", "--summary-json", "summary.json"],
     );
+    assert_ok(&out);
     let mut got = ids(&read_parquet(&dir.path().join("out.parquet")));
     got.sort_unstable();
     good.sort_unstable();
@@ -342,17 +330,8 @@ fn truncated_ipc_goes_to_a_dead_letter_topic_and_the_budget_stops_the_run() {
         )
     };
     std::fs::write(dir.path().join("job.yaml"), job("")).unwrap();
-    let out = sluice()
-        .args(["run", "job.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_in(dir.path(), &["run", "job.yaml"]);
+    assert_ok(&out);
     let mut got = ids(&read_parquet(&dir.path().join("out.parquet")));
     got.sort_unstable();
     assert_eq!(got, good);
@@ -384,12 +363,7 @@ fn truncated_ipc_goes_to_a_dead_letter_topic_and_the_budget_stops_the_run() {
         job("  error_budget: {max_records: 3}\n").replace("out.parquet", "budget.parquet"),
     )
     .unwrap();
-    let out = sluice()
-        .args(["run", "budget.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
+    let out = run_in(dir.path(), &["run", "budget.yaml"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("error budget exceeded"), "{err}");
@@ -425,12 +399,7 @@ fn without_a_dead_letter_sink_the_first_bad_record_stops_the_run() {
         ),
     )
     .unwrap();
-    let out = sluice()
-        .args(["run", "job.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
+    let out = run_in(dir.path(), &["run", "job.yaml"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("kafka {topic}/0 offset 2")), "{err}");
@@ -450,12 +419,7 @@ fn unreachable_broker_and_unknown_topic_fail_fast_and_clearly() {
     )
     .unwrap();
     let started = Instant::now();
-    let out = sluice()
-        .args(["run", "down.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
+    let out = run_in(dir.path(), &["run", "down.yaml"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("127.0.0.1:9"), "{err}");
@@ -474,12 +438,7 @@ fn unreachable_broker_and_unknown_topic_fail_fast_and_clearly() {
         ),
     )
     .unwrap();
-    let out = sluice()
-        .args(["run", "missing.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
+    let out = run_in(dir.path(), &["run", "missing.yaml"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -497,12 +456,7 @@ fn unreachable_broker_and_unknown_topic_fail_fast_and_clearly() {
         ),
     )
     .unwrap();
-    let out = sluice()
-        .args(["run", "sink.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
+    let out = run_in(dir.path(), &["run", "sink.yaml"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no-such-sink-topic"), "{err}");
@@ -664,29 +618,15 @@ fn static_mode_killed_and_resumed_from_checkpoint_delivers_every_record_exactly_
 
     // Run 2 resumes (bounded now) and finishes.
     std::fs::write(dir.path().join("job.yaml"), job("  until: end\n")).unwrap();
-    let out = sluice()
-        .args(["run", "job.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap();
+    let out = run_in(dir.path(), &["run", "job.yaml"]);
     assert_eq!(
         out.status.code(),
         Some(1),
         "an existing checkpoint needs --resume"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("pass --resume"));
-    let out = sluice()
-        .args(["run", "job.yaml", "--resume"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_in(dir.path(), &["run", "job.yaml", "--resume"]);
+    assert_ok(&out);
     let mut all = part_ids(&dir.path().join("out"));
     eprintln!(
         "killed with {written_at_kill} rows in part files ({} covered by the checkpoint); after resume {}",
@@ -773,17 +713,8 @@ fn group_mode_killed_and_restarted_delivers_at_least_once_with_duplicates_only_p
     ));
 
     std::fs::write(dir.path().join("run2.yaml"), job("  until: end\n", "out2")).unwrap();
-    let out = sluice()
-        .args(["run", "run2.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_in(dir.path(), &["run", "run2.yaml"]);
+    assert_ok(&out);
     let second = part_ids(&dir.path().join("out2"));
     let mut all: Vec<i64> = first.iter().chain(second.iter()).copied().collect();
     all.sort_unstable();
@@ -885,10 +816,7 @@ fn broker_killed_and_restarted_mid_run_loses_nothing() {
 #[test]
 fn authentication_failure_is_reported_within_the_timeout_without_the_secret() {
     let dir = tempfile::tempdir().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = kafka::free_port();
     let url = format!("tcp://127.0.0.1:{port}");
     let mut broker = std::process::Command::new(kafka::tansu())
         .args([
@@ -916,12 +844,7 @@ fn authentication_failure_is_reported_within_the_timeout_without_the_secret() {
     )
     .unwrap();
     let started = Instant::now();
-    let out = sluice()
-        .args(["run", "job.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
+    let out = run_in(dir.path(), &["run", "job.yaml"]);
     broker.kill().unwrap();
     broker.wait().unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -1033,17 +956,8 @@ fn json_sink_publishes_one_keyed_message_per_row_and_duration_bounds_a_run() {
         ),
     )
     .unwrap();
-    let out = sluice()
-        .args(["run", "job.yaml"])
-        .current_dir(dir.path())
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_in(dir.path(), &["run", "job.yaml"]);
+    assert_ok(&out);
     let got = kafka::read_topic(&kafka::brokers(), &topic, 360, Duration::from_secs(30));
     let mut ids = BTreeSet::new();
     for r in &got {

@@ -203,6 +203,12 @@ pub fn json_record(id: i64) -> Vec<u8> {
 /// The schema of [`json_record`] as YAML.
 pub const JSON_SCHEMA: &str = r#"{id: int64, label: int64, x: "float32[4]"}"#;
 
+/// A loopback port nothing listens on (now).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
 /// A Tansu broker of the test's own, storing topics in an S3 bucket on the test S3 server, so
 /// that its data survives `kill -9`.
 pub struct DurableBroker {
@@ -214,10 +220,7 @@ pub struct DurableBroker {
 
 impl DurableBroker {
     pub fn start(bucket: String, log_dir: &std::path::Path) -> DurableBroker {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = free_port();
         let mut b = DurableBroker {
             port,
             bucket,

@@ -13,9 +13,9 @@ use arrow::ipc::CompressionType;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use sluice_pipeline::config::KafkaConnection;
 use sluice_pipeline::{Batch, CpuPool};
 
 use crate::config::{KafkaSinkConfig, KafkaSinkFormat};
@@ -45,9 +45,6 @@ fn sink_err(topic: &str, message: String) -> Error {
 
 impl KafkaSink {
     pub(crate) async fn new(c: &KafkaSinkConfig, cx: &SinkContext) -> Result<Self> {
-        let mut cfg = ClientConfig::new();
-        cfg.set("bootstrap.servers", c.brokers.0.join(","));
-        cfg.set("client.id", "sluice");
         use crate::config::KafkaCompression as K;
         // arrow_ipc compresses the IPC buffers (readers decompress column by column) and sends
         // the messages as they are; compressing twice only costs CPU. json compresses at the
@@ -65,30 +62,31 @@ impl KafkaSink {
                 ));
             }
         };
-        cfg.set(
-            "compression.type",
-            match (c.format, c.compression) {
-                (KafkaSinkFormat::ArrowIpc, _) | (_, K::None) => "none",
-                (_, K::Zstd) => "zstd",
-                (_, K::Lz4) => "lz4",
-                (_, K::Snappy) => "snappy",
-                (_, K::Gzip) => "gzip",
-            },
-        );
-        cfg.set(
-            "enable.idempotence",
-            if c.idempotent { "true" } else { "false" },
-        );
-        cfg.set("linger.ms", "5");
-        // Messages may carry a whole batch; leave room for headers.
-        cfg.set(
-            "message.max.bytes",
-            (c.max_message_bytes + 64 * 1024).to_string(),
-        );
-        cfg.set("message.timeout.ms", "120000");
-        for (k, v) in &c.properties.0 {
-            cfg.set(k, v);
-        }
+        let compression = match (c.format, c.compression) {
+            (KafkaSinkFormat::ArrowIpc, _) | (_, K::None) => "none",
+            (_, K::Zstd) => "zstd",
+            (_, K::Lz4) => "lz4",
+            (_, K::Snappy) => "snappy",
+            (_, K::Gzip) => "gzip",
+        };
+        let connection = KafkaConnection {
+            brokers: c.brokers.clone(),
+            properties: c.properties.clone(),
+        };
+        let cfg = connection.client_config(&[
+            ("compression.type", compression.to_string()),
+            (
+                "enable.idempotence",
+                if c.idempotent { "true" } else { "false" }.to_string(),
+            ),
+            ("linger.ms", "5".to_string()),
+            // Messages may carry a whole batch; leave room for headers.
+            (
+                "message.max.bytes",
+                (c.max_message_bytes + 64 * 1024).to_string(),
+            ),
+            ("message.timeout.ms", "120000".to_string()),
+        ]);
         let producer: FutureProducer = cfg.create().map_err(|e| {
             sink_err(
                 &c.topic,

@@ -25,6 +25,24 @@ pub struct KafkaConnection {
     pub properties: Properties,
 }
 
+impl KafkaConnection {
+    /// librdkafka settings in one order for every client Sluice makes: brokers and client id,
+    /// then Sluice's `defaults` for this client, then the user's `properties` (which override
+    /// them). Settings Sluice must enforce are set by the caller afterwards.
+    pub fn client_config(&self, defaults: &[(&str, String)]) -> rdkafka::ClientConfig {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", self.brokers.0.join(","));
+        c.set("client.id", "sluice");
+        for (k, v) in defaults {
+            c.set(*k, v);
+        }
+        for (k, v) in &self.properties.0 {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
 impl fmt::Debug for KafkaConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaConnection")

@@ -67,12 +67,9 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 fn origin_hash(o: &Origin) -> u64 {
     const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
     match o {
-        Origin::Object { url, row_group } => {
-            // The row position is counted from the start of the object: the row group does
-            // not enter the identity.
-            let _ = row_group;
-            fnv1a(url.as_bytes(), fnv1a(b"object", BASIS))
-        }
+        // The row position counts from the start of the object: the row group does not enter
+        // the identity.
+        Origin::Object { url, .. } => fnv1a(url.as_bytes(), fnv1a(b"object", BASIS)),
         Origin::Kafka { topic, partition } => fnv1a(
             &partition.to_le_bytes(),
             fnv1a(topic.as_bytes(), fnv1a(b"kafka", BASIS)),

@@ -13,7 +13,6 @@ use object_store::{ObjectStoreExt, PutPayload};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use super::client_config;
 use super::decode::BadRecord;
 use crate::config::{DeadLetterConfig, ErrorBudget, KafkaSourceConfig};
 use crate::error::{Error, Result};
@@ -76,12 +75,13 @@ impl DeadLetter {
                 for (key, v) in &k.properties.0 {
                     conn.properties.0.insert(key.clone(), v.clone());
                 }
-                let mut cfg = client_config(&conn);
-                cfg.set("message.timeout.ms", "30000");
-                let producer: FutureProducer = cfg.create().map_err(|e| Error::Kafka {
-                    brokers: conn.brokers.0.join(","),
-                    message: format!("cannot create the dead-letter producer: {e}"),
-                })?;
+                let producer: FutureProducer = conn
+                    .client_config(&[("message.timeout.ms", "30000".to_string())])
+                    .create()
+                    .map_err(|e| Error::Kafka {
+                        brokers: conn.brokers.0.join(","),
+                        message: format!("cannot create the dead-letter producer: {e}"),
+                    })?;
                 Ok(DeadLetter::Kafka {
                     producer,
                     topic: k.topic.clone(),

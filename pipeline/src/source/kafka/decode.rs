@@ -426,6 +426,20 @@ mod tests {
         c
     }
 
+    /// The `id` column (first) of every decoded batch, in order.
+    fn ids(out: &Decoded) -> Vec<i64> {
+        out.batches
+            .iter()
+            .flat_map(|b| {
+                b.data
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    }
+
     fn json_decoder() -> ChunkDecoder {
         ChunkDecoder {
             format: KafkaFormat::Json,
@@ -459,17 +473,7 @@ mod tests {
         ]);
         let out = d.decode(c);
         assert_eq!(out.records, 8);
-        let ids: Vec<i64> = out
-            .batches
-            .iter()
-            .flat_map(|b| {
-                b.data
-                    .column(0)
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .to_vec()
-            })
-            .collect();
+        let ids = ids(&out);
         assert_eq!(ids, vec![0, 2, 7]);
         let bad: Vec<i64> = {
             let mut v: Vec<i64> = out.bad.iter().map(|b| b.offset).collect();
@@ -492,7 +496,6 @@ mod tests {
             })
             .collect();
         assert_eq!(lineage, vec![0, 2, 7]);
-        let _ = Int64Array::from(vec![0]);
     }
 
     #[test]
@@ -507,17 +510,7 @@ mod tests {
             .collect();
         let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
         let out = d.decode(chunk(&refs));
-        let ids: Vec<i64> = out
-            .batches
-            .iter()
-            .flat_map(|b| {
-                b.data
-                    .column(0)
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .to_vec()
-            })
-            .collect();
+        let ids = ids(&out);
         assert_eq!(ids, (0..3000).step_by(3).collect::<Vec<i64>>());
         assert_eq!(out.bad.len(), 2000);
     }

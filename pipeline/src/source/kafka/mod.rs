@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
@@ -33,25 +32,13 @@ use tokio::sync::mpsc;
 use self::dead_letter::{Budget, DeadLetter, describe};
 use self::decode::{ChunkDecoder, RawChunk, RecordMeta, ipc_schema, raw_schema};
 use crate::config::{
-    Assignment, KafkaConnection, KafkaFormat, KafkaSourceConfig, RuntimeConfig, StartPosition,
-    Until,
+    Assignment, KafkaFormat, KafkaSourceConfig, RuntimeConfig, StartPosition, Until,
 };
 use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
 use crate::exec::metrics::PipelineMetrics;
 use crate::state::{Acknowledger, KafkaPositions, OffsetStore, Position, SourceState};
-
-/// The librdkafka settings for a connection: Sluice's defaults, then the user's properties.
-pub(crate) fn client_config(conn: &KafkaConnection) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", conn.brokers.0.join(","));
-    c.set("client.id", "sluice");
-    for (k, v) in &conn.properties.0 {
-        c.set(k, v);
-    }
-    c
-}
 
 /// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag.
 struct SourceContext {
@@ -236,11 +223,9 @@ impl KafkaSource {
 
     /// Consumes until the `until` bound (or forever), sending decoded batches to `tx`.
     pub(crate) async fn run(self, tx: Sender, pool: CpuPool, parallelism: usize) {
-        let metrics = self.metrics.clone();
         if let Err(e) = self.run_inner(&tx, pool, parallelism.max(1)).await {
             tx.send(Err(e)).await;
         }
-        drop(metrics);
     }
 
     async fn run_inner(self, tx: &Sender, pool: CpuPool, parallelism: usize) -> Result<()> {
@@ -492,12 +477,12 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
         );
     }
 
-    // Watermarks: needed for `until: end` and to resolve `earliest`/`latest` to numbers.
-    let mut low_high: HashMap<(u16, i32), (i64, i64)> = HashMap::new();
-    let need_marks = config.until == Some(Until::End);
-    if need_marks {
+    // `until: end`: each partition's end offset now. A lower bound only: brokers (Tansu) may
+    // report it short by the last batch, so the end is found by reaching it (partition EOF).
+    let mut ends = HashMap::new();
+    if config.until == Some(Until::End) {
         for &(t, p) in &mine {
-            let marks = consumer
+            let (_, high) = consumer
                 .fetch_watermarks(&topics[t as usize], p, timeout)
                 .map_err(|e| {
                     kafka_err(
@@ -510,12 +495,11 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
                         ),
                     )
                 })?;
-            low_high.insert((t, p), marks);
+            ends.insert((t, p), high);
         }
     }
 
     let mut assigned = Vec::new();
-    let mut ends = HashMap::new();
     if config.assignment == Assignment::Static {
         let ts_offsets = match config.start {
             StartPosition::Timestamp(ms) => {
@@ -549,16 +533,8 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
                     (StartPosition::Timestamp(_), None) => (Offset::End, 0),
                 },
             };
-            if let Some(&(low, high)) = low_high.get(&(t, p)) {
-                // A lower bound only: brokers (Tansu) may report it short by the last
-                // batch, so the end is found by reaching it (partition EOF).
-                let _ = low;
-                ends.insert((t, p), high);
-            }
             assigned.push((t, p, offset, skip));
         }
-    } else {
-        ends = low_high.iter().map(|(k, (_, h))| (*k, *h)).collect();
     }
     for &(t, p) in &mine {
         metrics
@@ -570,7 +546,7 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
     let schema: SchemaRef = match (config.format, &config.schema) {
         (KafkaFormat::Raw, _) => Arc::new(raw_schema()),
         (_, Some(spec)) => Arc::new(spec.to_arrow()),
-        (KafkaFormat::ArrowIpc, None) => peek_ipc_schema(&config, &topics, &assigned, &mine)?,
+        (KafkaFormat::ArrowIpc, None) => peek_ipc_schema(&config, &at, &topics, &assigned, &mine)?,
         (KafkaFormat::Json, None) => {
             return Err(Error::Internal(
                 "json without schema passed validation".into(),
@@ -597,31 +573,32 @@ fn create_consumer(
     metrics: Arc<PipelineMetrics>,
 ) -> Result<SourceConsumer> {
     let conn = config.connection();
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", conn.brokers.0.join(","));
-    c.set("client.id", "sluice");
-    // Bound what librdkafka prefetches (its default is 64 MiB per partition set).
-    c.set("queued.max.messages.kbytes", "16384");
-    c.set("statistics.interval.ms", "1000");
-    c.set(
-        "auto.offset.reset",
-        match config.start {
-            StartPosition::Latest => "latest",
-            _ => "earliest",
-        },
-    );
+    let mut defaults = vec![
+        // Bound what librdkafka prefetches (its default is 64 MiB per partition set).
+        ("queued.max.messages.kbytes", "16384".to_string()),
+        ("statistics.interval.ms", "1000".to_string()),
+        (
+            "auto.offset.reset",
+            match config.start {
+                StartPosition::Latest => "latest",
+                _ => "earliest",
+            }
+            .to_string(),
+        ),
+        // librdkafka wants a group id even to assign partitions by hand; static readers
+        // without one never commit, so a private id leaves no state on the broker.
+        (
+            "group.id",
+            config
+                .group_id
+                .clone()
+                .unwrap_or_else(|| format!("sluice-static-{}", std::process::id())),
+        ),
+    ];
     if config.until == Some(Until::End) {
-        c.set("enable.partition.eof", "true");
+        defaults.push(("enable.partition.eof", "true".to_string()));
     }
-    // librdkafka wants a group id even to assign partitions by hand; static readers without
-    // one never commit, so a private id leaves no state on the broker.
-    match &config.group_id {
-        Some(g) => c.set("group.id", g),
-        None => c.set("group.id", format!("sluice-static-{}", std::process::id())),
-    };
-    for (k, v) in &conn.properties.0 {
-        c.set(k, v);
-    }
+    let mut c = conn.client_config(&defaults);
     // Not overridable: offsets advance only when the consumer of the stream says so.
     c.set("enable.auto.offset.store", "false");
     match config.assignment {
@@ -643,6 +620,7 @@ fn create_consumer(
 /// Reads the schema of the first decodable message of the partitions this rank reads.
 fn peek_ipc_schema(
     config: &KafkaSourceConfig,
+    at: &str,
     topics: &[Arc<str>],
     assigned: &[(u16, i32, Offset, u64)],
     mine: &[(u16, i32)],
@@ -685,7 +663,7 @@ fn peek_ipc_schema(
         }
     }
     Err(Error::Source {
-        at: String::new(),
+        at: at.to_string(),
         message: format!(
             "`format: arrow_ipc` without `schema:`: no readable message arrived within {} to take the schema from{last}. Declare `schema:` in the source",
             humantime::format_duration(config.connect_timeout.0)

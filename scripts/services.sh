@@ -24,6 +24,25 @@ free_port() {
 
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# wait_ready NAME PORT PROBE...: runs PROBE until it succeeds (bounded: 30 s); fails with the
+# service's log if the service exits or never answers.
+wait_ready() {
+    local name="$1" port="$2"
+    shift 2
+    for _ in $(seq 1 300); do
+        if "$@" >/dev/null 2>&1; then
+            log "$name ready on 127.0.0.1:$port"
+            return
+        fi
+        if ! alive "$STATE/$name.pid"; then
+            log "$name exited; its log:"; cat "$STATE/$name.log" >&2; exit 1
+        fi
+        sleep 0.1
+    done
+    log "$name did not become ready within 30 s; its log:"; cat "$STATE/$name.log" >&2
+    exit 1
+}
+
 install_moto() {
     local venv="$STATE/venv-moto"
     if [[ -x "$venv/bin/moto_server" ]]; then return; fi
@@ -44,19 +63,7 @@ start_moto() {
     "$STATE/venv-moto/bin/moto_server" -H 127.0.0.1 -p "$port" >"$STATE/moto.log" 2>&1 &
     echo $! >"$STATE/moto.pid"
     echo "$port" >"$STATE/moto.port"
-    # Bounded readiness wait: 30 s.
-    for _ in $(seq 1 300); do
-        if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)" 2>/dev/null; then
-            log "moto ready on 127.0.0.1:$port"
-            return
-        fi
-        if ! alive "$STATE/moto.pid"; then
-            log "moto exited; its log:"; cat "$STATE/moto.log" >&2; exit 1
-        fi
-        sleep 0.1
-    done
-    log "moto did not become ready within 30 s; its log:"; cat "$STATE/moto.log" >&2
-    exit 1
+    wait_ready moto "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)"
 }
 
 install_tansu() {
@@ -88,19 +95,7 @@ start_tansu() {
         --storage-engine memory://tansu/ >"$STATE/tansu.log" 2>&1 &
     echo $! >"$STATE/tansu.pid"
     echo "$port" >"$STATE/tansu.port"
-    # Bounded readiness wait: 30 s.
-    for _ in $(seq 1 300); do
-        if "$STATE/bin/tansu" topic list --broker "tcp://127.0.0.1:$port" >/dev/null 2>&1; then
-            log "tansu ready on 127.0.0.1:$port"
-            return
-        fi
-        if ! alive "$STATE/tansu.pid"; then
-            log "tansu exited; its log:"; cat "$STATE/tansu.log" >&2; exit 1
-        fi
-        sleep 0.1
-    done
-    log "tansu did not become ready within 30 s; its log:"; cat "$STATE/tansu.log" >&2
-    exit 1
+    wait_ready tansu "$port" "$STATE/bin/tansu" topic list --broker "tcp://127.0.0.1:$port"
 }
 
 print_env() {

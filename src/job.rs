@@ -51,6 +51,9 @@ pub struct CheckpointConfig {
     /// How often the sink is flushed and the checkpoint written. Default: 5s.
     #[serde(default = "default_checkpoint_interval")]
     pub interval: HumanDuration,
+    /// Also checkpoint after every this many batches written (in addition to `interval`).
+    #[serde(default)]
+    pub every_batches: Option<u64>,
     /// Object-store options for `path`.
     #[serde(default)]
     pub storage: StorageConfig,
@@ -79,6 +82,7 @@ pub struct Checkpoint {
 struct CheckpointWriter {
     location: ObjectLocation,
     interval: Duration,
+    every_batches: Option<u64>,
     rows_before: u64,
 }
 
@@ -216,6 +220,7 @@ impl Job {
             checkpoint = Some(CheckpointWriter {
                 location,
                 interval: c.interval.0,
+                every_batches: c.every_batches,
                 rows_before,
             });
         }
@@ -353,6 +358,11 @@ impl PreparedJob {
         let mut next_commit = tokio::time::Instant::now() + every;
         let mut rows = 0u64;
         let mut uncommitted = false;
+        let every_batches = checkpoint
+            .as_ref()
+            .and_then(|c| c.every_batches)
+            .filter(|n| *n > 0);
+        let mut batches_since = 0u64;
         loop {
             let step = tokio::select! {
                 biased;
@@ -363,9 +373,14 @@ impl PreparedJob {
                     Some(Ok(batch)) => match sink.write(&batch).await {
                         Ok(()) => {
                             rows += batch.num_rows() as u64;
-                            acker.observe(&batch.lineage);
+                            acker.observe_batch(&batch);
                             uncommitted = true;
-                            Step::Wrote
+                            batches_since += 1;
+                            if every_batches.is_some_and(|n| batches_since >= n) {
+                                Step::Commit
+                            } else {
+                                Step::Wrote
+                            }
                         }
                         Err(e) => Step::Failed(e.into()),
                     },
@@ -377,6 +392,7 @@ impl PreparedJob {
                 Step::Wrote => {}
                 Step::Commit => {
                     next_commit = tokio::time::Instant::now() + every;
+                    batches_since = 0;
                     if uncommitted {
                         uncommitted = false;
                         if let Err(e) =

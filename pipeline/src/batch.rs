@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{Array, BooleanArray, RecordBatch};
+use serde::{Deserialize, Serialize};
 
 /// Where a run of rows came from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -210,6 +211,50 @@ impl fmt::Display for Lineage {
     }
 }
 
+/// A point in a Parquet pipeline's row stream from which a run can be continued exactly: the
+/// source restarts at `(epoch, unit, row)` (a batch boundary of the source), `skip` rows of
+/// the stream (counted after any `filter`) are passed over, and, past a `shuffle` stage,
+/// `shuffle` says which window was being emitted and how much of it.
+///
+/// Every batch of a Parquet pipeline carries the mark of its first row; the mark after a batch
+/// is [`Mark::advance`]d by its row count. That is what [`crate::state::SourceState`] stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    /// Epoch (0-based).
+    pub epoch: u64,
+    /// Index of the unit (a row group, or part of one) in this rank's plan for the epoch.
+    pub unit: u64,
+    /// Row within the unit where the source restarts.
+    pub row: u64,
+    /// Rows of the stream from that restart point to this position (before a shuffle: to the
+    /// start of the shuffle window).
+    #[serde(default)]
+    pub skip: u64,
+    /// Set past a `shuffle` stage: the window being emitted and the rows of it already out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<ShuffleMark>,
+}
+
+/// Position inside a shuffle stage's output (see [`Mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShuffleMark {
+    /// Window index within the epoch.
+    pub window: u64,
+    /// Rows of the window's (permuted) output before this position.
+    pub emitted: u64,
+}
+
+impl Mark {
+    /// The mark `rows` rows further along the stream.
+    pub fn advance(mut self, rows: u64) -> Mark {
+        match &mut self.shuffle {
+            Some(s) => s.emitted += rows,
+            None => self.skip += rows,
+        }
+        self
+    }
+}
+
 /// An Arrow record batch and the origin of each of its rows.
 #[derive(Debug, Clone)]
 pub struct Batch {
@@ -217,13 +262,37 @@ pub struct Batch {
     pub data: RecordBatch,
     /// Where each row came from; `lineage.num_rows() == data.num_rows()`.
     pub lineage: Lineage,
+    /// Resumable position of the first row (Parquet sources; `None` for Kafka, whose
+    /// positions come from lineage).
+    pub mark: Option<Mark>,
 }
 
 impl Batch {
     /// Pairs data with its lineage.
     pub fn new(data: RecordBatch, lineage: Lineage) -> Self {
         debug_assert_eq!(lineage.num_rows(), data.num_rows() as u64);
-        Batch { data, lineage }
+        Batch {
+            data,
+            lineage,
+            mark: None,
+        }
+    }
+
+    /// The same rows with new column data (a map stage's output): lineage and mark are kept.
+    pub fn with_data(self, data: RecordBatch) -> Self {
+        debug_assert_eq!(self.lineage.num_rows(), data.num_rows() as u64);
+        Batch { data, ..self }
+    }
+
+    /// Sets the mark of the first row.
+    pub fn with_mark(mut self, mark: Option<Mark>) -> Self {
+        self.mark = mark;
+        self
+    }
+
+    /// The mark just past this batch's last row.
+    pub fn end_mark(&self) -> Option<Mark> {
+        self.mark.map(|m| m.advance(self.num_rows() as u64))
     }
 
     /// Number of rows.
@@ -250,6 +319,7 @@ impl Batch {
         Batch {
             data: self.data.slice(offset, len),
             lineage: self.lineage.slice(offset as u64, len as u64),
+            mark: self.mark.map(|m| m.advance(offset as u64)),
         }
     }
 }

@@ -37,6 +37,10 @@ pub enum Error {
     #[error("{0}")]
     Config(#[from] ConfigErrors),
 
+    /// A checkpointed state does not fit this pipeline.
+    #[error("cannot resume: {0}")]
+    Resume(String),
+
     /// A config file could not be read.
     #[error("cannot read config file {path}: {source}")]
     ConfigFile {

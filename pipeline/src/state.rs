@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{Lineage, Origin};
+use crate::batch::{Batch, Lineage, Mark, Origin};
 
 /// Where to resume one Kafka partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -97,6 +97,11 @@ pub struct SourceState {
     /// Kafka partitions (static assignment resumes from here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka: Option<KafkaPositions>,
+    /// Where a Parquet pipeline continues: epoch, unit, row, rows to skip and, past a
+    /// shuffle, the window position. Shuffle windows and augmentation draws are pure
+    /// functions of the seed and row identity, so this is all that is needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parquet: Option<Mark>,
 }
 
 /// Stores offsets with a Kafka consumer group (set by a `group` source once it is open).
@@ -109,6 +114,7 @@ pub(crate) trait OffsetStore: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default)]
 pub struct Acknowledger {
     written: Mutex<KafkaPositions>,
+    mark: Mutex<Option<Mark>>,
     store: OnceLock<Arc<dyn OffsetStore>>,
 }
 
@@ -117,6 +123,7 @@ impl Acknowledger {
     pub fn new(resume: Option<&SourceState>) -> Self {
         Acknowledger {
             written: Mutex::new(resume.and_then(|s| s.kafka.clone()).unwrap_or_default()),
+            mark: Mutex::new(resume.and_then(|s| s.parquet)),
             store: OnceLock::new(),
         }
     }
@@ -132,12 +139,24 @@ impl Acknowledger {
         }
     }
 
+    /// Records that `batch` has been handed off: its Kafka rows (by lineage) and, for a
+    /// Parquet pipeline, the position just past it. Batches must be observed in stream order.
+    pub fn observe_batch(&self, batch: &Batch) {
+        self.observe(&batch.lineage);
+        if let Some(end) = batch.end_mark()
+            && let Ok(mut m) = self.mark.lock()
+        {
+            *m = Some(end);
+        }
+    }
+
     /// The positions just past everything observed so far: what a checkpoint records once
     /// those rows are durable.
     pub fn state(&self) -> SourceState {
         let positions = self.written.lock().map(|w| w.clone()).unwrap_or_default();
         SourceState {
             kafka: (!positions.0.is_empty()).then_some(positions),
+            parquet: self.mark.lock().ok().and_then(|m| *m),
         }
     }
 
@@ -222,6 +241,7 @@ mod tests {
         );
         let json = serde_json::to_string(&SourceState {
             kafka: Some(p.clone()),
+            parquet: None,
         })
         .unwrap();
         let back: SourceState = serde_json::from_str(&json).unwrap();

@@ -26,7 +26,8 @@ use tokio::task::JoinSet;
 use self::channel::{Receiver, Sender, channel};
 pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
 pub use self::pool::CpuPool;
-use crate::batch::Batch;
+use crate::batch::{Batch, Mark};
+use crate::collective::Collective;
 use crate::config::{ConfigDocument, ConfigErrors, PipelineConfig, SourceConfig, StageConfig};
 use crate::error::{Error, Result, StageRef};
 use crate::source::Source;
@@ -52,6 +53,7 @@ pub struct Pipeline {
     config: PipelineConfig,
     base_dir: PathBuf,
     resume: Option<SourceState>,
+    collective: Option<Arc<dyn Collective>>,
 }
 
 /// What a pipeline will do, found without reading data: files, and the schema after each
@@ -98,6 +100,7 @@ impl Pipeline {
                 config,
                 base_dir: doc.base_dir().to_path_buf(),
                 resume: None,
+                collective: None,
             }),
             _ => Err(Error::Config(ConfigErrors::sorted(errors))),
         }
@@ -109,14 +112,94 @@ impl Pipeline {
             config,
             base_dir: base_dir.into(),
             resume: None,
+            collective: None,
         }
     }
 
-    /// Continues from a checkpointed state (see [`Acknowledger::commit`]): a `static` Kafka
-    /// source starts each partition exactly where the state says.
+    /// Continues from a checkpointed state (see [`Acknowledger::commit`], or
+    /// [`BatchStream::snapshot`]): a `static` Kafka source starts each partition exactly where
+    /// the state says; a Parquet pipeline continues at the exact row, shuffle window included.
     pub fn resume_from(mut self, state: SourceState) -> Self {
         self.resume = Some(state);
         self
+    }
+
+    /// Runs this pipeline as one rank of `collective`: rank and world size come from it (not
+    /// from `runtime`), and a `shuffle` with `across_ranks` exchanges rows through it.
+    pub fn with_collective(mut self, collective: Arc<dyn Collective>) -> Self {
+        self.collective = Some(collective);
+        self
+    }
+
+    fn rank_and_world(&self) -> (usize, usize) {
+        match &self.collective {
+            Some(c) => (c.rank(), c.world_size()),
+            None => self.config.runtime.rank_and_world(),
+        }
+    }
+
+    /// Checks the order of stages for exact resume: filters before any `batch`/`shuffle`,
+    /// `shuffle` before `batch`, and a shuffle only over a Parquet source.
+    fn check_stage_order(&self) -> Result<()> {
+        let mut stateful: Option<StageRef> = None;
+        let mut dropping: Option<StageRef> = None;
+        for (i, s) in self.config.stages.iter().enumerate() {
+            let sref = self.stage_ref(i);
+            let drops = match &s.value {
+                StageConfig::Filter(_) => true,
+                StageConfig::Image(c) => c.on_error == crate::config::OnError::Skip,
+                _ => false,
+            };
+            if drops && dropping.is_none() {
+                dropping = Some(sref.clone());
+            }
+            let fail = |message: String| {
+                Err(Error::Stage {
+                    stage: sref.clone(),
+                    message,
+                })
+            };
+            match &s.value {
+                StageConfig::Filter(_) if stateful.is_some() => {
+                    return fail(format!(
+                        "a filter after {} would make row positions unreplayable; move it before",
+                        stateful.as_ref().map(|s| s.to_string()).unwrap_or_default()
+                    ));
+                }
+                StageConfig::Image(c)
+                    if c.on_error == crate::config::OnError::Skip && stateful.is_some() =>
+                {
+                    return fail(format!(
+                        "`on_error: skip` drops rows, which after {} would make row positions unreplayable; move this stage before it",
+                        stateful.as_ref().map(|s| s.to_string()).unwrap_or_default()
+                    ));
+                }
+                StageConfig::Shuffle(c) => {
+                    if c.across_ranks
+                        && let Some(d) = &dropping
+                    {
+                        return fail(format!(
+                            "`across_ranks` needs every rank's windows to hold the same number of rows, but {d} drops rows before it; move it after the shuffle (before `batch`), or shuffle per rank"
+                        ));
+                    }
+                    if let Some(prev) = &stateful {
+                        return fail(format!(
+                            "shuffle after {prev}: shuffle rows first, then batch them"
+                        ));
+                    }
+                    if let SourceConfig::Kafka(_) = &self.config.source.value {
+                        return fail("shuffle needs a Parquet source: a Kafka stream's positions cannot replay a shuffle window (not supported yet)".into());
+                    }
+                    if c.across_ranks && self.collective.is_none() && self.rank_and_world().1 > 1 {
+                        return fail("`across_ranks` needs a collective between the ranks: run it under `sluice train` or give the pipeline one (`Pipeline::with_collective`)".into());
+                    }
+                    stateful = Some(sref);
+                }
+                StageConfig::Batch(_) if stateful.is_none() => stateful = Some(sref),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// The configuration.
@@ -131,9 +214,9 @@ impl Pipeline {
     ) -> Result<Source> {
         let at = &self.config.source.location;
         match &self.config.source.value {
-            SourceConfig::Parquet(p) => Ok(Source::Parquet(
+            SourceConfig::Parquet(p) => Ok(Source::Parquet(Box::new(
                 ParquetSource::open(p, &self.base_dir, at).await?,
-            )),
+            ))),
             SourceConfig::Kafka(k) => Ok(Source::Kafka(Box::new(
                 KafkaSource::open(
                     k,
@@ -206,8 +289,24 @@ impl Pipeline {
         metrics: Arc<PipelineMetrics>,
         acker: Arc<Acknowledger>,
     ) -> Result<PreparedPipeline> {
+        self.check_stage_order()?;
         let pool = CpuPool::new(self.config.runtime.threads)?;
-        let source = self.open_source(metrics.clone(), acker.clone()).await?;
+        let mut source = self.open_source(metrics.clone(), acker.clone()).await?;
+        let resume_mark = self.resume.as_ref().and_then(|s| s.parquet);
+        let shuffle = self.config.stages.iter().find_map(|s| match &s.value {
+            StageConfig::Shuffle(c) => Some(c.clone()),
+            _ => None,
+        });
+        if resume_mark.is_some_and(|m| m.shuffle.is_some()) && shuffle.is_none() {
+            return Err(Error::Resume(
+                "the checkpoint was taken inside a shuffle stage, but this config has none; resume with the config that wrote it".into(),
+            ));
+        }
+        if let Source::Parquet(p) = &mut source {
+            let (rank, world) = self.rank_and_world();
+            let order = shuffle.as_ref().filter(|s| s.row_groups).map(|s| s.seed);
+            p.configure(order, rank, world, resume_mark);
+        }
         let mut schema = source.schema().clone();
         let mut slots: Vec<StageSlot> = Vec::new();
         let stage_metrics: Vec<Arc<StageMetrics>> = (0..self.config.stages.len())
@@ -252,6 +351,27 @@ impl Pipeline {
             });
             schema = out;
         }
+        if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
+            let epochs = match &self.config.source.value {
+                SourceConfig::Parquet(p) => p.epochs.max(1),
+                SourceConfig::Kafka(_) => 1,
+            };
+            let per_epoch = rows / epochs;
+            if (sh.buffer_rows as u64) * 100 < per_epoch {
+                let i = self
+                    .config
+                    .stages
+                    .iter()
+                    .position(|s| matches!(s.value, StageConfig::Shuffle(_)))
+                    .unwrap_or(0);
+                let warning = format!(
+                    "the shuffle window ({} rows) is under 1% of an epoch ({per_epoch} rows): rows move at most one window from where the (permuted) row groups put them; raise `buffer_rows` (spilling keeps memory at `max_memory`)",
+                    sh.buffer_rows
+                );
+                tracing::warn!("{}: {warning}", self.stage_ref(i));
+                stage_metrics[i].note(format!("warning: {warning}"));
+            }
+        }
         metrics.set_stages(stage_metrics);
         if let Some(rows) = source.total_rows() {
             metrics.source.rows_expected.store(rows, Ordering::Relaxed);
@@ -265,6 +385,8 @@ impl Pipeline {
             queue_bytes: self.config.runtime.queue_bytes.as_u64(),
             parallelism: self.config.runtime.parallelism,
             acker,
+            collective: self.collective.clone(),
+            resume: resume_mark,
         })
     }
 
@@ -275,10 +397,12 @@ impl Pipeline {
         let metrics = Arc::new(PipelineMetrics::default());
         let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
         let (m, a) = (metrics.clone(), acker.clone());
+        let delivered = Acknowledger::new(self.resume.as_ref());
         BatchStream {
             state: State::Preparing(async move { self.prepare_with(m, a).await }.boxed()),
             metrics,
             acker,
+            delivered,
         }
     }
 }
@@ -319,7 +443,7 @@ async fn compute_stats(
         })
         .collect();
     let prepared = PreparedPipeline {
-        source: Source::Parquet(source.single_epoch()),
+        source: Source::Parquet(Box::new(source.single_epoch())),
         slots: prefix,
         schema: schema.clone(),
         pool: pool.clone(),
@@ -327,6 +451,8 @@ async fn compute_stats(
         queue_bytes: runtime.runtime.queue_bytes.as_u64(),
         parallelism: runtime.runtime.parallelism,
         acker: Arc::new(Acknowledger::new(None)),
+        collective: None,
+        resume: None,
     };
     let mut indices = Vec::new();
     for name in &c.columns {
@@ -372,6 +498,9 @@ pub struct PreparedPipeline {
     queue_bytes: u64,
     parallelism: Option<usize>,
     acker: Arc<Acknowledger>,
+    collective: Option<Arc<dyn Collective>>,
+    /// Where a restored Parquet run continues (rows to skip, shuffle window).
+    resume: Option<Mark>,
 }
 
 impl std::fmt::Debug for StageSlot {
@@ -411,10 +540,12 @@ impl PreparedPipeline {
     pub fn stream(self) -> BatchStream {
         let metrics = self.metrics.clone();
         let acker = self.acker.clone();
+        let delivered = Acknowledger::new(Some(&acker.state()));
         BatchStream {
             state: State::Running(self.start()),
             metrics,
             acker,
+            delivered,
         }
     }
 
@@ -428,6 +559,8 @@ impl PreparedPipeline {
             queue_bytes,
             parallelism,
             acker: _,
+            collective,
+            resume,
         } = self;
         let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
         let mut tasks = JoinSet::new();
@@ -439,8 +572,23 @@ impl PreparedPipeline {
         let (tx, mut rx) = new_queue("source".into());
         tasks.spawn(source.run(tx, pool.clone(), metrics.clone(), parallelism));
         let stage_metrics = metrics.stages();
+        // A restored run passes over the rows it already delivered just before the first
+        // stage that cuts or reorders rows (or at the end).
+        let first_stateful = slots
+            .iter()
+            .position(|s| !matches!(s.built, BuiltStage::Map(_)))
+            .unwrap_or(slots.len());
+        let skip = resume.map(|m| m.skip).unwrap_or(0);
         let mut i = 0;
-        while i < slots.len() {
+        while i <= slots.len() {
+            if i == first_stateful && skip > 0 {
+                let (tx, next) = new_queue("resume".into());
+                tasks.spawn(skip_task(rx, tx, skip));
+                rx = next;
+            }
+            if i == slots.len() {
+                break;
+            }
             match &slots[i].built {
                 BuiltStage::Map(_) => {
                     let mut chain = Vec::new();
@@ -474,6 +622,25 @@ impl PreparedPipeline {
                     rx = next;
                     i += 1;
                 }
+                BuiltStage::Shuffle(spec) => {
+                    let shuffler = stage::shuffle::Shuffler::new(
+                        slots[i].stage.clone(),
+                        spec.clone(),
+                        collective.clone(),
+                        resume.filter(|m| m.shuffle.is_some()),
+                    );
+                    let (tx, next) = new_queue(format!("{}", slots[i].stage));
+                    tasks.spawn(shuffle_task(
+                        rx,
+                        tx,
+                        shuffler,
+                        pool.clone(),
+                        stage_metrics.get(i).cloned(),
+                        spec.across_ranks,
+                    ));
+                    rx = next;
+                    i += 1;
+                }
             }
         }
         Running {
@@ -494,6 +661,7 @@ impl BuiltStage {
                 size: *size,
                 drop_last: *drop_last,
             },
+            BuiltStage::Shuffle(s) => BuiltStage::Shuffle(s.clone()),
         }
     }
 }
@@ -632,6 +800,121 @@ async fn rebatch_task(
     }
 }
 
+/// Passes over the first `skip` rows (a restored run's rows already delivered).
+async fn skip_task(mut rx: Receiver, tx: Sender, mut skip: u64) {
+    while let Some(item) = rx.recv().await {
+        let item = match item {
+            Ok(b) if skip >= b.num_rows() as u64 => {
+                skip -= b.num_rows() as u64;
+                continue;
+            }
+            Ok(b) if skip > 0 => {
+                let k = skip as usize;
+                skip = 0;
+                Ok(b.slice(k, b.num_rows() - k))
+            }
+            other => other,
+        };
+        let failed = item.is_err();
+        if !tx.send(item).await || failed {
+            return;
+        }
+    }
+}
+
+async fn shuffle_task(
+    mut rx: Receiver,
+    tx: Sender,
+    shuffler: stage::shuffle::Shuffler,
+    pool: CpuPool,
+    metrics: Option<Arc<StageMetrics>>,
+    blocking: bool,
+) {
+    // Each step runs off the async workers: on the CPU pool, or, when it may wait for other
+    // ranks (a collective exchange), on a blocking thread.
+    async fn step<T: Send + 'static>(
+        pool: &CpuPool,
+        blocking: bool,
+        sh: stage::shuffle::Shuffler,
+        f: impl FnOnce(&mut stage::shuffle::Shuffler) -> Result<T> + Send + 'static,
+    ) -> Result<(stage::shuffle::Shuffler, T)> {
+        let work = move || {
+            let mut sh = sh;
+            let r = f(&mut sh);
+            r.map(|v| (sh, v))
+        };
+        if blocking {
+            tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| Error::Internal(format!("shuffle task failed: {e}")))?
+        } else {
+            pool.run(work).await?
+        }
+    }
+    let mut sh = Some(shuffler);
+    let mut finished = false;
+    loop {
+        // Emit everything available before taking more input.
+        loop {
+            let Some(s) = sh.take() else { return };
+            match step(&pool, blocking, s, |s| s.next_output()).await {
+                Ok((s, Some(b))) => {
+                    sh = Some(s);
+                    if let Some(m) = &metrics {
+                        m.rows_out.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        m.batches_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if !tx.send(Ok(b)).await {
+                        return;
+                    }
+                }
+                Ok((s, None)) => {
+                    sh = Some(s);
+                    break;
+                }
+                Err(e) => {
+                    tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+        if finished {
+            if let (Some(m), Some(s)) = (&metrics, &sh)
+                && s.stats.runs > 0
+            {
+                m.note(format!(
+                    "spilled {} run(s), {} of zstd Arrow IPC, over {} window(s)",
+                    s.stats.runs,
+                    bytesize::ByteSize::b(s.stats.bytes_written),
+                    s.stats.windows
+                ));
+            }
+            return;
+        }
+        let Some(s) = sh.take() else { return };
+        let result = match rx.recv().await {
+            Some(Ok(b)) => {
+                if let Some(m) = &metrics {
+                    m.rows_in.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                }
+                step(&pool, false, s, move |s| s.push(b)).await
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                finished = true;
+                step(&pool, blocking, s, |s| s.finish()).await
+            }
+        };
+        match result {
+            Ok((s, ())) => sh = Some(s),
+            Err(e) => {
+                tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
 struct Running {
     rx: Receiver,
     tasks: JoinSet<()>,
@@ -700,6 +983,8 @@ pub struct BatchStream {
     state: State,
     metrics: Arc<PipelineMetrics>,
     acker: Arc<Acknowledger>,
+    /// Positions just past every batch this stream has yielded.
+    delivered: Acknowledger,
 }
 
 impl std::fmt::Debug for BatchStream {
@@ -719,6 +1004,14 @@ impl BatchStream {
     pub fn acknowledger(&self) -> Arc<Acknowledger> {
         self.acker.clone()
     }
+
+    /// The state just past the last batch this stream yielded: small, serialisable (serde),
+    /// and enough for [`Pipeline::resume_from`] to continue with exactly the next batch —
+    /// shuffle window, augmentation draws and rank share included. (A sink that buffers
+    /// should checkpoint through [`BatchStream::acknowledger`] instead, after it flushed.)
+    pub fn snapshot(&self) -> SourceState {
+        self.delivered.state()
+    }
 }
 
 impl Stream for BatchStream {
@@ -735,7 +1028,13 @@ impl Stream for BatchStream {
                         return Poll::Ready(Some(Err(e)));
                     }
                 },
-                State::Running(r) => return r.poll_next(cx),
+                State::Running(r) => {
+                    let item = r.poll_next(cx);
+                    if let Poll::Ready(Some(Ok(b))) = &item {
+                        self.delivered.observe_batch(b);
+                    }
+                    return item;
+                }
                 State::Done => return Poll::Ready(None),
             }
         }

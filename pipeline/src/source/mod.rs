@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// An open source of either kind.
 #[derive(Debug)]
 pub(crate) enum Source {
-    Parquet(parquet::ParquetSource),
+    Parquet(Box<parquet::ParquetSource>),
     Kafka(Box<kafka::KafkaSource>),
 }
 
@@ -49,7 +49,7 @@ impl Source {
         parallelism: usize,
     ) {
         match self {
-            Source::Parquet(p) => p.run(tx, pool, metrics).await,
+            Source::Parquet(p) => (*p).run(tx, pool, metrics).await,
             Source::Kafka(k) => k.run(tx, pool, parallelism).await,
         }
     }

@@ -11,15 +11,17 @@ use std::sync::atomic::Ordering;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use super::reader::ObjectReader;
 
-use crate::batch::{Batch, Lineage, Origin};
-use crate::config::ParquetSourceConfig;
+use crate::batch::{Batch, Lineage, Mark, Origin};
+use crate::config::{ParquetSourceConfig, ShardPolicy};
 use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
@@ -114,6 +116,11 @@ pub(crate) struct ParquetSource {
     files: Arc<Files>,
     schema: SchemaRef,
     config: ParquetSourceConfig,
+    /// Seed of the per-epoch row-group permutation (set by a `shuffle` stage).
+    order: Option<u64>,
+    rank: usize,
+    world: usize,
+    resume: Option<Mark>,
 }
 
 async fn open_file(
@@ -246,6 +253,10 @@ impl ParquetSource {
             }),
             schema,
             config: config.clone(),
+            order: None,
+            rank: 0,
+            world: 1,
+            resume: None,
         })
     }
 
@@ -258,6 +269,7 @@ impl ParquetSource {
     pub(crate) fn single_epoch(&self) -> Self {
         let mut s = self.clone();
         s.config.epochs = 1;
+        s.configure(None, 0, 1, None);
         s
     }
 
@@ -271,91 +283,70 @@ impl ParquetSource {
         self.files.totals().map(|(n, _)| n)
     }
 
-    /// Rows produced over all epochs, once all files are open.
+    /// Rows this rank produces over all epochs, once all files are open (for several ranks,
+    /// only known ahead under `redistribute`).
     pub(crate) fn total_rows(&self) -> Option<u64> {
-        self.files.totals().map(|(_, r)| r * self.config.epochs)
+        let (_, rows) = self.files.totals()?;
+        let per_epoch = match (self.world, self.config.shard) {
+            (1, _) => rows,
+            (w, ShardPolicy::Redistribute) => rows / w as u64,
+            _ => return None,
+        };
+        Some(per_epoch * self.config.epochs)
     }
 
-    /// Reads every unit in order into `tx`. Stops at the first error (sent downstream) or when
-    /// the receiver is gone.
+    /// Reads this rank's units of every epoch in order into `tx`, from `self.resume` if set.
+    /// Stops at the first error (sent downstream) or when the receiver is gone.
     pub(crate) async fn run(self, tx: Sender, pool: CpuPool, metrics: Arc<PipelineMetrics>) {
         let epochs = self.config.epochs;
-        let files = self.files.clone();
-        let m = metrics.clone();
-        // (epoch, file index, row group) in order, opening files as they are reached.
-        struct Cursor {
-            epoch: u64,
-            index: usize,
-            rg: usize,
-            file: Option<Arc<ParquetFile>>,
-            done: bool,
-        }
-        let start = Cursor {
+        let start = self.resume.unwrap_or(Mark {
             epoch: 0,
-            index: 0,
-            rg: 0,
-            file: None,
-            done: epochs == 0,
-        };
-        let units = futures::stream::unfold(start, move |mut c| {
-            let (files, m) = (files.clone(), m.clone());
-            async move {
-                loop {
-                    if c.done {
-                        return None;
-                    }
-                    if let Some(f) = &c.file
-                        && c.rg < f.row_group_starts.len()
-                    {
-                        let unit = (c.epoch, f.clone(), c.rg);
-                        c.rg += 1;
-                        return Some((Ok(unit), c));
-                    }
-                    match files.get(c.index).await {
-                        Ok(Some(f)) => {
-                            if c.epoch == 0 {
-                                m.source.files.fetch_add(1, Ordering::Relaxed);
-                            }
-                            c.file = Some(f);
-                            c.rg = 0;
-                            c.index += 1;
-                        }
-                        Ok(None) => {
-                            if c.epoch == 0
-                                && let Some((_, rows)) = files.totals()
-                            {
-                                m.source
-                                    .rows_expected
-                                    .store(rows * epochs, Ordering::Relaxed);
-                            }
-                            c.epoch += 1;
-                            c.index = 0;
-                            c.file = None;
-                            if c.epoch >= epochs {
-                                c.done = true;
-                            }
-                        }
-                        Err(e) => {
-                            c.done = true;
-                            return Some((Err(e), c));
-                        }
-                    }
-                }
-            }
+            unit: 0,
+            row: 0,
+            skip: 0,
+            shuffle: None,
         });
-        let batch_rows = self.config.batch_rows;
-        let schema = self.schema.clone();
+        let this = Arc::new(self);
+        let (src, m) = (this.clone(), metrics.clone());
+        // (epoch, unit index, unit, first row) in order: one epoch's plan at a time.
+        let units = futures::stream::iter(start.epoch..epochs)
+            .map(move |epoch| {
+                src.clone()
+                    .epoch_units(epoch, m.clone())
+                    .enumerate()
+                    .filter_map(move |(i, u)| {
+                        let i = i as u64;
+                        let item = match u {
+                            Err(e) => Some(Err(e)),
+                            Ok(u) => {
+                                let first = if epoch == start.epoch && i <= start.unit {
+                                    (i == start.unit).then_some(start.row)
+                                } else {
+                                    Some(0)
+                                };
+                                first.filter(|f| *f < u.len).map(|f| Ok((epoch, i, u, f)))
+                            }
+                        };
+                        futures::future::ready(item)
+                    })
+            })
+            .flatten();
+        let batch_rows = this.config.batch_rows;
+        let schema = this.schema.clone();
         let mut decoded = units
             .map(|unit| {
                 let pool = pool.clone();
                 let schema = schema.clone();
                 let metrics = metrics.clone();
                 async move {
-                    let (epoch, file, rg) = unit?;
-                    read_row_group(&file, rg, epoch, batch_rows, &pool, &schema, &metrics).await
+                    let (epoch, index, unit, first) = unit?;
+                    read_unit(
+                        &unit, index, first, epoch, batch_rows, &pool, &schema, &metrics,
+                    )
+                    .await
                 }
             })
-            .buffered(self.config.prefetch)
+            .buffered(this.config.prefetch)
             .boxed();
         while let Some(result) = decoded.next().await {
             match result {
@@ -373,26 +364,226 @@ impl ParquetSource {
             }
         }
     }
+
+    /// This rank's units for `epoch`: every row group in listing order, permuted when
+    /// `order` is set, then split between ranks by the shard policy. Without either, files
+    /// are opened as reading reaches them (reading starts before a long listing ends).
+    fn epoch_units(
+        self: Arc<Self>,
+        epoch: u64,
+        metrics: Arc<PipelineMetrics>,
+    ) -> futures::stream::BoxStream<'static, Result<Unit>> {
+        if self.order.is_none() && self.world == 1 {
+            let files = self.files.clone();
+            let epochs = self.config.epochs;
+            return futures::stream::unfold(Some(0usize), move |index| {
+                let (files, metrics) = (files.clone(), metrics.clone());
+                async move {
+                    let i = index?;
+                    match files.get(i).await {
+                        Ok(Some(f)) => {
+                            if epoch == 0 {
+                                metrics.source.files.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Some((Ok(row_groups(&f)), Some(i + 1)))
+                        }
+                        Ok(None) => {
+                            if epoch == 0
+                                && let Some((_, rows)) = files.totals()
+                            {
+                                metrics
+                                    .source
+                                    .rows_expected
+                                    .store(rows * epochs, Ordering::Relaxed);
+                            }
+                            None
+                        }
+                        Err(e) => Some((Err(e), None)),
+                    }
+                }
+            })
+            .flat_map(|r| match r {
+                Ok(units) => futures::stream::iter(units.into_iter().map(Ok).collect::<Vec<_>>()),
+                Err(e) => futures::stream::iter(vec![Err(e)]),
+            })
+            .boxed();
+        }
+        async move {
+            let files = self.files.all().await?;
+            if epoch == 0 {
+                metrics
+                    .source
+                    .files
+                    .fetch_add(files.len() as u64, Ordering::Relaxed);
+            }
+            let mut all: Vec<Unit> = files.iter().flat_map(row_groups).collect();
+            if let Some(seed) = self.order {
+                use rand::seq::SliceRandom;
+                all.shuffle(&mut crate::stage::seeded_rng(seed, 0x726f_7767, epoch, 0));
+            }
+            let units = shard(all, self.rank, self.world, self.config.shard);
+            if epoch == 0 {
+                let rows: u64 = units.iter().map(|u| u.len).sum();
+                metrics
+                    .source
+                    .rows_expected
+                    .store(rows * self.config.epochs, Ordering::Relaxed);
+            }
+            Ok(units)
+        }
+        .into_stream()
+        .flat_map(|r: Result<Vec<Unit>>| match r {
+            Ok(units) => futures::stream::iter(units.into_iter().map(Ok).collect::<Vec<_>>()),
+            Err(e) => futures::stream::iter(vec![Err(e)]),
+        })
+        .boxed()
+    }
+
+    /// Sets the read order and share: row groups permuted per epoch with `order` (a seed),
+    /// this rank's share of `world`, and where to resume.
+    pub(crate) fn configure(
+        &mut self,
+        order: Option<u64>,
+        rank: usize,
+        world: usize,
+        resume: Option<Mark>,
+    ) {
+        self.order = order;
+        self.rank = rank;
+        self.world = world.max(1);
+        self.resume = resume;
+    }
 }
 
-async fn read_row_group(
-    file: &ParquetFile,
+/// Every row group of a file, whole.
+fn row_groups(f: &Arc<ParquetFile>) -> Vec<Unit> {
+    let meta = f.metadata.metadata();
+    (0..meta.num_row_groups())
+        .map(|rg| Unit {
+            file: f.clone(),
+            rg,
+            start: 0,
+            len: meta.row_group(rg).num_rows() as u64,
+        })
+        .collect()
+}
+
+/// Rows `start..start+len` of one row group: the unit of reading.
+#[derive(Debug, Clone)]
+pub(crate) struct Unit {
+    file: Arc<ParquetFile>,
     rg: usize,
+    start: u64,
+    len: u64,
+}
+
+impl Unit {
+    fn cut(&self, offset: u64, len: u64) -> Unit {
+        Unit {
+            file: self.file.clone(),
+            rg: self.rg,
+            start: self.start + offset,
+            len,
+        }
+    }
+}
+
+/// Rows `from..from+want` of the sequence `units`, as units.
+fn take_rows(units: &[Unit], mut from: u64, mut want: u64, out: &mut Vec<Unit>) {
+    for u in units {
+        if want == 0 {
+            break;
+        }
+        if from >= u.len {
+            from -= u.len;
+            continue;
+        }
+        let n = (u.len - from).min(want);
+        out.push(u.cut(from, n));
+        want -= n;
+        from = 0;
+    }
+}
+
+/// This rank's share of an epoch's units (see [`crate::config::ShardPolicy`]).
+pub(crate) fn shard(all: Vec<Unit>, rank: usize, world: usize, policy: ShardPolicy) -> Vec<Unit> {
+    if world <= 1 {
+        return all;
+    }
+    let total: u64 = all.iter().map(|u| u.len).sum();
+    let mut out = Vec::new();
+    match policy {
+        ShardPolicy::Redistribute => {
+            let q = total / world as u64;
+            take_rows(&all, q * rank as u64, q, &mut out);
+        }
+        ShardPolicy::DropLast | ShardPolicy::Pad => {
+            let mut counts = vec![0u64; world];
+            for (i, u) in all.iter().enumerate() {
+                counts[i % world] += u.len;
+            }
+            let own: Vec<Unit> = all
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % world == rank)
+                .map(|(_, u)| u.clone())
+                .collect();
+            let mine = counts[rank];
+            if policy == ShardPolicy::DropLast {
+                let min = counts.iter().copied().min().unwrap_or(0);
+                take_rows(&own, 0, min, &mut out);
+            } else {
+                let max = counts.iter().copied().max().unwrap_or(0);
+                out = own.clone();
+                // Repeat this rank's rows (or, if it has none, the epoch's) up to the largest share.
+                let pool = if mine > 0 { own } else { all };
+                let pool_rows: u64 = pool.iter().map(|u| u.len).sum();
+                let mut missing = max - mine;
+                while missing > 0 && pool_rows > 0 {
+                    let n = missing.min(pool_rows);
+                    take_rows(&pool, 0, n, &mut out);
+                    missing -= n;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_unit(
+    unit: &Unit,
+    index: u64,
+    first: u64,
     epoch: u64,
     batch_rows: usize,
     pool: &CpuPool,
     schema: &SchemaRef,
     metrics: &PipelineMetrics,
 ) -> Result<Vec<Batch>> {
+    let file = &unit.file;
+    let rg = unit.rg;
     let url = &file.object.location.url;
+    let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
+    let skip = unit.start + first;
+    let take = unit.len - first;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
-    let mut stream =
+    let mut builder =
         ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
             .with_projection(file.mask.clone())
             .with_row_groups(vec![rg])
-            .with_batch_size(batch_rows)
-            .build()
-            .map_err(|e| Error::parquet(url, Some(rg), e))?;
+            .with_batch_size(batch_rows);
+    if skip > 0 || take < rg_rows {
+        let mut sel = Vec::new();
+        if skip > 0 {
+            sel.push(RowSelector::skip(skip as usize));
+        }
+        sel.push(RowSelector::select(take as usize));
+        builder = builder.with_row_selection(RowSelection::from(sel));
+    }
+    let mut stream = builder
+        .build()
+        .map_err(|e| Error::parquet(url, Some(rg), e))?;
     let decoder = stream
         .next_row_group()
         .await
@@ -421,7 +612,8 @@ async fn read_row_group(
         url: url.clone(),
         row_group: rg as u32,
     };
-    let mut first = file.row_group_starts[rg];
+    let mut first_in_file = file.row_group_starts[rg] + skip;
+    let mut row = first;
     let mut out = Vec::with_capacity(record_batches.len());
     let mut bytes = 0u64;
     let mut rows = 0u64;
@@ -436,11 +628,28 @@ async fn read_row_group(
         let n = rb.num_rows() as u64;
         bytes += rb.get_array_memory_size() as u64;
         rows += n;
-        out.push(Batch::new(
-            rb,
-            Lineage::new(origin.clone(), first, n, epoch),
+        let mark = Mark {
+            epoch,
+            unit: index,
+            row,
+            skip: 0,
+            shuffle: None,
+        };
+        out.push(
+            Batch::new(rb, Lineage::new(origin.clone(), first_in_file, n, epoch))
+                .with_mark(Some(mark)),
+        );
+        first_in_file += n;
+        row += n;
+    }
+    if rows != take {
+        return Err(Error::parquet(
+            url,
+            Some(rg),
+            parquet::errors::ParquetError::General(format!(
+                "decoded {rows} rows where the footer promises {take}"
+            )),
         ));
-        first += n;
     }
     metrics.source.row_groups.fetch_add(1, Ordering::Relaxed);
     metrics.source.rows.fetch_add(rows, Ordering::Relaxed);

@@ -46,7 +46,7 @@ pub(crate) fn supported(t: &DataType) -> bool {
     }
 }
 
-fn splitmix64(mut x: u64) -> u64 {
+pub(crate) fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = x;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -249,7 +249,7 @@ impl super::Transform for Augment {
             context: self.stage.to_string(),
             source: e,
         })?;
-        Ok(Batch::new(data, batch.lineage))
+        Ok(batch.with_data(data))
     }
 }
 

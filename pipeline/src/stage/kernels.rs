@@ -135,7 +135,7 @@ impl super::Transform for Select {
             .collect();
         let data = RecordBatch::try_new(self.schema.clone(), columns)
             .map_err(|e| Error::Internal(e.to_string()))?;
-        Ok(Batch::new(data, batch.lineage))
+        Ok(batch.with_data(data))
     }
 }
 
@@ -218,7 +218,7 @@ impl super::Transform for Filter {
         let data =
             filter_record_batch(&batch.data, &mask).map_err(|e| arrow_err(&self.stage, e))?;
         let lineage = batch.lineage.filter(&mask);
-        Ok(Batch::new(data, lineage))
+        Ok(Batch::new(data, lineage).with_mark(batch.mark))
     }
 }
 

@@ -6,12 +6,15 @@ mod augment;
 mod expr;
 mod kernels;
 pub(crate) mod rebatch;
+pub(crate) mod shuffle;
 
 use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 
 use crate::batch::Batch;
 use crate::config::{Literal, StageConfig};
@@ -32,6 +35,22 @@ pub(crate) enum BuiltStage {
     Map(Arc<dyn Transform>),
     /// Re-batching to a fixed size.
     Rebatch { size: usize, drop_last: bool },
+    /// The shuffle window buffer (row-group order is the source's part).
+    Shuffle(shuffle::ShuffleSpec),
+}
+
+/// A ChaCha8 generator keyed by `(seed, domain, epoch, extra)`: the one way Sluice derives
+/// random streams (row-group order, shuffle windows), so results never depend on timing.
+pub(crate) fn seeded_rng(seed: u64, domain: u64, epoch: u64, extra: u64) -> ChaCha8Rng {
+    use augment::splitmix64 as mix;
+    let a = mix(seed ^ mix(domain));
+    let b = mix(a ^ mix(epoch.wrapping_add(0x0e0c)));
+    let c = mix(b ^ mix(extra.wrapping_add(0x7e57)));
+    let mut key = [0u8; 32];
+    for (i, v) in [a, b, c, mix(c)].iter().enumerate() {
+        key[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    ChaCha8Rng::from_seed(key)
 }
 
 /// Statistics computed for a `standardize` stage without given `mean`/`std`, per column.
@@ -328,6 +347,28 @@ pub(crate) fn build(
                 augment::Noise::Dropout { p: c.p, scale },
             )
         }
+        StageConfig::Shuffle(c) => {
+            if c.buffer_rows == 0 || c.batch_rows == 0 {
+                return Err(err(
+                    "`buffer_rows` and `batch_rows` must be at least 1".into()
+                ));
+            }
+            if c.max_memory.as_u64() == 0 {
+                return Err(err("`max_memory` must be more than 0".into()));
+            }
+            Ok((
+                BuiltStage::Shuffle(shuffle::ShuffleSpec {
+                    buffer_rows: c.buffer_rows,
+                    max_memory: c.max_memory.as_u64() as usize,
+                    spill_dir: c.spill_dir.as_ref().map(std::path::PathBuf::from),
+                    seed: c.seed,
+                    batch_rows: c.batch_rows,
+                    across_ranks: c.across_ranks,
+                }),
+                input.clone(),
+            ))
+        }
+        StageConfig::Image(_) | StageConfig::MaskTokens(_) => Err(err("not built yet".into())),
         StageConfig::Batch(c) => {
             if c.size == 0 {
                 return Err(err("`size` must be at least 1".into()));
@@ -382,7 +423,7 @@ pub(crate) fn with_columns(
         context: stage.to_string(),
         source: e,
     })?;
-    Ok(Batch::new(data, batch.lineage))
+    Ok(batch.with_data(data))
 }
 
 fn augment_stage(

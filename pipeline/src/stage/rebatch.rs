@@ -96,7 +96,7 @@ impl Rebatcher {
         for p in &pieces {
             lineage.extend(&p.lineage);
         }
-        Ok(Batch::new(data, lineage))
+        Ok(Batch::new(data, lineage).with_mark(pieces[0].mark))
     }
 }
 

@@ -1,0 +1,863 @@
+//! The `shuffle` stage's window buffer.
+//!
+//! Rows are collected into windows of `buffer_rows` consecutive rows (a window never spans
+//! epochs). A full window is permuted and emitted in batches of `batch_rows`:
+//!
+//! - **in memory** when the window's Arrow memory stays under `max_memory`: one Fisher–Yates
+//!   permutation of `(piece, row)` indices, rows gathered with `interleave` (one copy);
+//! - **spilled** otherwise: each time the held rows exceed the cap they are permuted and
+//!   written as a *run* (zstd Arrow IPC, in small chunks) to an unnamed temporary file; at the
+//!   end of the window the runs are merged by repeatedly drawing a run with probability
+//!   proportional to its remaining rows. A uniform interleaving of uniformly permuted runs is
+//!   a uniform permutation of the window, and reading needs one chunk per run in memory.
+//! - **across ranks** (`across_ranks`): the permuted window is cut into `world_size` nearly
+//!   equal parts; rank `r` sends part `(j + r) mod world_size` to rank `j` (so every rank
+//!   receives exactly as many rows as it sent when windows are equal), the parts travel as
+//!   zstd Arrow IPC through [`Collective::all_to_all_v`], and the received rows are permuted
+//!   again. Each exchange round starts with an `all_gather` of "still have data" flags, so a
+//!   rank whose epoch ended keeps answering (with nothing) until every rank's has: unequal
+//!   inputs cannot deadlock.
+//!
+//! Every permutation is drawn from ChaCha8 keyed by (seed, epoch, window, rank), so output
+//! depends on nothing but the input rows and the configuration, and a run resumed from a
+//! [`Mark`] (window start + rows already emitted) continues exactly.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, AsArray, RecordBatch, StringArray, StringDictionaryBuilder, UInt32Array, UInt64Array,
+};
+use arrow::compute::interleave_record_batch;
+use arrow::datatypes::{DataType, Field, Int32Type, Schema};
+use arrow::ipc::CompressionType;
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use rand::RngExt;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use crate::batch::{Batch, Lineage, LineageSpan, Mark, Origin, ShuffleMark};
+use crate::collective::Collective;
+use crate::error::{Error, Result, StageRef};
+
+/// Settings of a built shuffle stage.
+#[derive(Debug, Clone)]
+pub(crate) struct ShuffleSpec {
+    pub(crate) buffer_rows: usize,
+    pub(crate) max_memory: usize,
+    pub(crate) spill_dir: Option<PathBuf>,
+    pub(crate) seed: u64,
+    pub(crate) batch_rows: usize,
+    pub(crate) across_ranks: bool,
+}
+
+/// Counters a shuffle reports.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SpillStats {
+    pub(crate) runs: u64,
+    pub(crate) bytes_written: u64,
+    pub(crate) windows: u64,
+}
+
+/// One row's origin, compactly (for spilled and exchanged rows).
+#[derive(Debug, Clone, Copy)]
+struct RowOrigin {
+    origin: u32,
+    first: u64,
+    epoch: u64,
+}
+
+/// Interns origins so per-row lineage is three integers.
+#[derive(Debug, Default)]
+struct Origins {
+    list: Vec<Origin>,
+    index: HashMap<Origin, u32>,
+}
+
+impl Origins {
+    fn id(&mut self, o: &Origin) -> u32 {
+        if let Some(i) = self.index.get(o) {
+            return *i;
+        }
+        let i = self.list.len() as u32;
+        self.list.push(o.clone());
+        self.index.insert(o.clone(), i);
+        i
+    }
+
+    fn rows_of(&mut self, lineage: &Lineage, out: &mut Vec<RowOrigin>) {
+        for s in lineage.spans() {
+            let origin = self.id(&s.origin);
+            out.extend((0..s.len).map(|k| RowOrigin {
+                origin,
+                first: s.first + k,
+                epoch: s.epoch,
+            }));
+        }
+    }
+
+    fn lineage(&self, rows: impl Iterator<Item = RowOrigin>) -> Lineage {
+        let mut l = Lineage::default();
+        for r in rows {
+            l.push(LineageSpan {
+                origin: self.list[r.origin as usize].clone(),
+                first: r.first,
+                len: 1,
+                epoch: r.epoch,
+            });
+        }
+        l
+    }
+}
+
+/// A spilled, permuted run: a zstd IPC stream in an unnamed temporary file.
+struct Run {
+    rows: u64,
+    lineage: Vec<RowOrigin>,
+    reader: Option<StreamReader<BufReader<File>>>,
+    file: Option<File>,
+    chunk: Option<RecordBatch>,
+    chunk_pos: usize,
+    next_row: usize,
+}
+
+/// Output of one window, produced a batch at a time.
+enum Emitter {
+    Memory {
+        pieces: Vec<RecordBatch>,
+        lineage: Vec<Vec<RowOrigin>>,
+        order: Vec<(usize, usize)>,
+        pos: usize,
+    },
+    Spilled {
+        runs: Vec<Run>,
+        left: u64,
+        rng: Box<ChaCha8Rng>,
+    },
+}
+
+/// The window buffer. Give it input with `push` only when `next_output` has returned
+/// `None`; call `finish` at the end of input, then drain `next_output` again.
+pub(crate) struct Shuffler {
+    stage: StageRef,
+    spec: ShuffleSpec,
+    collective: Option<Arc<dyn Collective>>,
+    origins: Origins,
+    epoch: Option<u64>,
+    window: u64,
+    /// Mark of the current window's first row (pre-shuffle stream).
+    start: Option<Mark>,
+    /// Mark just past the last row taken in.
+    last_end: Option<Mark>,
+    pieces: Vec<Batch>,
+    /// Rows of the current window (held and spilled).
+    rows: usize,
+    /// Rows and Arrow bytes held in memory.
+    held_rows: usize,
+    bytes: usize,
+    runs: Vec<Run>,
+    /// Input not yet taken in (the rest of a batch that completed a window).
+    carry: Option<Batch>,
+    /// Output of the window being emitted, its mark, rows already emitted.
+    out: Option<(Emitter, Mark, u64)>,
+    /// Exchange rounds still owed at the end of an epoch (across ranks).
+    draining: bool,
+    /// The epoch that starts once the previous one's output is out.
+    next_epoch: Option<u64>,
+    /// Rows of the first output window to pass over (resuming).
+    resume_skip: u64,
+    pub(crate) stats: SpillStats,
+}
+
+impl std::fmt::Debug for Shuffler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Shuffler({})", self.stage)
+    }
+}
+
+fn err(stage: &StageRef, message: impl Into<String>) -> Error {
+    Error::Stage {
+        stage: stage.clone(),
+        message: message.into(),
+    }
+}
+
+fn arrow_err(stage: &StageRef, e: arrow::error::ArrowError) -> Error {
+    Error::Arrow {
+        context: stage.to_string(),
+        source: e,
+    }
+}
+
+fn io_err(stage: &StageRef, what: &str, e: std::io::Error) -> Error {
+    err(stage, format!("{what}: {e}"))
+}
+
+impl Shuffler {
+    /// A shuffler; `resume` is the mark a restored run continues from.
+    pub(crate) fn new(
+        stage: StageRef,
+        spec: ShuffleSpec,
+        collective: Option<Arc<dyn Collective>>,
+        resume: Option<Mark>,
+    ) -> Self {
+        let sm = resume.and_then(|m| m.shuffle);
+        Shuffler {
+            stage,
+            spec,
+            collective,
+            origins: Origins::default(),
+            epoch: resume.map(|m| m.epoch),
+            window: sm.map(|s| s.window).unwrap_or(0),
+            start: None,
+            last_end: resume.map(|m| Mark { shuffle: None, ..m }),
+            pieces: Vec::new(),
+            rows: 0,
+            held_rows: 0,
+            bytes: 0,
+            runs: Vec::new(),
+            carry: None,
+            out: None,
+            draining: false,
+            next_epoch: None,
+            resume_skip: sm.map(|s| s.emitted).unwrap_or(0),
+            stats: SpillStats::default(),
+        }
+    }
+
+    fn rank(&self) -> u64 {
+        self.collective
+            .as_ref()
+            .map(|c| c.rank() as u64)
+            .unwrap_or(0)
+    }
+
+    fn exchanging(&self) -> bool {
+        self.spec.across_ranks && self.collective.as_ref().is_some_and(|c| c.world_size() > 1)
+    }
+
+    fn rng(&self, epoch: u64, window: u64, part: u64) -> ChaCha8Rng {
+        super::seeded_rng(
+            self.spec.seed,
+            0x7368_7566,
+            epoch,
+            (window << 24) ^ (self.rank() << 12) ^ part,
+        )
+    }
+
+    /// Takes a batch of input. Call only when `next_output` has returned `None`.
+    pub(crate) fn push(&mut self, batch: Batch) -> Result<()> {
+        if self.carry.is_some() || self.out.is_some() {
+            return Err(Error::Internal(format!(
+                "{}: input pushed while output is pending",
+                self.stage
+            )));
+        }
+        if batch.num_rows() > 0 {
+            self.carry = Some(batch);
+        }
+        Ok(())
+    }
+
+    /// End of input: the last window, and the end of the last epoch.
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        self.end_epoch()
+    }
+
+    /// The next output batch, or `None` when more input is needed (or, after `finish`, at
+    /// the end).
+    pub(crate) fn next_output(&mut self) -> Result<Option<Batch>> {
+        loop {
+            if let Some((emitter, mark, emitted)) = &mut self.out {
+                let want = self.spec.batch_rows;
+                if let Some((data, rows)) = emitter.next(&self.stage, want, &self.origins)? {
+                    let n = data.num_rows() as u64;
+                    let b = Batch::new(data, self.origins.lineage(rows.into_iter())).with_mark(
+                        Some(Mark {
+                            shuffle: Some(ShuffleMark {
+                                window: self.window,
+                                emitted: *emitted,
+                            }),
+                            ..*mark
+                        }),
+                    );
+                    *emitted += n;
+                    return Ok(Some(b));
+                }
+                self.out = None;
+                self.window += 1;
+                self.stats.windows += 1;
+                continue;
+            }
+            if self.draining {
+                if !self.exchange_round(false)? {
+                    self.draining = false;
+                }
+                continue;
+            }
+            if let Some(e) = self.next_epoch.take() {
+                self.epoch = Some(e);
+                self.window = 0;
+            }
+            let Some(batch) = self.carry.take() else {
+                return Ok(None);
+            };
+            self.absorb(batch)?;
+        }
+    }
+
+    /// Takes rows of `batch` until the window is full or the epoch changes; the rest waits
+    /// in `carry`.
+    fn absorb(&mut self, mut batch: Batch) -> Result<()> {
+        let Some(mark) = batch.mark else {
+            return Err(err(
+                &self.stage,
+                "shuffle needs a Parquet source (a Kafka stream has no replayable position to resume a shuffle from)",
+            ));
+        };
+        if self.epoch.is_some_and(|e| e != mark.epoch) {
+            // Finish the epoch (its last window and exchanges) before the new one starts.
+            self.carry = Some(batch);
+            self.end_epoch()?;
+            self.next_epoch = Some(mark.epoch);
+            return Ok(());
+        }
+        self.epoch = Some(mark.epoch);
+        let room = self.spec.buffer_rows - self.rows;
+        let take = room.min(batch.num_rows());
+        if take < batch.num_rows() {
+            self.carry = Some(batch.slice(take, batch.num_rows() - take));
+            batch = batch.slice(0, take);
+        }
+        if self.rows == 0 {
+            self.start = batch.mark;
+        }
+        self.last_end = batch.end_mark();
+        self.rows += take;
+        self.held_rows += take;
+        self.bytes += batch.memory_size();
+        self.pieces.push(batch);
+        if self.bytes > self.spec.max_memory {
+            if self.exchanging() {
+                return Err(err(
+                    &self.stage,
+                    format!(
+                        "a window of {} rows needs more than `max_memory` ({} bytes); `across_ranks` exchanges windows in memory: raise `max_memory` or lower `buffer_rows`",
+                        self.spec.buffer_rows, self.spec.max_memory
+                    ),
+                ));
+            }
+            if self.rows < self.spec.buffer_rows {
+                self.spill()?;
+            }
+        }
+        if self.rows == self.spec.buffer_rows {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// The epoch (or input) ended: emit the partial window, then settle exchanges.
+    fn end_epoch(&mut self) -> Result<()> {
+        if self.rows > 0 {
+            self.flush()?;
+        }
+        if self.exchanging() {
+            self.draining = true;
+        }
+        Ok(())
+    }
+
+    fn window_rows(&mut self) -> (Vec<RecordBatch>, Vec<Vec<RowOrigin>>) {
+        let pieces = std::mem::take(&mut self.pieces);
+        self.held_rows = 0;
+        self.bytes = 0;
+        let mut lineage = Vec::with_capacity(pieces.len());
+        let mut data = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let mut rows = Vec::with_capacity(p.num_rows());
+            self.origins.rows_of(&p.lineage, &mut rows);
+            lineage.push(rows);
+            data.push(p.data);
+        }
+        (data, lineage)
+    }
+
+    /// Permutes the current window and starts emitting it.
+    fn flush(&mut self) -> Result<()> {
+        let epoch = self.epoch.unwrap_or(0);
+        let start = self.start.or(self.last_end).unwrap_or(Mark {
+            epoch,
+            unit: 0,
+            row: 0,
+            skip: 0,
+            shuffle: None,
+        });
+        if self.exchanging() {
+            self.exchange_round(true)?;
+            self.rows = 0;
+            return Ok(());
+        }
+        self.rows = 0;
+        let mut emitter = if self.runs.is_empty() {
+            let (pieces, lineage) = self.window_rows();
+            let mut order: Vec<(usize, usize)> = pieces
+                .iter()
+                .enumerate()
+                .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
+                .collect();
+            order.shuffle(&mut self.rng(epoch, self.window, 0));
+            Emitter::Memory {
+                pieces,
+                lineage,
+                order,
+                pos: 0,
+            }
+        } else {
+            if self.held_rows > 0 {
+                self.spill()?;
+            }
+            let runs = std::mem::take(&mut self.runs);
+            let left = runs.iter().map(|r| r.rows).sum();
+            Emitter::Spilled {
+                runs,
+                left,
+                rng: Box::new(self.rng(epoch, self.window, 1)),
+            }
+        };
+        let skipped = self.begin_output(&mut emitter)?;
+        self.out = Some((emitter, start, skipped));
+        Ok(())
+    }
+
+    /// Passes over the rows a resumed run already delivered (a mark may count past the end
+    /// of its window: the rest is passed over in the next ones). Returns the rows skipped.
+    fn begin_output(&mut self, emitter: &mut Emitter) -> Result<u64> {
+        let mut skipped = 0u64;
+        while self.resume_skip > 0 {
+            let n = self.resume_skip.min(65536) as usize;
+            let k = emitter.skip(&self.stage, n)?;
+            skipped += k as u64;
+            self.resume_skip -= k as u64;
+            if k < n {
+                break;
+            }
+        }
+        Ok(skipped)
+    }
+
+    /// Permutes the held rows and writes them to a temporary file as one run.
+    fn spill(&mut self) -> Result<()> {
+        let epoch = self.epoch.unwrap_or(0);
+        let bytes = self.bytes.max(1);
+        let rows = self.held_rows.max(1);
+        let (pieces, lineage) = self.window_rows();
+        let mut order: Vec<(usize, usize)> = pieces
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
+            .collect();
+        let part = 2 + self.runs.len() as u64;
+        order.shuffle(&mut self.rng(epoch, self.window, part));
+        // Chunks small enough that one per run fits in half the cap.
+        let bytes_per_row = (bytes / rows).max(1);
+        let runs_expected =
+            (self.spec.buffer_rows * bytes_per_row).div_ceil(self.spec.max_memory.max(1)) + 1;
+        let chunk_rows =
+            (self.spec.max_memory / 2 / runs_expected / bytes_per_row).clamp(16, 65536);
+        let file = match &self.spec.spill_dir {
+            Some(d) => tempfile::tempfile_in(d),
+            None => tempfile::tempfile(),
+        }
+        .map_err(|e| io_err(&self.stage, "creating a shuffle spill file", e))?;
+        let schema = pieces[0].schema();
+        let options = IpcWriteOptions::default()
+            .try_with_compression(Some(CompressionType::ZSTD))
+            .map_err(|e| arrow_err(&self.stage, e))?;
+        let mut writer = StreamWriter::try_new_with_options(BufWriter::new(file), &schema, options)
+            .map_err(|e| arrow_err(&self.stage, e))?;
+        let refs: Vec<&RecordBatch> = pieces.iter().collect();
+        let mut run_lineage = Vec::with_capacity(order.len());
+        for chunk in order.chunks(chunk_rows) {
+            let rb =
+                interleave_record_batch(&refs, chunk).map_err(|e| arrow_err(&self.stage, e))?;
+            writer.write(&rb).map_err(|e| arrow_err(&self.stage, e))?;
+            run_lineage.extend(chunk.iter().map(|(p, r)| lineage[*p][*r]));
+        }
+        writer.finish().map_err(|e| arrow_err(&self.stage, e))?;
+        let mut file = writer
+            .into_inner()
+            .map_err(|e| arrow_err(&self.stage, e))?
+            .into_inner()
+            .map_err(|e| io_err(&self.stage, "writing a shuffle spill file", e.into_error()))?;
+        let written = file
+            .stream_position()
+            .map_err(|e| io_err(&self.stage, "writing a shuffle spill file", e))?;
+        file.seek(SeekFrom::Start(0))
+            .map_err(|e| io_err(&self.stage, "rewinding a shuffle spill file", e))?;
+        self.stats.runs += 1;
+        self.stats.bytes_written += written;
+        self.runs.push(Run {
+            rows: run_lineage.len() as u64,
+            lineage: run_lineage,
+            reader: None,
+            file: Some(file),
+            chunk: None,
+            chunk_pos: 0,
+            next_row: 0,
+        });
+        Ok(())
+    }
+
+    /// One exchange round across ranks: everyone says whether it has a window; if anyone
+    /// has, all exchange (ranks without data send nothing) and the received rows become the
+    /// next output window. Returns false when no rank had data.
+    fn exchange_round(&mut self, have: bool) -> Result<bool> {
+        let Some(c) = self.collective.clone() else {
+            return Ok(false);
+        };
+        let stage = self.stage.clone();
+        let collective_err = |e: crate::collective::CollectiveError| {
+            err(&stage, format!("exchanging rows across ranks: {e}"))
+        };
+        // Everyone says whether it has rows and where it is; ranks must be at the same
+        // window (a resumed group restored from one consistent step).
+        let epoch_now = self.epoch.unwrap_or(0);
+        let mut hello = vec![have as u8];
+        hello.extend_from_slice(&epoch_now.to_le_bytes());
+        hello.extend_from_slice(&self.window.to_le_bytes());
+        let flags = c.all_gather(hello.clone()).map_err(collective_err)?;
+        if let Some((r, _)) = flags
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.get(1..) != hello.get(1..))
+        {
+            return Err(err(
+                &self.stage,
+                format!(
+                    "rank {} is at a different shuffle window than rank {} (epoch/window differ); the ranks were restored from checkpoints of different steps",
+                    r,
+                    c.rank()
+                ),
+            ));
+        }
+        if flags.iter().all(|f| f.first() != Some(&1)) {
+            return Ok(false);
+        }
+        let world = c.world_size();
+        let rank = c.rank();
+        let epoch = self.epoch.unwrap_or(0);
+        let start = if have { self.start } else { None }
+            .or(self.last_end)
+            .unwrap_or(Mark {
+                epoch,
+                unit: 0,
+                row: 0,
+                skip: 0,
+                shuffle: None,
+            });
+        let mut send = vec![Vec::new(); world];
+        if have {
+            let (pieces, lineage) = self.window_rows();
+            let mut order: Vec<(usize, usize)> = pieces
+                .iter()
+                .enumerate()
+                .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
+                .collect();
+            order.shuffle(&mut self.rng(epoch, self.window, 0));
+            let n = order.len();
+            let refs: Vec<&RecordBatch> = pieces.iter().collect();
+            let mut at = 0;
+            let mut parts = Vec::with_capacity(world);
+            for p in 0..world {
+                let len = n / world + usize::from(p < n % world);
+                parts.push(&order[at..at + len]);
+                at += len;
+            }
+            for (j, slot) in send.iter_mut().enumerate() {
+                let part = parts[(j + rank) % world];
+                if part.is_empty() {
+                    continue;
+                }
+                let rb =
+                    interleave_record_batch(&refs, part).map_err(|e| arrow_err(&self.stage, e))?;
+                let rows: Vec<RowOrigin> = part.iter().map(|(p, r)| lineage[*p][*r]).collect();
+                *slot = encode_part(&self.stage, &rb, &rows, &self.origins)?;
+            }
+        }
+        let received = c.all_to_all_v(send).map_err(collective_err)?;
+        let mut pieces = Vec::new();
+        let mut lineage = Vec::new();
+        for bytes in received.iter().filter(|b| !b.is_empty()) {
+            let (rb, rows) = decode_part(&self.stage, bytes, &mut self.origins)?;
+            pieces.push(rb);
+            lineage.push(rows);
+        }
+        let mut order: Vec<(usize, usize)> = pieces
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
+            .collect();
+        order.shuffle(&mut self.rng(epoch, self.window, 1));
+        let mut emitter = Emitter::Memory {
+            pieces,
+            lineage,
+            order,
+            pos: 0,
+        };
+        let skipped = self.begin_output(&mut emitter)?;
+        self.out = Some((emitter, start, skipped));
+        Ok(true)
+    }
+}
+
+const LINEAGE_COLUMNS: [&str; 4] = [
+    "__sluice_url",
+    "__sluice_row_group",
+    "__sluice_row",
+    "__sluice_epoch",
+];
+
+/// A part of a window for another rank: the rows plus their lineage as four extra columns,
+/// as one zstd Arrow IPC stream.
+fn encode_part(
+    stage: &StageRef,
+    rb: &RecordBatch,
+    rows: &[RowOrigin],
+    origins: &Origins,
+) -> Result<Vec<u8>> {
+    let mut urls = StringDictionaryBuilder::<Int32Type>::new();
+    let mut rgs = Vec::with_capacity(rows.len());
+    for r in rows {
+        match &origins.list[r.origin as usize] {
+            Origin::Object { url, row_group } => {
+                urls.append_value(url.as_ref());
+                rgs.push(*row_group);
+            }
+            other => {
+                return Err(err(
+                    stage,
+                    format!("rows from {other} cannot be exchanged (Parquet only)"),
+                ));
+            }
+        }
+    }
+    let mut fields: Vec<Field> = rb
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut columns: Vec<ArrayRef> = rb.columns().to_vec();
+    let extra: [(DataType, ArrayRef); 4] = [
+        (
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            Arc::new(urls.finish()),
+        ),
+        (DataType::UInt32, Arc::new(UInt32Array::from(rgs))),
+        (
+            DataType::UInt64,
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.first))),
+        ),
+        (
+            DataType::UInt64,
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.epoch))),
+        ),
+    ];
+    for (name, (t, a)) in LINEAGE_COLUMNS.iter().zip(extra) {
+        fields.push(Field::new(*name, t, false));
+        columns.push(a);
+    }
+    let full = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| arrow_err(stage, e))?;
+    let options = IpcWriteOptions::default()
+        .try_with_compression(Some(CompressionType::ZSTD))
+        .map_err(|e| arrow_err(stage, e))?;
+    let mut out = Vec::new();
+    let mut w = StreamWriter::try_new_with_options(&mut out, &full.schema(), options)
+        .map_err(|e| arrow_err(stage, e))?;
+    w.write(&full).map_err(|e| arrow_err(stage, e))?;
+    w.finish().map_err(|e| arrow_err(stage, e))?;
+    drop(w);
+    Ok(out)
+}
+
+fn decode_part(
+    stage: &StageRef,
+    bytes: &[u8],
+    origins: &mut Origins,
+) -> Result<(RecordBatch, Vec<RowOrigin>)> {
+    let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)
+        .map_err(|e| arrow_err(stage, e))?;
+    let mut batches = Vec::new();
+    for b in reader {
+        batches.push(b.map_err(|e| arrow_err(stage, e))?);
+    }
+    let full = match batches.len() {
+        1 => batches.pop().expect("one batch"),
+        _ => return Err(err(stage, "a received part is not exactly one batch")),
+    };
+    let n = full.num_columns() - LINEAGE_COLUMNS.len();
+    let urls = full.column(n).as_dictionary::<Int32Type>();
+    let url_values: &StringArray = urls.values().as_string::<i32>();
+    let rgs = full
+        .column(n + 1)
+        .as_primitive::<arrow::datatypes::UInt32Type>();
+    let firsts = full
+        .column(n + 2)
+        .as_primitive::<arrow::datatypes::UInt64Type>();
+    let epochs = full
+        .column(n + 3)
+        .as_primitive::<arrow::datatypes::UInt64Type>();
+    let mut rows = Vec::with_capacity(full.num_rows());
+    for i in 0..full.num_rows() {
+        let key = urls.keys().value(i) as usize;
+        let origin = origins.id(&Origin::Object {
+            url: Arc::from(url_values.value(key)),
+            row_group: rgs.value(i),
+        });
+        rows.push(RowOrigin {
+            origin,
+            first: firsts.value(i),
+            epoch: epochs.value(i),
+        });
+    }
+    let data = full
+        .project(&(0..n).collect::<Vec<_>>())
+        .map_err(|e| arrow_err(stage, e))?;
+    Ok((data, rows))
+}
+
+impl Run {
+    /// The chunk holding the next row, reading the next one from disk when needed.
+    fn current(&mut self, stage: &StageRef) -> Result<&RecordBatch> {
+        let exhausted = self
+            .chunk
+            .as_ref()
+            .is_none_or(|c| self.chunk_pos >= c.num_rows());
+        if exhausted {
+            if self.reader.is_none() {
+                let file = self
+                    .file
+                    .take()
+                    .ok_or_else(|| Error::Internal("spill run read twice".into()))?;
+                self.reader = Some(
+                    StreamReader::try_new(BufReader::new(file), None)
+                        .map_err(|e| arrow_err(stage, e))?,
+                );
+            }
+            let next = self
+                .reader
+                .as_mut()
+                .and_then(|r| r.next())
+                .ok_or_else(|| err(stage, "a shuffle spill file ended early"))?
+                .map_err(|e| arrow_err(stage, e))?;
+            self.chunk = Some(next);
+            self.chunk_pos = 0;
+        }
+        self.chunk
+            .as_ref()
+            .ok_or_else(|| Error::Internal("no chunk".into()))
+    }
+}
+
+impl Emitter {
+    /// Up to `want` rows: data and per-row origins; `None` when the window is exhausted.
+    fn next(
+        &mut self,
+        stage: &StageRef,
+        want: usize,
+        _origins: &Origins,
+    ) -> Result<Option<(RecordBatch, Vec<RowOrigin>)>> {
+        match self {
+            Emitter::Memory {
+                pieces,
+                lineage,
+                order,
+                pos,
+            } => {
+                if *pos >= order.len() {
+                    return Ok(None);
+                }
+                let end = (*pos + want).min(order.len());
+                let idx = &order[*pos..end];
+                *pos = end;
+                let refs: Vec<&RecordBatch> = pieces.iter().collect();
+                let rb = interleave_record_batch(&refs, idx).map_err(|e| arrow_err(stage, e))?;
+                let rows = idx.iter().map(|(p, r)| lineage[*p][*r]).collect();
+                Ok(Some((rb, rows)))
+            }
+            Emitter::Spilled { runs, left, rng } => {
+                if *left == 0 {
+                    return Ok(None);
+                }
+                let n = (want as u64).min(*left) as usize;
+                let mut srcs: Vec<RecordBatch> = Vec::new();
+                let mut src_of: Vec<Option<usize>> = vec![None; runs.len()];
+                let mut idx = Vec::with_capacity(n);
+                let mut rows = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let k = pick_run(runs, *left, rng);
+                    let run = &mut runs[k];
+                    let reload = run
+                        .chunk
+                        .as_ref()
+                        .is_none_or(|c| run.chunk_pos >= c.num_rows());
+                    if reload || src_of[k].is_none() {
+                        srcs.push(run.current(stage)?.clone());
+                        src_of[k] = Some(srcs.len() - 1);
+                    }
+                    idx.push((src_of[k].unwrap_or(0), run.chunk_pos));
+                    rows.push(run.lineage[run.next_row]);
+                    run.chunk_pos += 1;
+                    run.next_row += 1;
+                    run.rows -= 1;
+                    *left -= 1;
+                }
+                let refs: Vec<&RecordBatch> = srcs.iter().collect();
+                let rb = interleave_record_batch(&refs, &idx).map_err(|e| arrow_err(stage, e))?;
+                Ok(Some((rb, rows)))
+            }
+        }
+    }
+
+    /// Passes over up to `n` rows; returns how many were passed over.
+    fn skip(&mut self, stage: &StageRef, n: usize) -> Result<usize> {
+        match self {
+            Emitter::Memory { order, pos, .. } => {
+                let k = n.min(order.len() - *pos);
+                *pos += k;
+                Ok(k)
+            }
+            Emitter::Spilled { runs, left, rng } => {
+                let k = (n as u64).min(*left) as usize;
+                for _ in 0..k {
+                    let i = pick_run(runs, *left, rng);
+                    let run = &mut runs[i];
+                    run.current(stage)?;
+                    run.chunk_pos += 1;
+                    run.next_row += 1;
+                    run.rows -= 1;
+                    *left -= 1;
+                }
+                Ok(k)
+            }
+        }
+    }
+}
+
+/// A run, with probability proportional to its remaining rows.
+fn pick_run(runs: &[Run], left: u64, rng: &mut ChaCha8Rng) -> usize {
+    let mut x = rng.random_range(0..left);
+    for (i, r) in runs.iter().enumerate() {
+        if x < r.rows {
+            return i;
+        }
+        x -= r.rows;
+    }
+    runs.len() - 1
+}

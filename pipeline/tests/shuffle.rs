@@ -8,8 +8,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{AsArray, Float32Array, Int64Array, RecordBatch};
-use arrow::datatypes::{Float32Type, Int64Type};
+use arrow::array::{
+    AsArray, FixedSizeBinaryArray, Float32Array, Int64Array, ListArray, RecordBatch,
+};
+use arrow::datatypes::{Float32Type, Int32Type, Int64Type};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -31,9 +33,25 @@ fn write_dataset(dir: &Path, groups: &[Vec<usize>]) -> u64 {
             let ids: Vec<i64> = (id..id + n as i64).collect();
             let xs: Vec<f32> = ids.iter().map(|v| *v as f32 * 0.5).collect();
             id += n as i64;
+            // A 2×2×3 image and a token sequence per row, derived from the id.
+            let imgs = FixedSizeBinaryArray::try_from_iter(ids.iter().map(|v| {
+                (0..12)
+                    .map(|k| (*v as u8).wrapping_mul(7).wrapping_add(k))
+                    .collect::<Vec<u8>>()
+            }))
+            .unwrap();
+            let toks = ListArray::from_iter_primitive::<Int32Type, _, _>(ids.iter().map(|v| {
+                Some(
+                    (0..(v % 5 + 1) as i32)
+                        .map(|t| Some(t + 1))
+                        .collect::<Vec<_>>(),
+                )
+            }));
             let rb = RecordBatch::try_from_iter([
                 ("id", Arc::new(Int64Array::from(ids)) as _),
                 ("x", Arc::new(Float32Array::from(xs)) as _),
+                ("img", Arc::new(imgs) as _),
+                ("tok", Arc::new(toks) as _),
             ])
             .unwrap();
             let w = writer.get_or_insert_with(|| {
@@ -96,8 +114,11 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
          stages:\n\
          {filter}\
          - {{type: gaussian_noise, columns: [x], std: 1.0, seed: 9}}\n\
+         - {{type: image, column: img, output: pix, shape: [2, 2, 3], seed: 5, ops: [{{random_crop: {{size: [2, 2], padding: 1}}}}, {{horizontal_flip: {{}}}}, {{color_jitter: {{brightness: 0.3, contrast: 0.3, saturation: 0.3}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
          - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
          - {{type: feature_dropout, columns: [x], p: 0.3, seed: 2}}\n\
+         - {{type: mask_tokens, column: tok, p: 0.3, mask_token: 0, seed: 4}}\n\
+         - {{type: image, column: img, output: img2, shape: [2, 2, 3], ops: [{{random_resized_crop: {{size: [3, 3]}}}}, {{vertical_flip: {{p: 0.5}}}}]}}\n\
          - {{type: batch, size: {}}}\n\
          runtime: {{threads: {threads}, parallelism: {threads}, queue_bytes: 4 KiB{extra_runtime}}}\n",
         dir.display(),

@@ -4,9 +4,11 @@
 
 mod augment;
 mod expr;
+pub(crate) mod image;
 mod kernels;
 pub(crate) mod rebatch;
 pub(crate) mod shuffle;
+mod tokens;
 
 use std::fmt;
 use std::sync::Arc;
@@ -368,7 +370,14 @@ pub(crate) fn build(
                 input.clone(),
             ))
         }
-        StageConfig::Image(_) | StageConfig::MaskTokens(_) => Err(err("not built yet".into())),
+        StageConfig::Image(c) => {
+            let (built, schema) = image::build(stage, c, input)?;
+            Ok((BuiltStage::Map(Arc::new(built)), schema))
+        }
+        StageConfig::MaskTokens(c) => {
+            let (built, schema) = tokens::build(stage, c, input)?;
+            Ok((BuiltStage::Map(Arc::new(built)), schema))
+        }
         StageConfig::Batch(c) => {
             if c.size == 0 {
                 return Err(err("`size` must be at least 1".into()));

@@ -1,0 +1,943 @@
+//! The `image` stage: decode (raw HWC `uint8`, PNG, JPEG), seeded augmentation, and output
+//! as `fixed_size_list<float32>` in CHW order.
+//!
+//! Per row, every random draw comes from ChaCha8 keyed by (seed, stage, column) on the stream
+//! of the row's identity (lineage + epoch; see [`super::augment::row_ids`]), in op order:
+//! `random_crop` draws top then left; `random_resized_crop` draws up to 10 (area, log-ratio,
+//! top, left) attempts like torchvision, falling back to the whole image centre-cropped to
+//! the ratio range; a flip draws one number; `color_jitter` draws brightness, contrast,
+//! saturation (in that fixed order, each only when enabled).
+//!
+//! Geometry is applied while sampling from the decoded pixels into a per-row float scratch
+//! buffer (reused across rows), colour ops work on that buffer, and the final pass writes
+//! normalized CHW values straight into the output array.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch,
+};
+use arrow::buffer::ScalarBuffer;
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::{DataType, Field, SchemaRef};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::Transform;
+use super::augment::row_ids;
+use crate::batch::Batch;
+use crate::config::{ImageConfig, ImageFormat, ImageOp, OnError};
+use crate::error::{Error, Result, StageRef};
+
+/// A built `image` stage.
+#[derive(Debug)]
+pub(crate) struct ImageStage {
+    stage: StageRef,
+    input: usize,
+    output: usize,
+    /// Replace the input column (else append).
+    replace: bool,
+    format: ImageFormat,
+    shape: [usize; 3],
+    out_hw: [usize; 2],
+    ops: Vec<ImageOp>,
+    key: [u8; 32],
+    on_error: OnError,
+    schema: SchemaRef,
+    /// Per channel: `v * scale + bias` maps a 0–255 value to its normalized output.
+    scale: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// Checks the config against the input schema; returns the stage and its output schema.
+pub(crate) fn build(
+    stage: &StageRef,
+    c: &ImageConfig,
+    input: &SchemaRef,
+) -> Result<(ImageStage, SchemaRef)> {
+    let err = |message: String| Error::Stage {
+        stage: stage.clone(),
+        message,
+    };
+    let i = super::column_index(stage, input, &c.column)?;
+    let t = input.field(i).data_type();
+    if !matches!(
+        t,
+        DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
+    ) {
+        return Err(err(format!(
+            "column `{}` is {t}; image needs binary or fixed_size_binary bytes",
+            c.column
+        )));
+    }
+    let [h, w, ch] = c.shape;
+    if h == 0 || w == 0 || !(ch == 1 || ch == 3) {
+        return Err(err(format!(
+            "`shape` is [height, width, channels] with channels 1 or 3, not {:?}",
+            c.shape
+        )));
+    }
+    if let (DataType::FixedSizeBinary(n), ImageFormat::Raw) = (t, c.format)
+        && *n as usize != h * w * ch
+    {
+        return Err(err(format!(
+            "column `{}` holds {n} bytes per row but shape {:?} needs {}",
+            c.column,
+            c.shape,
+            h * w * ch
+        )));
+    }
+    let mut out_hw = [h, w];
+    let mut crops = 0;
+    let mut scale = vec![1.0f32 / 255.0; ch];
+    let mut bias = vec![0.0f32; ch];
+    for op in &c.ops {
+        match op {
+            ImageOp::RandomCrop { size, padding } => {
+                crops += 1;
+                if size[0] == 0 || size[1] == 0 {
+                    return Err(err("random_crop: `size` must be positive".into()));
+                }
+                if size[0] > h + 2 * padding || size[1] > w + 2 * padding {
+                    return Err(err(format!(
+                        "random_crop: size {size:?} is larger than the padded image ({}×{})",
+                        h + 2 * padding,
+                        w + 2 * padding
+                    )));
+                }
+                out_hw = *size;
+            }
+            ImageOp::RandomResizedCrop { size, scale, ratio } => {
+                crops += 1;
+                if size[0] == 0 || size[1] == 0 {
+                    return Err(err("random_resized_crop: `size` must be positive".into()));
+                }
+                if !(0.0 < scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                    return Err(err(format!(
+                        "random_resized_crop: `scale` must satisfy 0 < min ≤ max ≤ 1, not {scale:?}"
+                    )));
+                }
+                if !(0.0 < ratio[0] && ratio[0] <= ratio[1]) {
+                    return Err(err(format!(
+                        "random_resized_crop: `ratio` must satisfy 0 < min ≤ max, not {ratio:?}"
+                    )));
+                }
+                out_hw = *size;
+            }
+            ImageOp::HorizontalFlip { p } | ImageOp::VerticalFlip { p } => {
+                if !(0.0..=1.0).contains(p) {
+                    return Err(err(format!("flip: `p` must be in [0, 1], not {p}")));
+                }
+            }
+            ImageOp::ColorJitter {
+                brightness,
+                contrast,
+                saturation,
+            } => {
+                for (name, v) in [
+                    ("brightness", brightness),
+                    ("contrast", contrast),
+                    ("saturation", saturation),
+                ] {
+                    if !(0.0..1.0).contains(v) {
+                        return Err(err(format!(
+                            "color_jitter: `{name}` must be in [0, 1), not {v}"
+                        )));
+                    }
+                }
+                if *saturation > 0.0 && ch != 3 {
+                    return Err(err("color_jitter: `saturation` needs 3 channels".into()));
+                }
+            }
+            ImageOp::Normalize { mean, std } => {
+                if mean.len() != ch || std.len() != ch {
+                    return Err(err(format!(
+                        "normalize: give one `mean` and one `std` per channel ({ch})"
+                    )));
+                }
+                if std.iter().any(|s| !(*s > 0.0 && s.is_finite())) {
+                    return Err(err("normalize: every `std` must be positive".into()));
+                }
+                for k in 0..ch {
+                    scale[k] = (1.0 / (255.0 * std[k])) as f32;
+                    bias[k] = (-mean[k] / std[k]) as f32;
+                }
+            }
+        }
+    }
+    if crops > 1 {
+        return Err(err(
+            "at most one crop (random_crop or random_resized_crop)".into()
+        ));
+    }
+    let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
+    let out_type = DataType::FixedSizeList(
+        Arc::new(Field::new_list_field(DataType::Float32, false)),
+        (ch * out_hw[0] * out_hw[1]) as i32,
+    );
+    let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let (output, replace) = if out_name == c.column {
+        fields[i] = Field::new(&out_name, out_type, false);
+        (i, true)
+    } else {
+        if input.index_of(&out_name).is_ok() {
+            return Err(err(format!("output column `{out_name}` already exists")));
+        }
+        fields.push(Field::new(&out_name, out_type, false));
+        (fields.len() - 1, false)
+    };
+    let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+    Ok((
+        ImageStage {
+            stage: stage.clone(),
+            input: i,
+            output,
+            replace,
+            format: c.format,
+            shape: c.shape,
+            out_hw,
+            ops: c.ops.clone(),
+            key: super::augment::column_key(c.seed, stage.index, &c.column),
+            on_error: c.on_error,
+            schema: schema.clone(),
+            scale,
+            bias,
+        },
+        schema,
+    ))
+}
+
+/// Where output pixels come from: a crop window of the (zero-padded) source, resized.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Geometry {
+    /// Top-left of the window in source coordinates (may be negative: padding).
+    pub top: f64,
+    pub left: f64,
+    /// Window size in source pixels.
+    pub height: f64,
+    pub width: f64,
+    pub flip_h: bool,
+    pub flip_v: bool,
+    /// Integer window without resizing (exact pixel copy).
+    pub exact: bool,
+}
+
+/// Colour factors (1.0 = unchanged).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Colour {
+    pub brightness: f32,
+    pub contrast: f32,
+    pub saturation: f32,
+}
+
+impl ImageStage {
+    /// Draws the geometry and colour of one row from its stream.
+    pub(crate) fn draw(&self, rng: &mut ChaCha8Rng, h: usize, w: usize) -> (Geometry, Colour) {
+        let mut g = Geometry {
+            top: 0.0,
+            left: 0.0,
+            height: h as f64,
+            width: w as f64,
+            flip_h: false,
+            flip_v: false,
+            exact: true,
+        };
+        let mut col = Colour {
+            brightness: 1.0,
+            contrast: 1.0,
+            saturation: 1.0,
+        };
+        let factor = |rng: &mut ChaCha8Rng, x: f64| -> f32 {
+            if x > 0.0 {
+                rng.random_range(1.0 - x..=1.0 + x) as f32
+            } else {
+                1.0
+            }
+        };
+        for op in &self.ops {
+            match op {
+                ImageOp::RandomCrop { size, padding } => {
+                    let p = *padding as i64;
+                    let max_top = h as i64 + 2 * p - size[0] as i64;
+                    let max_left = w as i64 + 2 * p - size[1] as i64;
+                    let top = rng.random_range(0..=max_top.max(0)) - p;
+                    let left = rng.random_range(0..=max_left.max(0)) - p;
+                    g.top = top as f64;
+                    g.left = left as f64;
+                    g.height = size[0] as f64;
+                    g.width = size[1] as f64;
+                }
+                ImageOp::RandomResizedCrop { size, scale, ratio } => {
+                    let area = (h * w) as f64;
+                    let (lr0, lr1) = (ratio[0].ln(), ratio[1].ln());
+                    let mut found = None;
+                    for _ in 0..10 {
+                        let target = area * rng.random_range(scale[0]..=scale[1]);
+                        let aspect = if lr0 < lr1 {
+                            rng.random_range(lr0..=lr1).exp()
+                        } else {
+                            ratio[0]
+                        };
+                        let cw = (target * aspect).sqrt().round() as usize;
+                        let chh = (target / aspect).sqrt().round() as usize;
+                        if cw > 0 && cw <= w && chh > 0 && chh <= h {
+                            let top = rng.random_range(0..=h - chh);
+                            let left = rng.random_range(0..=w - cw);
+                            found = Some((top, left, chh, cw));
+                            break;
+                        }
+                    }
+                    let (top, left, chh, cw) = found.unwrap_or_else(|| {
+                        // Whole image, centre-cropped into the ratio range.
+                        let r = w as f64 / h as f64;
+                        let (cw, chh) = if r < ratio[0] {
+                            (w, ((w as f64 / ratio[0]).round() as usize).clamp(1, h))
+                        } else if r > ratio[1] {
+                            (((h as f64 * ratio[1]).round() as usize).clamp(1, w), h)
+                        } else {
+                            (w, h)
+                        };
+                        ((h - chh) / 2, (w - cw) / 2, chh, cw)
+                    });
+                    g.top = top as f64;
+                    g.left = left as f64;
+                    g.height = chh as f64;
+                    g.width = cw as f64;
+                    g.exact = chh == size[0] && cw == size[1];
+                }
+                ImageOp::HorizontalFlip { p } => g.flip_h = rng.random::<f64>() < *p,
+                ImageOp::VerticalFlip { p } => g.flip_v = rng.random::<f64>() < *p,
+                ImageOp::ColorJitter {
+                    brightness,
+                    contrast,
+                    saturation,
+                } => {
+                    col.brightness = factor(rng, *brightness);
+                    col.contrast = factor(rng, *contrast);
+                    col.saturation = factor(rng, *saturation);
+                }
+                ImageOp::Normalize { .. } => {}
+            }
+        }
+        (g, col)
+    }
+
+    /// Samples `src` (HWC u8, `h`×`w`) through `g` into `scratch` (HWC f32, 0–255 scale,
+    /// output size); padding reads as 0.
+    fn sample(&self, src: &[u8], h: usize, w: usize, g: &Geometry, scratch: &mut [f32]) {
+        let ch = self.shape[2];
+        let [oh, ow] = self.out_hw;
+        if g.exact {
+            let (top, left) = (g.top as i64, g.left as i64);
+            for y in 0..oh {
+                let yy = if g.flip_v { oh - 1 - y } else { y };
+                let sy = top + yy as i64;
+                let row = &mut scratch[y * ow * ch..(y + 1) * ow * ch];
+                if sy < 0 || sy >= h as i64 {
+                    row.fill(0.0);
+                    continue;
+                }
+                let srow = &src[sy as usize * w * ch..(sy as usize + 1) * w * ch];
+                for x in 0..ow {
+                    let xx = if g.flip_h { ow - 1 - x } else { x };
+                    let sx = left + xx as i64;
+                    let out = &mut row[x * ch..(x + 1) * ch];
+                    if sx < 0 || sx >= w as i64 {
+                        out.fill(0.0);
+                    } else {
+                        let s = &srow[sx as usize * ch..(sx as usize + 1) * ch];
+                        for k in 0..ch {
+                            out[k] = s[k] as f32;
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        // Bilinear resize of the window (half-pixel centres, edges clamped).
+        let sy_scale = g.height / oh as f64;
+        let sx_scale = g.width / ow as f64;
+        for y in 0..oh {
+            let yy = if g.flip_v { oh - 1 - y } else { y };
+            let fy = (g.top + (yy as f64 + 0.5) * sy_scale - 0.5).clamp(0.0, (h - 1) as f64);
+            let y0 = fy.floor() as usize;
+            let y1 = (y0 + 1).min(h - 1);
+            let wy = (fy - y0 as f64) as f32;
+            for x in 0..ow {
+                let xx = if g.flip_h { ow - 1 - x } else { x };
+                let fx = (g.left + (xx as f64 + 0.5) * sx_scale - 0.5).clamp(0.0, (w - 1) as f64);
+                let x0 = fx.floor() as usize;
+                let x1 = (x0 + 1).min(w - 1);
+                let wx = (fx - x0 as f64) as f32;
+                for k in 0..ch {
+                    let p = |yy: usize, xx: usize| src[(yy * w + xx) * ch + k] as f32;
+                    let top = p(y0, x0) * (1.0 - wx) + p(y0, x1) * wx;
+                    let bottom = p(y1, x0) * (1.0 - wx) + p(y1, x1) * wx;
+                    scratch[(y * ow + x) * ch + k] = top * (1.0 - wy) + bottom * wy;
+                }
+            }
+        }
+    }
+
+    /// Brightness, contrast, saturation on the 0–255 scratch buffer, clamping like
+    /// torchvision (contrast blends with the mean grey level, saturation with each pixel's
+    /// grey).
+    fn colour(&self, scratch: &mut [f32], c: &Colour) {
+        let ch = self.shape[2];
+        let clamp = |v: f32| v.clamp(0.0, 255.0);
+        if c.brightness != 1.0 {
+            for v in scratch.iter_mut() {
+                *v = clamp(*v * c.brightness);
+            }
+        }
+        let grey = |px: &[f32]| -> f32 {
+            if ch == 3 {
+                0.299 * px[0] + 0.587 * px[1] + 0.114 * px[2]
+            } else {
+                px[0]
+            }
+        };
+        if c.contrast != 1.0 {
+            let n = scratch.len() / ch;
+            let mean = scratch.chunks_exact(ch).map(grey).sum::<f32>() / n as f32;
+            for v in scratch.iter_mut() {
+                *v = clamp((*v - mean) * c.contrast + mean);
+            }
+        }
+        if c.saturation != 1.0 {
+            for px in scratch.chunks_exact_mut(ch) {
+                let g = grey(px);
+                for v in px.iter_mut() {
+                    *v = clamp((*v - g) * c.saturation + g);
+                }
+            }
+        }
+    }
+
+    /// Decodes one row into HWC u8 pixels: borrowed for raw, owned for PNG/JPEG.
+    fn decode<'a>(
+        &self,
+        bytes: &'a [u8],
+        owned: &'a mut Vec<u8>,
+    ) -> std::result::Result<(&'a [u8], usize, usize), String> {
+        let [h, w, ch] = self.shape;
+        let format = match self.format {
+            ImageFormat::Raw => {
+                if bytes.len() != h * w * ch {
+                    return Err(format!(
+                        "{} bytes, but shape [{h}, {w}, {ch}] needs {}",
+                        bytes.len(),
+                        h * w * ch
+                    ));
+                }
+                return Ok((bytes, h, w));
+            }
+            ImageFormat::Png => image::ImageFormat::Png,
+            ImageFormat::Jpeg => image::ImageFormat::Jpeg,
+            ImageFormat::Auto => {
+                image::guess_format(bytes).map_err(|e| format!("not a PNG or JPEG image ({e})"))?
+            }
+        };
+        let img = image::load_from_memory_with_format(bytes, format)
+            .map_err(|e| format!("cannot decode the {format:?} image: {e}"))?;
+        let (iw, ih) = (img.width() as usize, img.height() as usize);
+        let has_crop = self.ops.iter().any(|o| {
+            matches!(
+                o,
+                ImageOp::RandomCrop { .. } | ImageOp::RandomResizedCrop { .. }
+            )
+        });
+        let cropped_fits = self.ops.iter().all(|o| match o {
+            ImageOp::RandomCrop { size, padding } => {
+                size[0] <= ih + 2 * padding && size[1] <= iw + 2 * padding
+            }
+            _ => true,
+        });
+        if (!has_crop && (ih, iw) != (h, w)) || !cropped_fits {
+            return Err(format!(
+                "the image is {iw}×{ih} (width×height), the stage expects {w}×{h}"
+            ));
+        }
+        *owned = if ch == 3 {
+            img.into_rgb8().into_raw()
+        } else {
+            img.into_luma8().into_raw()
+        };
+        Ok((owned.as_slice(), ih, iw))
+    }
+}
+
+impl Transform for ImageStage {
+    fn apply(&self, batch: Batch) -> Result<Batch> {
+        let col = batch.data.column(self.input);
+        let n = batch.num_rows();
+        let ch = self.shape[2];
+        let [oh, ow] = self.out_hw;
+        let width = ch * oh * ow;
+        let ids = row_ids(&batch.lineage);
+        let mut out = vec![0.0f32; n * width];
+        let mut scratch = vec![0.0f32; oh * ow * ch];
+        let mut owned = Vec::new();
+        let mut rng = ChaCha8Rng::from_seed(self.key);
+        let mut bad: Vec<(usize, String)> = Vec::new();
+        for r in 0..n {
+            let bytes: Option<&[u8]> = if col.is_null(r) {
+                None
+            } else {
+                Some(match col.data_type() {
+                    DataType::Binary => col.as_binary::<i32>().value(r),
+                    DataType::LargeBinary => col.as_binary::<i64>().value(r),
+                    _ => col.as_fixed_size_binary().value(r),
+                })
+            };
+            let decoded = match bytes {
+                None => Err("the image is null".to_string()),
+                Some(b) => self.decode(b, &mut owned),
+            };
+            let (src, h, w) = match decoded {
+                Ok(d) => d,
+                Err(e) => {
+                    bad.push((r, e));
+                    continue;
+                }
+            };
+            rng.set_stream(ids[r]);
+            rng.set_word_pos(0);
+            let (g, c) = self.draw(&mut rng, h, w);
+            self.sample(src, h, w, &g, &mut scratch);
+            self.colour(&mut scratch, &c);
+            // HWC (0–255) → normalized CHW.
+            let dst = &mut out[r * width..(r + 1) * width];
+            for k in 0..ch {
+                let (s, b) = (self.scale[k], self.bias[k]);
+                let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
+                for (i, v) in plane.iter_mut().enumerate() {
+                    *v = scratch[i * ch + k] * s + b;
+                }
+            }
+        }
+        if let Some((r, e)) = bad.first()
+            && self.on_error == OnError::Fail
+        {
+            return Err(Error::Data {
+                stage: self.stage.clone(),
+                message: format!(
+                    "bad image in column `{}`: {e}{}; fix the data or set `on_error: skip`",
+                    self.schema.field(self.output).name(),
+                    if bad.len() > 1 {
+                        format!(" (and {} more in this batch)", bad.len() - 1)
+                    } else {
+                        String::new()
+                    }
+                ),
+                rows: batch.lineage.describe_row(*r as u64),
+            });
+        }
+        let field = Arc::new(Field::new_list_field(DataType::Float32, false));
+        let values = Float32Array::new(ScalarBuffer::from(out), None);
+        let list = FixedSizeListArray::try_new(field, width as i32, Arc::new(values), None)
+            .map_err(|e| Error::Arrow {
+                context: self.stage.to_string(),
+                source: e,
+            })?;
+        let mut columns: Vec<ArrayRef> = batch.data.columns().to_vec();
+        if self.replace {
+            columns[self.output] = Arc::new(list);
+        } else {
+            columns.push(Arc::new(list));
+        }
+        let data =
+            RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| Error::Arrow {
+                context: self.stage.to_string(),
+                source: e,
+            })?;
+        if bad.is_empty() {
+            return Ok(batch.with_data(data));
+        }
+        // on_error: skip — every dropped row is named in the log and counted (rows removed).
+        let mut keep = vec![true; n];
+        for (r, e) in &bad {
+            keep[*r] = false;
+            tracing::warn!(
+                "{}: skipped a bad image ({e}) at {}",
+                self.stage,
+                batch.lineage.describe_row(*r as u64)
+            );
+        }
+        let mask = BooleanArray::from(keep);
+        let lineage = batch.lineage.filter(&mask);
+        let kept = filter_record_batch(&data, &mask).map_err(|e| Error::Arrow {
+            context: self.stage.to_string(),
+            source: e,
+        })?;
+        Ok(Batch::new(kept, lineage).with_mark(batch.mark))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{Lineage, Origin};
+    use arrow::array::{BinaryArray, FixedSizeBinaryArray};
+    use arrow::datatypes::{Float32Type, Schema};
+
+    fn stage_ref() -> StageRef {
+        StageRef {
+            index: 0,
+            kind: "image",
+            location: None,
+        }
+    }
+
+    /// A batch of `rows` raw images; `pixel(row, y, x, c)` gives the bytes.
+    fn batch(
+        shape: [usize; 3],
+        rows: usize,
+        pixel: impl Fn(usize, usize, usize, usize) -> u8,
+    ) -> Batch {
+        let [h, w, ch] = shape;
+        let values: Vec<Vec<u8>> = (0..rows)
+            .map(|r| {
+                let mut v = Vec::with_capacity(h * w * ch);
+                for y in 0..h {
+                    for x in 0..w {
+                        for c in 0..ch {
+                            v.push(pixel(r, y, x, c));
+                        }
+                    }
+                }
+                v
+            })
+            .collect();
+        let arr = FixedSizeBinaryArray::try_from_iter(values.into_iter()).unwrap();
+        let data = RecordBatch::try_from_iter([("img", Arc::new(arr) as ArrayRef)]).unwrap();
+        let origin = Origin::Object {
+            url: Arc::from("file:///imgs.parquet"),
+            row_group: 0,
+        };
+        Batch::new(data, Lineage::new(origin, 0, rows as u64, 0))
+    }
+
+    fn build_stage(
+        shape: [usize; 3],
+        input: &Batch,
+        ops: Vec<ImageOp>,
+        on_error: OnError,
+        format: ImageFormat,
+    ) -> ImageStage {
+        let c = ImageConfig {
+            column: "img".into(),
+            output: None,
+            format,
+            shape,
+            ops,
+            seed: 7,
+            on_error,
+        };
+        build(&stage_ref(), &c, &input.data.schema()).unwrap().0
+    }
+
+    /// Output row `r` as a CHW vector.
+    fn row(b: &Batch, r: usize) -> Vec<f32> {
+        let l = b.data.column(0).as_fixed_size_list();
+        l.value(r).as_primitive::<Float32Type>().values().to_vec()
+    }
+
+    /// Identity scaling: normalize with mean 0, std 1/255 outputs the raw 0–255 values.
+    fn identity(ch: usize) -> ImageOp {
+        ImageOp::Normalize {
+            mean: vec![0.0; ch],
+            std: vec![1.0 / 255.0; ch],
+        }
+    }
+
+    #[test]
+    fn output_is_chw_and_normalized() {
+        let input = batch([2, 2, 3], 1, |_, y, x, c| (c * 100 + y * 2 + x) as u8);
+        let st = build_stage(
+            [2, 2, 3],
+            &input,
+            vec![ImageOp::Normalize {
+                mean: vec![0.5, 0.5, 0.5],
+                std: vec![0.25, 0.5, 1.0],
+            }],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let out = st.apply(input).unwrap();
+        let v = row(&out, 0);
+        // Channel planes in order, each row-major; (p/255 - 0.5) / std.
+        let expect: Vec<f32> = (0..3)
+            .flat_map(|c| (0..4).map(move |i| (c, i)))
+            .map(|(c, i)| {
+                let p = (c * 100 + i) as f32;
+                (p / 255.0 - 0.5) / [0.25, 0.5, 1.0][c]
+            })
+            .collect();
+        for (a, b) in v.iter().zip(&expect) {
+            assert!((a - b).abs() < 1e-5, "{v:?} vs {expect:?}");
+        }
+        assert_eq!(
+            out.data.schema().field(0).data_type(),
+            &DataType::FixedSizeList(
+                Arc::new(Field::new_list_field(DataType::Float32, false)),
+                12
+            )
+        );
+    }
+
+    #[test]
+    fn random_crop_with_padding_shifts_by_the_drawn_offsets() {
+        let shape = [4, 5, 1];
+        let input = batch(shape, 64, |r, y, x, _| (r + y * 10 + x + 1) as u8);
+        let st = build_stage(
+            shape,
+            &input,
+            vec![
+                ImageOp::RandomCrop {
+                    size: [4, 5],
+                    padding: 2,
+                },
+                identity(1),
+            ],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let ids = row_ids(&input.lineage);
+        let out = st.apply(input).unwrap();
+        let mut offsets = std::collections::BTreeSet::new();
+        for (r, id) in ids.iter().enumerate() {
+            let mut rng = ChaCha8Rng::from_seed(st.key);
+            rng.set_stream(*id);
+            let (g, _) = st.draw(&mut rng, 4, 5);
+            let (dy, dx) = (g.top as i64, g.left as i64);
+            assert!((-2..=2).contains(&dy) && (-2..=2).contains(&dx));
+            offsets.insert((dy, dx));
+            let v = row(&out, r);
+            for y in 0..4i64 {
+                for x in 0..5i64 {
+                    let (sy, sx) = (y + dy, x + dx);
+                    let want = if (0..4).contains(&sy) && (0..5).contains(&sx) {
+                        (r as i64 + sy * 10 + sx + 1) as f32
+                    } else {
+                        0.0 // zero padding
+                    };
+                    assert_eq!(
+                        v[(y * 5 + x) as usize],
+                        want,
+                        "row {r} offset ({dy},{dx}) at ({y},{x})"
+                    );
+                }
+            }
+        }
+        // 64 rows draw many different offsets (25 possible).
+        assert!(offsets.len() >= 12, "{offsets:?}");
+    }
+
+    #[test]
+    fn flips_mirror_exactly() {
+        let shape = [2, 3, 1];
+        let input = batch(shape, 1, |_, y, x, _| (y * 3 + x) as u8);
+        let h = build_stage(
+            shape,
+            &input,
+            vec![ImageOp::HorizontalFlip { p: 1.0 }, identity(1)],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        assert_eq!(
+            row(&h.apply(input.clone()).unwrap(), 0),
+            vec![2.0, 1.0, 0.0, 5.0, 4.0, 3.0]
+        );
+        let v = build_stage(
+            shape,
+            &input,
+            vec![ImageOp::VerticalFlip { p: 1.0 }, identity(1)],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        assert_eq!(
+            row(&v.apply(input.clone()).unwrap(), 0),
+            vec![3.0, 4.0, 5.0, 0.0, 1.0, 2.0]
+        );
+        let none = build_stage(
+            shape,
+            &input,
+            vec![ImageOp::HorizontalFlip { p: 0.0 }, identity(1)],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        assert_eq!(
+            row(&none.apply(input).unwrap(), 0),
+            vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        );
+    }
+
+    #[test]
+    fn flip_probability_is_respected() {
+        let shape = [1, 2, 1];
+        let input = batch(shape, 4000, |_, _, x, _| x as u8);
+        let st = build_stage(
+            shape,
+            &input,
+            vec![ImageOp::HorizontalFlip { p: 0.5 }, identity(1)],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let out = st.apply(input).unwrap();
+        let flipped = (0..4000).filter(|r| row(&out, *r)[0] == 1.0).count();
+        assert!((1800..2200).contains(&flipped), "{flipped}");
+    }
+
+    #[test]
+    fn resized_crop_of_the_whole_image_and_upsampling() {
+        let shape = [4, 4, 1];
+        let input = batch(shape, 3, |_, y, x, _| (y * 4 + x) as u8);
+        let whole = build_stage(
+            shape,
+            &input,
+            vec![
+                ImageOp::RandomResizedCrop {
+                    size: [4, 4],
+                    scale: [1.0, 1.0],
+                    ratio: [1.0, 1.0],
+                },
+                identity(1),
+            ],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let out = whole.apply(input.clone()).unwrap();
+        assert_eq!(row(&out, 1), (0..16).map(|v| v as f32).collect::<Vec<_>>());
+        // 2× bilinear upsampling of a constant image stays constant; of a ramp stays monotone.
+        let up = build_stage(
+            shape,
+            &input,
+            vec![
+                ImageOp::RandomResizedCrop {
+                    size: [8, 8],
+                    scale: [1.0, 1.0],
+                    ratio: [1.0, 1.0],
+                },
+                identity(1),
+            ],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let v = row(&up.apply(input).unwrap(), 0);
+        assert_eq!(v.len(), 64);
+        assert_eq!(v[0], 0.0);
+        assert_eq!(v[63], 15.0);
+        for y in 0..8 {
+            for x in 1..8 {
+                assert!(v[y * 8 + x] >= v[y * 8 + x - 1]);
+            }
+        }
+    }
+
+    #[test]
+    fn brightness_scales_within_its_range() {
+        let shape = [2, 2, 3];
+        let input = batch(shape, 200, |_, _, _, _| 100);
+        let st = build_stage(
+            shape,
+            &input,
+            vec![
+                ImageOp::ColorJitter {
+                    brightness: 0.2,
+                    contrast: 0.0,
+                    saturation: 0.0,
+                },
+                identity(3),
+            ],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let out = st.apply(input).unwrap();
+        let mut seen = Vec::new();
+        for r in 0..200 {
+            let v = row(&out, r);
+            assert!(
+                v.iter().all(|x| (x - v[0]).abs() < 1e-3),
+                "uniform factor per image"
+            );
+            assert!((80.0..=120.0).contains(&v[0]), "{}", v[0]);
+            seen.push(v[0]);
+        }
+        seen.sort_by(f32::total_cmp);
+        assert!(seen[199] - seen[0] > 30.0);
+    }
+
+    #[test]
+    fn png_and_jpeg_decode() {
+        use image::ImageEncoder;
+        let (h, w) = (6usize, 5usize);
+        let raw: Vec<u8> = (0..h * w * 3).map(|i| (i * 7 % 256) as u8).collect();
+        let mut png = Vec::new();
+        image::codecs::png::PngEncoder::new(&mut png)
+            .write_image(&raw, w as u32, h as u32, image::ExtendedColorType::Rgb8)
+            .unwrap();
+        let flat = vec![128u8; h * w * 3];
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 95)
+            .write_image(&flat, w as u32, h as u32, image::ExtendedColorType::Rgb8)
+            .unwrap();
+        let arr = BinaryArray::from_iter_values([png.as_slice(), jpeg.as_slice()]);
+        let data = RecordBatch::try_from_iter([("img", Arc::new(arr) as ArrayRef)]).unwrap();
+        let origin = Origin::Object {
+            url: Arc::from("file:///x"),
+            row_group: 0,
+        };
+        let input = Batch::new(data, Lineage::new(origin, 0, 2, 0));
+        let st = build_stage(
+            [h, w, 3],
+            &input,
+            vec![identity(3)],
+            OnError::Fail,
+            ImageFormat::Auto,
+        );
+        let out = st.apply(input).unwrap();
+        let v = row(&out, 0);
+        for c in 0..3 {
+            for i in 0..h * w {
+                assert_eq!(v[c * h * w + i], raw[i * 3 + c] as f32);
+            }
+        }
+        assert!(row(&out, 1).iter().all(|x| (x - 128.0).abs() <= 2.0));
+    }
+
+    #[test]
+    fn bad_images_fail_with_lineage_or_are_skipped() {
+        let arr = BinaryArray::from_opt_vec(vec![
+            Some(&[1u8; 12][..]),
+            Some(&[1u8; 11][..]),
+            Some(b"\x89PNG\r\n\x1a\n garbage".as_slice()),
+            None,
+            Some(&[2u8; 12][..]),
+        ]);
+        let data = RecordBatch::try_from_iter([("img", Arc::new(arr) as ArrayRef)]).unwrap();
+        let origin = Origin::Object {
+            url: Arc::from("file:///bad.parquet"),
+            row_group: 3,
+        };
+        let input = Batch::new(data, Lineage::new(origin, 100, 5, 0));
+        let fail = build_stage([2, 2, 3], &input, vec![], OnError::Fail, ImageFormat::Raw);
+        let e = fail.apply(input.clone()).unwrap_err().to_string();
+        assert!(e.contains("11 bytes, but shape [2, 2, 3] needs 12"), "{e}");
+        assert!(
+            e.contains("file:///bad.parquet row group 3, row 101"),
+            "{e}"
+        );
+        assert!(e.contains("and 2 more"), "{e}");
+        let auto = build_stage([2, 2, 3], &input, vec![], OnError::Fail, ImageFormat::Png);
+        let e = auto.apply(input.slice(2, 1)).unwrap_err().to_string();
+        assert!(e.contains("cannot decode the Png image"), "{e}");
+        assert!(e.contains("row 102"), "{e}");
+        let skip = build_stage([2, 2, 3], &input, vec![], OnError::Skip, ImageFormat::Raw);
+        let out = skip.apply(input).unwrap();
+        assert_eq!(out.num_rows(), 2);
+        assert_eq!(out.lineage.spans()[0].first, 100);
+        assert_eq!(out.lineage.spans()[1].first, 104);
+        let _ = Schema::empty();
+    }
+}

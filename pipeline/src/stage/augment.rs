@@ -67,9 +67,13 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 fn origin_hash(o: &Origin) -> u64 {
     const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
     match o {
-        // The row position counts from the start of the object: the row group does not enter
-        // the identity.
-        Origin::Object { url, .. } => fnv1a(url.as_bytes(), fnv1a(b"object", BASIS)),
+        // The object's file name (not its directory or store), so a dataset copied from a
+        // local disk to S3 or another machine gets the same augmentation. The row position
+        // counts from the start of the object: the row group does not enter the identity.
+        Origin::Object { url, .. } => {
+            let name = url.rsplit('/').next().unwrap_or(url);
+            fnv1a(name.as_bytes(), fnv1a(b"object", BASIS))
+        }
         Origin::Kafka { topic, partition } => fnv1a(
             &partition.to_le_bytes(),
             fnv1a(topic.as_bytes(), fnv1a(b"kafka", BASIS)),

@@ -105,8 +105,16 @@ async fn check_golden(dir: &Path, threads: usize) {
     let json: Vec<serde_json::Value> = batches
         .iter()
         .map(|b| {
-            let ids = b.data.column_by_name("id").unwrap().as_primitive::<Int64Type>();
-            let x = b.data.column_by_name("x").unwrap().as_primitive::<Float32Type>();
+            let ids = b
+                .data
+                .column_by_name("id")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            let x = b
+                .data
+                .column_by_name("x")
+                .unwrap()
+                .as_primitive::<Float32Type>();
             let img = b.data.column_by_name("img").unwrap().as_fixed_size_list();
             serde_json::json!({
                 "id": ids.values().to_vec(),
@@ -170,19 +178,30 @@ async fn default_shuffle_mixes_well() {
     };
     let ids = |bs: Vec<Batch>| -> Vec<i64> {
         bs.iter()
-            .flat_map(|b| b.data.column(0).as_primitive::<Int64Type>().values().to_vec())
+            .flat_map(|b| {
+                b.data
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
             .collect()
     };
     let plain = ids(collect(&run("  []\n").replace("stages:\n  []\n", ""), usize::MAX).await);
     let (rho0, disp0, same0) = quality(&plain, 2000);
-    assert!(rho0 > 0.999 && disp0 < 1e-9 && same0 > 0.99, "the statistic detects no shuffle");
+    assert!(
+        rho0 > 0.999 && disp0 < 1e-9 && same0 > 0.99,
+        "the statistic detects no shuffle"
+    );
     // Defaults: buffer_rows 16384, row groups permuted.
     let shuffled = ids(collect(&run("  - {type: shuffle, seed: 1}\n"), usize::MAX).await);
     let mut sorted = shuffled.clone();
     sorted.sort_unstable();
     assert_eq!(sorted, plain, "every row exactly once");
     let (rho, disp, same) = quality(&shuffled, 2000);
-    eprintln!("default shuffle: spearman {rho:.4}, mean displacement {disp:.4} of the epoch, same-row-group neighbours {same:.4}");
+    eprintln!(
+        "default shuffle: spearman {rho:.4}, mean displacement {disp:.4} of the epoch, same-row-group neighbours {same:.4}"
+    );
     // Thresholds: a uniform shuffle has rho ~ 0 (±0.003 here), displacement 1/3 and
     // same-group neighbours 1/64; the default must be close.
     assert!(rho.abs() < 0.2, "rank correlation {rho}");

@@ -10,6 +10,7 @@
 //!
 //! Each variant runs in a child process (this binary re-executed) so its peak RSS (VmHWM) is
 //! its own. `cargo bench --bench cifar` runs the full size; under `cargo test` a small one.
+#![allow(clippy::unwrap_used)]
 
 use std::path::Path;
 use std::process::Command;

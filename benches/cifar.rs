@@ -10,7 +10,7 @@
 //!
 //! Each variant runs in a child process (this binary re-executed) so its peak RSS (VmHWM) is
 //! its own. `cargo bench --bench cifar` runs the full size; under `cargo test` a small one.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::path::Path;
 use std::process::Command;

@@ -241,3 +241,36 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
         rss / 1048576
     );
 }
+
+#[test]
+fn run_warns_when_the_shuffle_window_is_tiny() {
+    let dir = tempfile::tempdir().unwrap();
+    let digits = repo().join("data/digits/train.parquet");
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}'}}\nstages:\n- {{type: shuffle, buffer_rows: 10}}\nsink: {{type: null}}\n",
+            digits.display()
+        ),
+    )
+    .unwrap();
+    let out = run_in(dir.path(), &["run", "job.yaml"]);
+    assert_ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the shuffle window (10 rows) is under 1% of an epoch (1437 rows)"),
+        "{stderr}"
+    );
+    // A window of 10% of the epoch draws no warning.
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}'}}\nstages:\n- {{type: shuffle, buffer_rows: 150}}\nsink: {{type: null}}\n",
+            digits.display()
+        ),
+    )
+    .unwrap();
+    let out = run_in(dir.path(), &["run", "job.yaml"]);
+    assert_ok(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("under 1%"));
+}

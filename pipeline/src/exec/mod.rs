@@ -306,6 +306,10 @@ impl Pipeline {
             let (rank, world) = self.rank_and_world();
             let order = shuffle.as_ref().filter(|s| s.row_groups).map(|s| s.seed);
             p.configure(order, rank, world, resume_mark);
+            if order.is_some() || world > 1 {
+                // The plan (permutation, shares) needs every footer: read them now.
+                p.open_all().await?;
+            }
         }
         let mut schema = source.schema().clone();
         let mut slots: Vec<StageSlot> = Vec::new();

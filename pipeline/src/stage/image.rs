@@ -19,7 +19,7 @@ use arrow::array::{
 };
 use arrow::buffer::ScalarBuffer;
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use arrow::datatypes::{DataType, Field, SchemaRef, UInt8Type};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -61,12 +61,21 @@ pub(crate) fn build(
     };
     let i = super::column_index(stage, input, &c.column)?;
     let t = input.field(i).data_type();
-    if !matches!(
-        t,
-        DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
-    ) {
+    let u8_list = matches!(t, DataType::FixedSizeList(f, _) if f.data_type() == &DataType::UInt8);
+    if !(u8_list
+        || matches!(
+            t,
+            DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
+        ))
+    {
         return Err(err(format!(
-            "column `{}` is {t}; image needs binary or fixed_size_binary bytes",
+            "column `{}` is {t}; image needs binary, fixed_size_binary or fixed_size_list<uint8> bytes",
+            c.column
+        )));
+    }
+    if u8_list && c.format != ImageFormat::Raw {
+        return Err(err(format!(
+            "column `{}` holds uint8 pixels (a list); use `format: raw`",
             c.column
         )));
     }
@@ -77,7 +86,8 @@ pub(crate) fn build(
             c.shape
         )));
     }
-    if let (DataType::FixedSizeBinary(n), ImageFormat::Raw) = (t, c.format)
+    if let (DataType::FixedSizeBinary(n) | DataType::FixedSizeList(_, n), ImageFormat::Raw) =
+        (t, c.format)
         && *n as usize != h * w * ch
     {
         return Err(err(format!(
@@ -487,6 +497,13 @@ impl Transform for ImageStage {
                 Some(match col.data_type() {
                     DataType::Binary => col.as_binary::<i32>().value(r),
                     DataType::LargeBinary => col.as_binary::<i64>().value(r),
+                    DataType::FixedSizeList(_, n) => {
+                        let list = col.as_fixed_size_list();
+                        let n = *n as usize;
+                        let values = list.values().as_primitive::<UInt8Type>().values();
+                        let at = (list.offset() + r) * n;
+                        &values[at..at + n]
+                    }
                     _ => col.as_fixed_size_binary().value(r),
                 })
             };

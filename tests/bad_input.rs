@@ -278,3 +278,106 @@ fn bad_class_index_in_one_hot() {
     assert!(err.contains("outside 0..5"), "{err}");
     assert!(err.contains("train.parquet row group 0, row "), "{err}");
 }
+
+/// Images: a wrong byte length and an undecodable PNG stop the run naming file, row group and
+/// row (no output left); with `on_error: skip` the good rows flow and the bad ones are
+/// counted as removed and logged with their lineage.
+#[test]
+fn bad_images_stop_the_run_or_are_skipped_and_counted() {
+    use arrow::array::BinaryArray;
+    let c = Case::new();
+    let good_png = {
+        use image::ImageEncoder;
+        let mut png = Vec::new();
+        image::codecs::png::PngEncoder::new(&mut png)
+            .write_image(&[7u8; 2 * 2 * 3], 2, 2, image::ExtendedColorType::Rgb8)
+            .unwrap();
+        png
+    };
+    let batch = |ids: std::ops::Range<i64>, bad: &[i64]| {
+        let imgs: Vec<Vec<u8>> = ids
+            .clone()
+            .map(|i| {
+                if bad.contains(&i) {
+                    b"\x89PNG\r\n\x1a\nnot really".to_vec()
+                } else {
+                    good_png.clone()
+                }
+            })
+            .collect();
+        RecordBatch::try_from_iter([
+            ("id", arc(Int64Array::from_iter_values(ids))),
+            (
+                "img",
+                arc(BinaryArray::from_iter_values(
+                    imgs.iter().map(|v| v.as_slice()),
+                )),
+            ),
+        ])
+        .unwrap()
+    };
+    write_parquet(
+        &c.path("imgs.parquet"),
+        &[batch(0..100, &[]), batch(100..200, &[130, 170])],
+        100,
+    );
+    let job = |on_error: &str| {
+        format!(
+            "source: {{type: parquet, path: imgs.parquet, batch_rows: 50}}\nstages:\n  - {{type: image, column: img, format: png, shape: [2, 2, 3], on_error: {on_error}}}\nsink: {{type: parquet, path: out/x.parquet}}\nruntime: {{threads: 1}}\n"
+        )
+    };
+    let err = c.fails("run", &c.yaml(&job("fail")));
+    assert!(err.contains("stages[0] (image) at "), "{err}");
+    assert!(err.contains("cannot decode the Png image"), "{err}");
+    assert!(
+        err.contains("imgs.parquet row group 1, row 130 (epoch 0)"),
+        "{err}"
+    );
+    assert!(err.contains("on_error: skip"), "{err}");
+    c.assert_no_output();
+
+    let out = sluice()
+        .arg("run")
+        .arg(c.yaml(&job("skip")))
+        .arg("--summary-json")
+        .arg(c.path("summary.json"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("row 130 (epoch 0)") && stderr.contains("row 170 (epoch 0)"),
+        "each skipped row is logged: {stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.path("summary.json")).unwrap()).unwrap();
+    assert_eq!(report["rows_written"], 198);
+    assert_eq!(report["stages"][0]["rows_removed"], 2);
+
+    // A raw image of the wrong length.
+    let raw = RecordBatch::try_from_iter([
+        ("id", arc(Int64Array::from_iter_values(0..3))),
+        (
+            "img",
+            arc(BinaryArray::from_iter_values([
+                &[1u8; 12][..],
+                &[1u8; 12][..],
+                &[1u8; 13][..],
+            ])),
+        ),
+    ])
+    .unwrap();
+    write_parquet(&c.path("raw.parquet"), &[raw], 10);
+    let err = c.fails(
+        "run",
+        &c.yaml("source: {type: parquet, path: raw.parquet}\nstages:\n  - {type: image, column: img, shape: [2, 2, 3]}\nsink: {type: parquet, path: out/x.parquet}\n"),
+    );
+    assert!(
+        err.contains("13 bytes, but shape [2, 2, 3] needs 12"),
+        "{err}"
+    );
+    assert!(
+        err.contains("raw.parquet row group 0, row 2 (epoch 0)"),
+        "{err}"
+    );
+}

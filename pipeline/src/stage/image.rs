@@ -232,6 +232,12 @@ pub(crate) struct Geometry {
     pub exact: bool,
 }
 
+const NO_COLOUR: Colour = Colour {
+    brightness: 1.0,
+    contrast: 1.0,
+    saturation: 1.0,
+};
+
 /// Colour factors (1.0 = unchanged).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Colour {
@@ -330,6 +336,49 @@ impl ImageStage {
             }
         }
         (g, col)
+    }
+
+    /// The common case in one pass: an integer window (crop with padding, flips), no colour
+    /// ops — HWC `u8` straight to normalized CHW `f32`, padding written as the normalized 0.
+    fn crop_normalize(&self, src: &[u8], h: usize, w: usize, g: &Geometry, dst: &mut [f32]) {
+        let ch = self.shape[2];
+        let [oh, ow] = self.out_hw;
+        let (top, left) = (g.top as i64, g.left as i64);
+        // Output columns whose source column is inside the image: [x0, x1).
+        let x0 = (-left).clamp(0, ow as i64) as usize;
+        let x1 = (w as i64 - left).clamp(0, ow as i64) as usize;
+        for k in 0..ch {
+            let (s, b) = (self.scale[k], self.bias[k]);
+            let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
+            for y in 0..oh {
+                let yy = if g.flip_v { oh - 1 - y } else { y };
+                let sy = top + yy as i64;
+                let row = &mut plane[y * ow..(y + 1) * ow];
+                if sy < 0 || sy >= h as i64 || x0 >= x1 {
+                    row.fill(b);
+                    continue;
+                }
+                let srow = &src[sy as usize * w * ch..(sy as usize + 1) * w * ch];
+                // Source pixels for output x in [x0, x1), this channel.
+                let first = (left + x0 as i64) as usize;
+                let pixels = srow[first * ch + k..].iter().step_by(ch).take(x1 - x0);
+                if g.flip_h {
+                    // Output x holds source column for ow-1-x: mirror the whole row.
+                    let (mx0, mx1) = (ow - x1, ow - x0);
+                    row[..mx0].fill(b);
+                    row[mx1..].fill(b);
+                    for (o, p) in row[mx0..mx1].iter_mut().rev().zip(pixels) {
+                        *o = *p as f32 * s + b;
+                    }
+                } else {
+                    row[..x0].fill(b);
+                    row[x1..].fill(b);
+                    for (o, p) in row[x0..x1].iter_mut().zip(pixels) {
+                        *o = *p as f32 * s + b;
+                    }
+                }
+            }
+        }
     }
 
     /// Samples `src` (HWC u8, `h`×`w`) through `g` into `scratch` (HWC f32, 0–255 scale,
@@ -521,10 +570,14 @@ impl Transform for ImageStage {
             rng.set_stream(ids[r]);
             rng.set_word_pos(0);
             let (g, c) = self.draw(&mut rng, h, w);
+            let dst = &mut out[r * width..(r + 1) * width];
+            if g.exact && c == NO_COLOUR {
+                self.crop_normalize(src, h, w, &g, dst);
+                continue;
+            }
             self.sample(src, h, w, &g, &mut scratch);
             self.colour(&mut scratch, &c);
             // HWC (0–255) → normalized CHW.
-            let dst = &mut out[r * width..(r + 1) * width];
             for k in 0..ch {
                 let (s, b) = (self.scale[k], self.bias[k]);
                 let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
@@ -749,6 +802,53 @@ mod tests {
         }
         // 64 rows draw many different offsets (25 possible).
         assert!(offsets.len() >= 12, "{offsets:?}");
+    }
+
+    #[test]
+    fn one_pass_crop_equals_the_general_path() {
+        let shape = [5, 7, 3];
+        let input = batch(shape, 1, |_, y, x, c| (y * 31 + x * 7 + c * 3) as u8);
+        let st = build_stage(
+            shape,
+            &input,
+            vec![
+                ImageOp::RandomCrop {
+                    size: [4, 6],
+                    padding: 3,
+                },
+                ImageOp::Normalize {
+                    mean: vec![0.1, 0.2, 0.3],
+                    std: vec![0.3, 0.2, 0.1],
+                },
+            ],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let src: Vec<u8> = (0..5 * 7 * 3).map(|i| (i * 5 % 256) as u8).collect();
+        for top in -3i64..=4 {
+            for left in -3i64..=4 {
+                for (fh, fv) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let g = Geometry {
+                        top: top as f64,
+                        left: left as f64,
+                        height: 4.0,
+                        width: 6.0,
+                        flip_h: fh,
+                        flip_v: fv,
+                        exact: true,
+                    };
+                    let mut fast = vec![0f32; 72];
+                    st.crop_normalize(&src, 5, 7, &g, &mut fast);
+                    let mut scratch = vec![0f32; 72];
+                    st.sample(&src, 5, 7, &g, &mut scratch);
+                    let slow: Vec<f32> = (0..3)
+                        .flat_map(|k| (0..24).map(move |i| (k, i)))
+                        .map(|(k, i)| scratch[i * 3 + k] * st.scale[k] + st.bias[k])
+                        .collect();
+                    assert_eq!(fast, slow, "top {top} left {left} flips {fh} {fv}");
+                }
+            }
+        }
     }
 
     #[test]

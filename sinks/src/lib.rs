@@ -14,6 +14,8 @@ mod ipc;
 mod kafka;
 mod null;
 mod parquet_sink;
+#[cfg(feature = "torch")]
+pub mod tensor;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;

@@ -1,0 +1,245 @@
+//! Arrow columns → tch tensors (one copy each; see the module docs for why not zero-copy).
+
+use std::collections::BTreeMap;
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
+use arrow::datatypes::{
+    DataType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
+    UInt8Type,
+};
+use sluice_pipeline::Batch;
+use tch::{Device, Kind, Tensor};
+
+use super::{NullPolicy, TensorSpec};
+
+/// Why a batch could not become tensors.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// The `loader:` section is wrong.
+    #[error("loader: {0}")]
+    Config(String),
+    /// A column cannot become the requested tensor.
+    #[error("loader: tensor `{tensor}` from column `{column}`: {message}")]
+    Column {
+        /// Tensor name.
+        tensor: String,
+        /// Source column.
+        column: String,
+        /// What is wrong, with the row's lineage when a row is to blame.
+        message: String,
+    },
+    /// libtorch refused an operation.
+    #[error("loader: libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+    /// The pipeline failed.
+    #[error("{0}")]
+    Pipeline(String),
+}
+
+/// Element kind of an Arrow primitive type, if tensors can hold it.
+fn kind_of(t: &DataType) -> Option<Kind> {
+    Some(match t {
+        DataType::Float32 => Kind::Float,
+        DataType::Float64 => Kind::Double,
+        DataType::Float16 => Kind::Half,
+        DataType::Int64 => Kind::Int64,
+        DataType::Int32 => Kind::Int,
+        DataType::Int16 => Kind::Int16,
+        DataType::Int8 => Kind::Int8,
+        DataType::UInt8 => Kind::Uint8,
+        DataType::Boolean => Kind::Bool,
+        _ => return None,
+    })
+}
+
+/// The bytes of `len` values of a primitive array starting at `offset` (one copy into a
+/// tensor follows); booleans are unpacked to one byte each.
+fn values_tensor(
+    values: &ArrayRef,
+    offset: usize,
+    len: usize,
+    shape: &[i64],
+) -> Result<Tensor, String> {
+    macro_rules! prim {
+        ($t:ty, $kind:expr) => {{
+            let a = values.as_primitive::<$t>();
+            let v = &a.values()[offset..offset + len];
+            let bytes: &[u8] = bytemuck_cast(v);
+            Tensor::f_from_data_size(bytes, shape, $kind).map_err(|e| e.to_string())
+        }};
+    }
+    match values.data_type() {
+        DataType::Float32 => prim!(Float32Type, Kind::Float),
+        DataType::Float64 => prim!(Float64Type, Kind::Double),
+        DataType::Float16 => prim!(Float16Type, Kind::Half),
+        DataType::Int64 => prim!(Int64Type, Kind::Int64),
+        DataType::Int32 => prim!(Int32Type, Kind::Int),
+        DataType::Int16 => prim!(Int16Type, Kind::Int16),
+        DataType::Int8 => prim!(Int8Type, Kind::Int8),
+        DataType::UInt8 => prim!(UInt8Type, Kind::Uint8),
+        DataType::Boolean => {
+            let b: &BooleanArray = values.as_boolean();
+            let bytes: Vec<u8> = (offset..offset + len).map(|i| b.value(i) as u8).collect();
+            Tensor::f_from_data_size(&bytes, shape, Kind::Bool).map_err(|e| e.to_string())
+        }
+        other => Err(format!("{other} values cannot become a tensor")),
+    }
+}
+
+/// Views a slice of plain numbers as bytes (the element types here have no padding and any
+/// bit pattern is a valid `u8`).
+fn bytemuck_cast<T: arrow::datatypes::ArrowNativeType>(v: &[T]) -> &[u8] {
+    // `ArrowNativeType` is implemented only for plain numeric types; `to_byte_slice` is
+    // Arrow's own safe view of such a slice as bytes.
+    arrow::datatypes::ToByteSlice::to_byte_slice(v)
+}
+
+/// Converts `batch` into the tensors of `specs`, on `device`.
+pub fn batch_to_tensors(
+    batch: &Batch,
+    specs: &BTreeMap<String, TensorSpec>,
+    device: Device,
+) -> Result<BTreeMap<String, Tensor>, ConvertError> {
+    let mut out = BTreeMap::new();
+    let n = batch.num_rows();
+    for (name, spec) in specs {
+        let fail = |message: String| ConvertError::Column {
+            tensor: name.clone(),
+            column: spec.column.clone(),
+            message,
+        };
+        let col = batch.data.column_by_name(&spec.column).ok_or_else(|| {
+            fail(format!(
+                "no such column; the batch has: {}",
+                batch
+                    .data
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        let mut valid: Option<Tensor> = None;
+        if col.null_count() > 0 {
+            match spec.nulls {
+                NullPolicy::Error => {
+                    let row = (0..n).find(|r| col.is_null(*r)).unwrap_or(0);
+                    return Err(fail(format!(
+                        "row {} is null ({}); set `nulls: mask` to get zeros and a `{name}_valid` tensor",
+                        row,
+                        batch.lineage.describe_row(row as u64)
+                    )));
+                }
+                NullPolicy::Mask => {
+                    let v: Vec<u8> = (0..n).map(|r| col.is_valid(r) as u8).collect();
+                    valid = Some(Tensor::f_from_data_size(&v, &[n as i64], Kind::Bool)?);
+                }
+            }
+        }
+        let (tensor, mask) = match col.data_type() {
+            t if kind_of(t).is_some() => {
+                let t = values_tensor(col, col.offset(), n, &[n as i64]).map_err(fail)?;
+                (t, None)
+            }
+            DataType::FixedSizeList(_, k) => {
+                let list = col.as_fixed_size_list();
+                let k = *k as usize;
+                let values = list.values();
+                if values.null_count() > 0 && valid.is_none() {
+                    return Err(fail("the lists hold null values".into()));
+                }
+                let t = values_tensor(values, list.offset() * k, n * k, &[n as i64, k as i64])
+                    .map_err(fail)?;
+                (t, None)
+            }
+            DataType::List(_) | DataType::LargeList(_) => {
+                let (offsets, values): (Vec<usize>, ArrayRef) = match col.data_type() {
+                    DataType::List(_) => {
+                        let l = col.as_list::<i32>();
+                        (
+                            l.offsets().iter().map(|o| *o as usize).collect(),
+                            l.values().clone(),
+                        )
+                    }
+                    _ => {
+                        let l = col.as_list::<i64>();
+                        (
+                            l.offsets().iter().map(|o| *o as usize).collect(),
+                            l.values().clone(),
+                        )
+                    }
+                };
+                if values.null_count() > 0 {
+                    return Err(fail("the lists hold null values".into()));
+                }
+                let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+                let kind = kind_of(values.data_type()).ok_or_else(|| {
+                    fail(format!(
+                        "{} values cannot become a tensor",
+                        values.data_type()
+                    ))
+                })?;
+                // Padded [n, longest] and a mask; rows copied one by one into place.
+                let padded =
+                    Tensor::f_full([n as i64, longest as i64], spec.pad, (kind, Device::Cpu))?;
+                let mut mask = vec![0u8; n * longest];
+                for r in 0..n {
+                    let (a, b) = (offsets[r], offsets[r + 1]);
+                    if b > a {
+                        let row =
+                            values_tensor(&values, a, b - a, &[(b - a) as i64]).map_err(fail)?;
+                        padded
+                            .get(r as i64)
+                            .narrow(0, 0, (b - a) as i64)
+                            .copy_(&row);
+                        mask[r * longest..r * longest + (b - a)].fill(1);
+                    }
+                }
+                let mask =
+                    Tensor::f_from_data_size(&mask, &[n as i64, longest as i64], Kind::Bool)?;
+                (padded, Some(mask))
+            }
+            other => return Err(fail(format!("a {other} column cannot become a tensor"))),
+        };
+        let mut tensor = tensor;
+        if let Some(shape) = &spec.shape {
+            let per_row: i64 = tensor.size().iter().skip(1).product();
+            let want: i64 = shape.iter().product();
+            if per_row != want || shape.iter().any(|d| *d <= 0) {
+                return Err(fail(format!(
+                    "shape {shape:?} holds {want} values but each row has {per_row}"
+                )));
+            }
+            let mut full = vec![n as i64];
+            full.extend(shape);
+            tensor = tensor.f_reshape(&full)?;
+        }
+        if let Some(dt) = spec.dtype
+            && dt.kind() != tensor.kind()
+        {
+            tensor = tensor.f_to_kind(dt.kind())?;
+        }
+        out.insert(name.clone(), to_device(tensor, device)?);
+        if let Some(m) = mask {
+            out.insert(format!("{name}_mask"), to_device(m, device)?);
+        }
+        if let Some(v) = valid {
+            out.insert(format!("{name}_valid"), to_device(v, device)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Host → device: pinned staging and a non-blocking copy on CUDA (the copy runs on the
+/// current stream while this thread goes on); nothing on CPU.
+fn to_device(t: Tensor, device: Device) -> Result<Tensor, ConvertError> {
+    match device {
+        Device::Cpu => Ok(t),
+        d => {
+            let pinned = t.f_pin_memory(d)?;
+            Ok(pinned.f_to_device_(d, pinned.kind(), true, false)?)
+        }
+    }
+}

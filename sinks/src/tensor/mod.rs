@@ -1,0 +1,367 @@
+//! The tensor loader: Arrow batches → named tch tensors on the training device, prepared
+//! `prefetch` batches ahead while the training step runs.
+//!
+//! ```yaml
+//! loader:
+//!   device: auto            # cuda if present, else cpu; or cpu, cuda, cuda:1
+//!   prefetch: 2
+//!   tensors:
+//!     x: {column: image, dtype: f32, shape: [3, 32, 32]}
+//!     y: {column: label, dtype: i64}
+//!     tokens: {column: tokens, dtype: i64, pad: 0}    # variable length: padded + tokens_mask
+//! ```
+//!
+//! **Copies.** Each column is copied once, from the Arrow buffer into memory libtorch owns
+//! (`Tensor::from_data_size`), then cast if the dtype differs. A zero-copy view
+//! (`Tensor::from_blob` over the Arrow buffer) is deliberately not used: tch 0.26's
+//! `from_blob` takes no deleter, so the tensor cannot keep the Arrow buffer alive, and any
+//! `shallow_clone()` of it — a safe call — could outlive the buffer and read freed memory. The
+//! one copy is the host staging copy a device transfer needs anyway. On CUDA the host tensor
+//! is pinned and copied to the device with `non_blocking`, on the loader's thread, so the
+//! transfer overlaps the running step.
+//!
+//! **Stalls.** The stream measures how long the consumer waited for each batch (from asking
+//! to receiving): [`LoaderStats`].
+
+mod convert;
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use sluice_pipeline::{Batch, BatchStream, CpuPool, Lineage, SourceState};
+use tch::{Device, Kind, Tensor};
+
+pub use convert::{ConvertError, batch_to_tensors};
+
+/// The `loader:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderConfig {
+    /// `auto` (CUDA device 0 if present, else CPU), `cpu`, `cuda` or `cuda:N`. Default: auto.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Batches converted and moved to the device ahead of the consumer. Default: 2.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: usize,
+    /// Tensor name → where it comes from.
+    pub tensors: BTreeMap<String, TensorSpec>,
+}
+
+impl LoaderConfig {
+    /// Reads a `loader:` section's body from YAML text (unknown keys are errors).
+    pub fn from_yaml(text: &str) -> Result<Self, ConvertError> {
+        serde_saphyr::from_str(text).map_err(|e| ConvertError::Config(e.to_string()))
+    }
+}
+
+fn default_device() -> String {
+    "auto".into()
+}
+fn default_prefetch() -> usize {
+    2
+}
+
+/// One tensor of a batch.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    /// Source column: a number, a fixed-size list of numbers (`[batch, n]`, reshaped by
+    /// `shape`) or a variable-length list (padded to the batch's longest, with a
+    /// `<name>_mask` bool tensor).
+    pub column: String,
+    /// Element type; default: the column's.
+    #[serde(default)]
+    pub dtype: Option<DType>,
+    /// Shape of one row (`[3, 32, 32]`); default: `[n]` for lists, scalar otherwise.
+    #[serde(default)]
+    pub shape: Option<Vec<i64>>,
+    /// Padding value for variable-length lists. Default: 0.
+    #[serde(default)]
+    pub pad: f64,
+    /// Null rows: `error` (default: the run stops naming the row) or `mask` (zeros plus a
+    /// `<name>_valid` bool tensor).
+    #[serde(default)]
+    pub nulls: NullPolicy,
+}
+
+/// Tensor element types.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// float32
+    F32,
+    /// float64
+    F64,
+    /// float16
+    F16,
+    /// bfloat16
+    Bf16,
+    /// int64
+    I64,
+    /// int32
+    I32,
+    /// int16
+    I16,
+    /// int8
+    I8,
+    /// uint8
+    U8,
+    /// bool
+    Bool,
+}
+
+impl DType {
+    /// The tch kind.
+    pub fn kind(self) -> Kind {
+        match self {
+            DType::F32 => Kind::Float,
+            DType::F64 => Kind::Double,
+            DType::F16 => Kind::Half,
+            DType::Bf16 => Kind::BFloat16,
+            DType::I64 => Kind::Int64,
+            DType::I32 => Kind::Int,
+            DType::I16 => Kind::Int16,
+            DType::I8 => Kind::Int8,
+            DType::U8 => Kind::Uint8,
+            DType::Bool => Kind::Bool,
+        }
+    }
+}
+
+/// What to do with null rows.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NullPolicy {
+    /// Stop, naming the row.
+    #[default]
+    Error,
+    /// Zeros and a `<name>_valid` mask.
+    Mask,
+}
+
+/// Resolves `auto`, `cpu`, `cuda`, `cuda:N`.
+pub fn parse_device(spec: &str) -> Result<Device, ConvertError> {
+    match spec {
+        "auto" => Ok(Device::cuda_if_available()),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        other => other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| {
+                ConvertError::Config(format!("device `{other}`: use auto, cpu, cuda or cuda:N"))
+            }),
+    }
+}
+
+/// A batch as named tensors, with what is needed to checkpoint after training on it.
+#[derive(Debug)]
+pub struct TensorBatch {
+    /// The tensors, by the names of the `tensors:` map (plus `<name>_mask` / `<name>_valid`).
+    pub tensors: BTreeMap<String, Tensor>,
+    /// Rows in the batch.
+    pub rows: usize,
+    /// Where the rows came from.
+    pub lineage: Lineage,
+    /// The pipeline state just past this batch: store it with the model to resume exactly.
+    pub state: SourceState,
+    /// How long the consumer waited for this batch.
+    pub waited: Duration,
+}
+
+impl TensorBatch {
+    /// The tensor `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+}
+
+/// Consumer-side counters of a tensor stream.
+#[derive(Debug, Default)]
+pub struct LoaderStats {
+    /// Batches delivered.
+    pub batches: AtomicU64,
+    /// Time the consumer waited for the first batch (ns): start-up, not counted as stall.
+    pub startup_ns: AtomicU64,
+    /// Total time the consumer waited for the second and later batches (ns).
+    pub wait_ns: AtomicU64,
+    /// Total time between deliveries after the first (ns): step time plus waits.
+    pub span_ns: AtomicU64,
+    /// Time spent converting and moving batches to the device (ns, loader side).
+    pub convert_ns: AtomicU64,
+}
+
+impl LoaderStats {
+    /// Fraction of the consumer's time spent waiting for data (0 = never stalled).
+    pub fn stall_fraction(&self) -> f64 {
+        let span = self.span_ns.load(Ordering::Relaxed);
+        if span == 0 {
+            return 0.0;
+        }
+        self.wait_ns.load(Ordering::Relaxed) as f64 / span as f64
+    }
+
+    /// Total wait.
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.wait_ns.load(Ordering::Relaxed))
+    }
+}
+
+/// Named tensors on the device, `prefetch` batches ahead; a `Stream` of
+/// `Result<TensorBatch, ConvertError>`.
+pub struct TensorStream {
+    rx: tokio::sync::mpsc::Receiver<Result<(TensorBatch, Duration), ConvertError>>,
+    stats: Arc<LoaderStats>,
+    waiting_since: Option<Instant>,
+    last_delivery: Option<Instant>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for TensorStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorStream").finish_non_exhaustive()
+    }
+}
+
+impl Drop for TensorStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TensorStream {
+    /// Starts converting the pipeline's `batches` (`pool` is its CPU pool) into tensors on
+    /// `config.device`; each [`TensorBatch`] carries the pipeline state just past it. Must be
+    /// called inside a tokio runtime.
+    pub fn new(
+        batches: BatchStream,
+        pool: CpuPool,
+        config: &LoaderConfig,
+    ) -> Result<Self, ConvertError> {
+        let batches = futures::stream::unfold(batches, |mut s| async move {
+            let item = s.next().await?;
+            let state = s.snapshot();
+            Some((
+                (
+                    item.map_err(|e| ConvertError::Pipeline(e.to_string())),
+                    state,
+                ),
+                s,
+            ))
+        });
+        Self::from_stream(batches, pool, config)
+    }
+
+    /// Like [`TensorStream::new`] for any stream of batches with their states.
+    pub fn from_stream(
+        batches: impl Stream<Item = (Result<Batch, ConvertError>, SourceState)> + Send + 'static,
+        pool: CpuPool,
+        config: &LoaderConfig,
+    ) -> Result<Self, ConvertError> {
+        let device = parse_device(&config.device)?;
+        if config.tensors.is_empty() {
+            return Err(ConvertError::Config("`tensors` is empty".into()));
+        }
+        // `prefetch` batches wait ready in the channel, one more is being prepared.
+        let (tx, rx) = tokio::sync::mpsc::channel(config.prefetch.max(1));
+        let stats = Arc::new(LoaderStats::default());
+        let specs = Arc::new(config.tensors.clone());
+        let st = stats.clone();
+        let task = tokio::spawn(async move {
+            let mut batches = std::pin::pin!(batches);
+            while let Some((item, state)) = batches.next().await {
+                let batch = match item {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+                let specs = specs.clone();
+                let converted = pool
+                    .run(move || -> Result<(TensorBatch, Duration), ConvertError> {
+                        let started = Instant::now();
+                        let tensors = batch_to_tensors(&batch, &specs, device)?;
+                        let tb = TensorBatch {
+                            tensors,
+                            rows: batch.num_rows(),
+                            lineage: batch.lineage,
+                            state,
+                            waited: Duration::ZERO,
+                        };
+                        Ok((tb, started.elapsed()))
+                    })
+                    .await
+                    .map_err(|e| ConvertError::Pipeline(e.to_string()))
+                    .and_then(|r| r);
+                if let Ok((_, took)) = &converted {
+                    st.convert_ns
+                        .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+                }
+                let failed = converted.is_err();
+                if tx.send(converted).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(TensorStream {
+            rx,
+            stats,
+            waiting_since: None,
+            last_delivery: None,
+            task,
+        })
+    }
+
+    /// Live counters (batches, waits, stall fraction).
+    pub fn stats(&self) -> Arc<LoaderStats> {
+        self.stats.clone()
+    }
+}
+
+impl Stream for TensorStream {
+    type Item = Result<TensorBatch, ConvertError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let now = Instant::now();
+        let asked = *self.waiting_since.get_or_insert(now);
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(item)) => {
+                let arrived = Instant::now();
+                let waited = arrived - asked;
+                self.waiting_since = None;
+                let stats = self.stats.clone();
+                stats.batches.fetch_add(1, Ordering::Relaxed);
+                match self.last_delivery {
+                    // The first batch's wait is start-up (opening files, filling the
+                    // pipeline), not a stall of the running loop.
+                    None => stats
+                        .startup_ns
+                        .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed),
+                    Some(prev) => {
+                        stats
+                            .wait_ns
+                            .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+                        stats
+                            .span_ns
+                            .fetch_add((arrived - prev).as_nanos() as u64, Ordering::Relaxed)
+                    }
+                };
+                self.last_delivery = Some(arrived);
+                Poll::Ready(Some(item.map(|(mut b, _)| {
+                    b.waited = waited;
+                    b
+                })))
+            }
+        }
+    }
+}

@@ -115,6 +115,9 @@ pub struct Job {
     pub checkpoint: Option<CheckpointConfig>,
     /// Directory relative paths resolve against.
     pub base_dir: PathBuf,
+    /// The tensor loader (`loader:`), for training and custom loops.
+    #[cfg(feature = "torch")]
+    pub loader: Option<sluice_sinks::tensor::LoaderConfig>,
 }
 
 impl Job {
@@ -130,12 +133,16 @@ impl Job {
         let pipeline = PipelineConfig::from_document(doc, &mut errors);
         let sink = doc.component::<SinkConfig>("sink", &mut errors);
         let checkpoint = doc.value::<CheckpointConfig>("checkpoint", &mut errors);
+        #[cfg(feature = "torch")]
+        let loader = doc.value::<sluice_sinks::tensor::LoaderConfig>("loader", &mut errors);
         match pipeline {
             Some(pipeline) if errors.is_empty() => Ok(Job {
                 pipeline,
                 sink,
                 checkpoint,
                 base_dir: doc.base_dir().to_path_buf(),
+                #[cfg(feature = "torch")]
+                loader,
             }),
             _ => Err(sluice_pipeline::Error::Config(ConfigErrors::sorted(errors)).into()),
         }

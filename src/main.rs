@@ -376,6 +376,26 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
                 if let Some(sink) = &job.sink {
                     println!("  sink: {} at {}", sink.value.kind(), sink.location);
                 }
+                #[cfg(feature = "torch")]
+                if let Some(loader) = &job.loader {
+                    let schema = plan
+                        .stages
+                        .last()
+                        .map(|(_, s)| s.clone())
+                        .unwrap_or_else(|| plan.source_schema.clone());
+                    match loader.check(&schema) {
+                        Ok(lines) => {
+                            for l in lines {
+                                println!("  loader: {l}");
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            eprintln!("{}: 1 problem found", path.display());
+                            failed = true;
+                        }
+                    }
+                }
             }
             Err(e) => {
                 print_error(&e);

@@ -381,3 +381,35 @@ fn bad_images_stop_the_run_or_are_skipped_and_counted() {
         "{err}"
     );
 }
+
+/// The `loader:` section is checked by `sluice validate`: unknown keys with their position,
+/// and columns/shapes against the schema the stages produce.
+#[cfg(feature = "torch")]
+#[test]
+fn loader_section_errors_name_the_key_or_the_column() {
+    let c = Case::new();
+    let digits = digits();
+    let p = c.yaml(&format!(
+        "source: {{type: parquet, path: '{digits}'}}\nloader:\n  devise: cpu\n  tensors: {{x: {{column: pixels}}}}\n"
+    ));
+    let err = c.fails("validate", &p);
+    assert!(err.contains("p.yaml:3:3"), "{err}");
+    assert!(err.contains("unknown field `devise`"), "{err}");
+    let p = c.yaml(&format!(
+        "source: {{type: parquet, path: '{digits}'}}\nloader:\n  tensors:\n    x: {{column: pixel}}\n"
+    ));
+    let err = c.fails("validate", &p);
+    assert!(
+        err.contains("tensor `x` from column `pixel`: no such column"),
+        "{err}"
+    );
+    assert!(err.contains("pixels"), "{err}");
+    let p = c.yaml(&format!(
+        "source: {{type: parquet, path: '{digits}'}}\nloader:\n  tensors:\n    x: {{column: pixels, shape: [3, 8, 8]}}\n"
+    ));
+    let err = c.fails("validate", &p);
+    assert!(
+        err.contains("shape [3, 8, 8] holds 192 values but each row has 64"),
+        "{err}"
+    );
+}

@@ -22,7 +22,14 @@ use crate::types::DataTypeName;
 
 /// Top-level sections a pipeline file may hold. `sink` is read by the `sluice` binary (crate
 /// `sluice-sinks`); the pipeline crate accepts it so one file describes the whole job.
-pub const TOP_LEVEL_SECTIONS: &[&str] = &["source", "stages", "runtime", "sink", "checkpoint"];
+pub const TOP_LEVEL_SECTIONS: &[&str] = &[
+    "source",
+    "stages",
+    "runtime",
+    "sink",
+    "checkpoint",
+    "loader",
+];
 
 /// One problem in a config file, with its position.
 #[derive(Debug, Clone, PartialEq, Eq)]

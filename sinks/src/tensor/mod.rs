@@ -54,6 +54,66 @@ pub struct LoaderConfig {
 }
 
 impl LoaderConfig {
+    /// Checks the loader against the schema the pipeline produces (device, columns, types,
+    /// shapes) without data; returns one line per tensor (`x: pixels → f32 [batch, 1, 8, 8]`).
+    pub fn check(&self, schema: &arrow::datatypes::Schema) -> Result<Vec<String>, ConvertError> {
+        use arrow::datatypes::DataType;
+        parse_device(&self.device)?;
+        if self.tensors.is_empty() {
+            return Err(ConvertError::Config("`tensors` is empty".into()));
+        }
+        let mut lines = Vec::new();
+        for (name, spec) in &self.tensors {
+            let fail = |message: String| ConvertError::Column {
+                tensor: name.clone(),
+                column: spec.column.clone(),
+                message,
+            };
+            let field = schema.field_with_name(&spec.column).map_err(|_| {
+                fail(format!(
+                    "no such column after the last stage; there are: {}",
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?;
+            let numeric = |t: &DataType| t.is_numeric() || t == &DataType::Boolean;
+            let (per_row, elem) = match field.data_type() {
+                t if numeric(t) => (Some(1i64), t.clone()),
+                DataType::FixedSizeList(f, k) if numeric(f.data_type()) => {
+                    (Some(*k as i64), f.data_type().clone())
+                }
+                DataType::List(f) | DataType::LargeList(f) if numeric(f.data_type()) => {
+                    (None, f.data_type().clone())
+                }
+                other => return Err(fail(format!("a {other} column cannot become a tensor"))),
+            };
+            if let (Some(shape), Some(n)) = (&spec.shape, per_row) {
+                let want: i64 = shape.iter().product();
+                if want != n || shape.iter().any(|d| *d <= 0) {
+                    return Err(fail(format!(
+                        "shape {shape:?} holds {want} values but each row has {n}"
+                    )));
+                }
+            }
+            let dims = match (&spec.shape, per_row) {
+                (Some(s), _) => format!("{s:?}").replace('[', "[batch, "),
+                (None, Some(1)) => "[batch]".into(),
+                (None, Some(n)) => format!("[batch, {n}]"),
+                (None, None) => format!("[batch, longest] + {name}_mask"),
+            };
+            let dtype = spec
+                .dtype
+                .map(|d| format!("{d:?}").to_lowercase())
+                .unwrap_or_else(|| elem.to_string());
+            lines.push(format!("{name}: {} → {dtype} {dims}", spec.column));
+        }
+        Ok(lines)
+    }
+
     /// Reads a `loader:` section's body from YAML text (unknown keys are errors).
     pub fn from_yaml(text: &str) -> Result<Self, ConvertError> {
         serde_saphyr::from_str(text).map_err(|e| ConvertError::Config(e.to_string()))

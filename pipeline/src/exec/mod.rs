@@ -3,9 +3,12 @@
 //!
 //! ```text
 //! source task ──q──▶ map task (stages 0..k fused, `parallelism` batches in flight, ordered)
+//!             ──q──▶ [skip task, when resuming] ──q──▶ shuffle task (window buffer)
 //!             ──q──▶ batch task (re-batching) ──q──▶ … ──q──▶ BatchStream (consumer)
 //! ```
-//! Every task is owned by the stream: dropping the stream cancels the run.
+//! Every task is owned by the stream: dropping the stream cancels the run. A restored run
+//! (`Pipeline::resume_from`) passes over already-delivered rows in the skip task, placed just
+//! before the first stage that cuts or reorders rows.
 
 pub(crate) mod channel;
 pub mod metrics;

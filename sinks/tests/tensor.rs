@@ -331,3 +331,71 @@ async fn prefetch_hides_a_fast_pipeline_and_reports_a_slow_one() {
         "stall {slow:.3}, expected about 0.75"
     );
 }
+
+/// On the CPU, numbers and fixed-size lists of the requested dtype share the Arrow memory
+/// (pointer equality), the tensor — and any view or shallow clone of it — keeps that memory
+/// alive after the batch is gone, and the memory is released when the last tensor goes.
+/// Anything needing conversion is a copy.
+#[test]
+fn zero_copy_shares_the_arrow_buffer_and_keeps_it_alive() {
+    let values = Float32Array::from_iter_values((0..12).map(|v| v as f32));
+    let buffer = values.values().inner().clone();
+    let ptr = buffer.as_ptr() as usize;
+    let list = FixedSizeListArray::try_new(
+        Arc::new(Field::new_list_field(DataType::Float32, false)),
+        4,
+        Arc::new(Float32Array::from_iter_values(
+            (0..48).map(|v| v as f32 * 2.0),
+        )),
+        None,
+    )
+    .unwrap();
+    let list_ptr = list.values().to_data().buffers()[0].as_ptr() as usize;
+    let b = batch(vec![("v", Arc::new(values)), ("m", Arc::new(list))]);
+    let before = buffer.strong_count();
+    let mut t = convert(
+        &b,
+        vec![
+            ("v", spec("v")),
+            (
+                "m",
+                TensorSpec {
+                    shape: Some(vec![2, 2]),
+                    ..spec("m")
+                },
+            ),
+            (
+                "cast",
+                TensorSpec {
+                    dtype: Some(DType::F64),
+                    ..spec("v")
+                },
+            ),
+        ],
+    )
+    .unwrap();
+    assert_eq!(t["v"].data_ptr() as usize, ptr, "numbers: no copy");
+    assert_eq!(
+        t["m"].data_ptr() as usize,
+        list_ptr,
+        "fixed-size lists: no copy"
+    );
+    assert_eq!(t["m"].size(), vec![12, 2, 2]);
+    assert_ne!(t["cast"].data_ptr() as usize, ptr, "a cast copies");
+    assert_eq!(
+        buffer.strong_count(),
+        before + 1,
+        "the tensor holds the buffer"
+    );
+    drop(b);
+    let view = t.remove("v").unwrap().shallow_clone();
+    drop(t);
+    assert_eq!(
+        f64s(&view),
+        (0..12).map(|v| v as f64).collect::<Vec<_>>(),
+        "valid after the batch is dropped"
+    );
+    assert_eq!(view.data_ptr() as usize, ptr);
+    drop(view);
+    assert_eq!(buffer.strong_count(), 1, "released with the last tensor");
+}

@@ -52,17 +52,31 @@ fn kind_of(t: &DataType) -> Option<Kind> {
     })
 }
 
-/// The bytes of `len` values of a primitive array starting at `offset` (one copy into a
-/// tensor follows); booleans are unpacked to one byte each.
+/// A tensor of `len` values of a primitive array starting at `offset`: over the Arrow buffer
+/// itself when `zero_copy` allows, else one copy; booleans are unpacked to one byte each.
 fn values_tensor(
     values: &ArrayRef,
     offset: usize,
     len: usize,
     shape: &[i64],
+    zero_copy: bool,
 ) -> Result<Tensor, String> {
     macro_rules! prim {
         ($t:ty, $kind:expr) => {{
             let a = values.as_primitive::<$t>();
+            if zero_copy {
+                let size =
+                    std::mem::size_of::<<$t as arrow::datatypes::ArrowPrimitiveType>::Native>();
+                if let Some(t) = super::blob::tensor_over(
+                    a.values().inner(),
+                    offset * size,
+                    len * size,
+                    $kind,
+                    shape,
+                ) {
+                    return Ok(t);
+                }
+            }
             let v = &a.values()[offset..offset + len];
             let bytes: &[u8] = bytemuck_cast(v);
             Tensor::f_from_data_size(bytes, shape, $kind).map_err(|e| e.to_string())
@@ -138,9 +152,21 @@ pub fn batch_to_tensors(
                 }
             }
         }
+        // Share the Arrow memory when nothing needs converting and the tensor stays on the
+        // host (a device copy copies anyway); see `blob.rs` for why that is sound.
+        let zero_copy = device == Device::Cpu
+            && valid.is_none()
+            && spec.dtype.is_none_or(|d| {
+                let leaf = match col.data_type() {
+                    DataType::FixedSizeList(f, _) => f.data_type().clone(),
+                    t => t.clone(),
+                };
+                kind_of(&leaf) == Some(d.kind())
+            });
         let (tensor, mask) = match col.data_type() {
             t if kind_of(t).is_some() => {
-                let t = values_tensor(col, col.offset(), n, &[n as i64]).map_err(fail)?;
+                let t =
+                    values_tensor(col, col.offset(), n, &[n as i64], zero_copy).map_err(fail)?;
                 (t, None)
             }
             DataType::FixedSizeList(_, k) => {
@@ -150,8 +176,14 @@ pub fn batch_to_tensors(
                 if values.null_count() > 0 && valid.is_none() {
                     return Err(fail("the lists hold null values".into()));
                 }
-                let t = values_tensor(values, list.offset() * k, n * k, &[n as i64, k as i64])
-                    .map_err(fail)?;
+                let t = values_tensor(
+                    values,
+                    list.offset() * k,
+                    n * k,
+                    &[n as i64, k as i64],
+                    zero_copy,
+                )
+                .map_err(fail)?;
                 (t, None)
             }
             DataType::List(_) | DataType::LargeList(_) => {
@@ -188,8 +220,8 @@ pub fn batch_to_tensors(
                 for r in 0..n {
                     let (a, b) = (offsets[r], offsets[r + 1]);
                     if b > a {
-                        let row =
-                            values_tensor(&values, a, b - a, &[(b - a) as i64]).map_err(fail)?;
+                        let row = values_tensor(&values, a, b - a, &[(b - a) as i64], false)
+                            .map_err(fail)?;
                         padded
                             .get(r as i64)
                             .narrow(0, 0, (b - a) as i64)

@@ -11,18 +11,21 @@
 //!     tokens: {column: tokens, dtype: i64, pad: 0}    # variable length: padded + tokens_mask
 //! ```
 //!
-//! **Copies.** Each column is copied once, from the Arrow buffer into memory libtorch owns
-//! (`Tensor::from_data_size`), then cast if the dtype differs. A zero-copy view
-//! (`Tensor::from_blob` over the Arrow buffer) is deliberately not used: tch 0.26's
-//! `from_blob` takes no deleter, so the tensor cannot keep the Arrow buffer alive, and any
-//! `shallow_clone()` of it — a safe call — could outlive the buffer and read freed memory. The
-//! one copy is the host staging copy a device transfer needs anyway. On CUDA the host tensor
-//! is pinned and copied to the device with `non_blocking`, on the loader's thread, so the
-//! transfer overlaps the running step.
+//! **Copies.** On the CPU device, a column whose values need no conversion (a number or a
+//! fixed-size list of numbers of the requested dtype, no nulls) becomes a tensor over the
+//! Arrow buffer itself — no copy. tch 0.26's `Tensor::from_blob` takes no deleter (a tensor
+//! made with it could outlive the buffer through a safe `shallow_clone()`), so a small C++
+//! shim (`blob.cpp`, compiled against libtorch's headers) calls `at::from_blob` with a
+//! deleter that owns a clone of the Arrow buffer: the memory lives exactly as long as any
+//! tensor sharing it (`blob.rs` explains the soundness argument). Everything else — casts,
+//! booleans, padded lists, masked nulls — is copied once into memory libtorch owns. On CUDA
+//! the host tensor is pinned and copied to the device with `non_blocking`, on the loader's
+//! thread, so the transfer overlaps the running step.
 //!
 //! **Stalls.** The stream measures how long the consumer waited for each batch (from asking
 //! to receiving): [`LoaderStats`].
 
+mod blob;
 mod convert;
 
 use std::collections::BTreeMap;

@@ -9,26 +9,13 @@ use std::time::{Duration, Instant};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type};
 use common::kafka::{self, JSON_SCHEMA, json_record};
-use common::{read_parquet, sluice};
+use common::{assert_ok, read_parquet, wait_for};
 use futures::StreamExt;
 use sluice::pipeline::{Origin, Pipeline};
 
 /// Runs `sluice` in `dir` (bounded: a hang fails the test after 2 minutes).
 fn run_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
-    sluice()
-        .args(args)
-        .current_dir(dir)
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap()
-}
-
-fn assert_ok(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_in_for(dir, args, Duration::from_secs(120))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -488,19 +475,6 @@ fn until_end_finishes_with_empty_partitions_and_group_assignment() {
             rows
         });
         assert_eq!(rows, 10, "{extra}");
-    }
-}
-
-/// Polls `check` until it returns `Some`, failing after `timeout`. Waits on a condition, not
-/// on time: the interval only bounds how often the condition is evaluated.
-fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

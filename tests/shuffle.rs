@@ -6,39 +6,14 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow::array::{AsArray, FixedSizeBinaryArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type};
 use common::*;
 
 fn run_in(dir: &Path, args: &[&str]) -> std::process::Output {
-    sluice()
-        .args(args)
-        .current_dir(dir)
-        .timeout(Duration::from_secs(300))
-        .output()
-        .unwrap()
-}
-
-fn assert_ok(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    run_in_for(dir, args, Duration::from_secs(300))
 }
 
 /// `files` files of `rows` rows each (row groups of 1,000): id, x = id, and `blob_bytes`
@@ -259,31 +234,26 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
 fn run_warns_when_the_shuffle_window_is_tiny() {
     let dir = tempfile::tempdir().unwrap();
     let digits = repo().join("data/digits/train.parquet");
-    std::fs::write(
-        dir.path().join("job.yaml"),
-        format!(
-            "source: {{type: parquet, path: '{}'}}\nstages:\n- {{type: shuffle, buffer_rows: 10}}\nsink: {{type: null}}\n",
-            digits.display()
-        ),
-    )
-    .unwrap();
-    let out = run_in(dir.path(), &["run", "job.yaml"]);
-    assert_ok(&out);
+    let run = |buffer_rows: usize| {
+        std::fs::write(
+            dir.path().join("job.yaml"),
+            format!(
+                "source: {{type: parquet, path: '{}'}}\nstages:\n- {{type: shuffle, buffer_rows: {buffer_rows}}}\nsink: {{type: null}}\n",
+                digits.display()
+            ),
+        )
+        .unwrap();
+        let out = run_in(dir.path(), &["run", "job.yaml"]);
+        assert_ok(&out);
+        out
+    };
+    let out = run(10);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("the shuffle window (10 rows) is under 1% of an epoch (1437 rows)"),
         "{stderr}"
     );
     // A window of 10% of the epoch draws no warning.
-    std::fs::write(
-        dir.path().join("job.yaml"),
-        format!(
-            "source: {{type: parquet, path: '{}'}}\nstages:\n- {{type: shuffle, buffer_rows: 150}}\nsink: {{type: null}}\n",
-            digits.display()
-        ),
-    )
-    .unwrap();
-    let out = run_in(dir.path(), &["run", "job.yaml"]);
-    assert_ok(&out);
+    let out = run(150);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("under 1%"));
 }

@@ -245,6 +245,17 @@ pub struct ShuffleMark {
 }
 
 impl Mark {
+    /// The first row of `epoch`.
+    pub fn start_of(epoch: u64) -> Mark {
+        Mark {
+            epoch,
+            unit: 0,
+            row: 0,
+            skip: 0,
+            shuffle: None,
+        }
+    }
+
     /// The mark `rows` rows further along the stream.
     pub fn advance(mut self, rows: u64) -> Mark {
         match &mut self.shuffle {

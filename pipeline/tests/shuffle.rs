@@ -4,6 +4,8 @@
 //! (also with `across_ranks`), (d) every rank gets the same number of batches.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use arrow::array::{
     AsArray, FixedSizeBinaryArray, Float32Array, Int64Array, ListArray, RecordBatch,
 };
 use arrow::datatypes::{Float32Type, Int32Type, Int64Type};
+use common::ids;
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -168,20 +171,6 @@ async fn run_synced(
     (out, s.snapshot())
 }
 
-fn ids(batches: &[Batch]) -> Vec<i64> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            b.data
-                .column_by_name("id")
-                .unwrap()
-                .as_primitive::<Int64Type>()
-                .values()
-                .to_vec()
-        })
-        .collect()
-}
-
 fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
     prop_assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(b) {
@@ -322,4 +311,46 @@ proptest! {
             prop_assert_eq!(ids(&joined), ids(&reference[r].0));
         }
     }
+}
+
+/// Stage orders that would make a resume inexact are refused before any data moves, saying
+/// why and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stage_orders_that_would_break_resume_are_refused_with_the_reason() {
+    let source = format!(
+        "source: {{type: parquet, path: '{}/../data/digits/train.parquet'}}\n",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let refused = |rest: &str| {
+        let yaml = format!("{source}{rest}");
+        async move {
+            Pipeline::from_yaml(&yaml)
+                .unwrap()
+                .prepare()
+                .await
+                .unwrap_err()
+                .to_string()
+        }
+    };
+    let e =
+        refused("stages:\n- {type: batch, size: 8}\n- {type: filter, predicate: 'id > 3'}\n").await;
+    assert!(e.contains("stages[1] (filter)"), "{e}");
+    assert!(e.contains("a filter after stages[0] (batch)"), "{e}");
+    assert!(e.contains("move it before"), "{e}");
+    let e = refused("stages:\n- {type: batch, size: 8}\n- {type: shuffle}\n").await;
+    assert!(e.contains("shuffle after stages[0] (batch)"), "{e}");
+    assert!(e.contains("shuffle rows first, then batch them"), "{e}");
+    let e = refused(
+        "stages:\n- {type: filter, predicate: 'id > 3'}\n- {type: shuffle, across_ranks: true}\nruntime: {rank: 0, world_size: 2}\n",
+    )
+    .await;
+    assert!(e.contains("`across_ranks` needs every rank's windows to hold the same number of rows, but stages[0] (filter)"), "{e}");
+    let e = refused(
+        "stages:\n- {type: shuffle, across_ranks: true}\nruntime: {rank: 0, world_size: 2}\n",
+    )
+    .await;
+    assert!(
+        e.contains("`across_ranks` needs a collective between the ranks"),
+        "{e}"
+    );
 }

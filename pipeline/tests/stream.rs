@@ -2,8 +2,11 @@
 //! lineage, byte-bounded queues.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Int64Type;
+use common::ids;
 use futures::StreamExt;
 use proptest::prelude::*;
 use sluice_pipeline::{Batch, Pipeline};
@@ -22,20 +25,6 @@ async fn collect(yaml: &str) -> Vec<Batch> {
         out.push(b.unwrap());
     }
     out
-}
-
-fn ids(batches: &[Batch]) -> Vec<i64> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            b.data
-                .column_by_name("id")
-                .unwrap()
-                .as_primitive::<Int64Type>()
-                .values()
-                .to_vec()
-        })
-        .collect()
 }
 
 fn config(threads: usize, parallelism: usize, batch_rows: usize, size: usize) -> String {

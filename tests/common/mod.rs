@@ -130,3 +130,43 @@ pub mod s3;
 pub fn arc<T: arrow::array::Array + 'static>(a: T) -> arrow::array::ArrayRef {
     Arc::new(a)
 }
+
+/// Runs `sluice` with `args` in `dir`, bounded: a hang fails the test after `timeout`.
+pub fn run_in_for(dir: &Path, args: &[&str], timeout: std::time::Duration) -> std::process::Output {
+    sluice()
+        .args(args)
+        .current_dir(dir)
+        .timeout(timeout)
+        .output()
+        .unwrap()
+}
+
+/// Asserts a `sluice` run succeeded, showing its stdout and stderr otherwise.
+pub fn assert_ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Polls `check` until it returns `Some`, failing after `timeout`. Waits on a condition, not
+/// on time: the interval only bounds how often the condition is evaluated.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

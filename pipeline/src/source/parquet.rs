@@ -299,13 +299,7 @@ impl ParquetSource {
     /// Stops at the first error (sent downstream) or when the receiver is gone.
     pub(crate) async fn run(self, tx: Sender, pool: CpuPool, metrics: Arc<PipelineMetrics>) {
         let epochs = self.config.epochs;
-        let start = self.resume.unwrap_or(Mark {
-            epoch: 0,
-            unit: 0,
-            row: 0,
-            skip: 0,
-            shuffle: None,
-        });
+        let start = self.resume.unwrap_or(Mark::start_of(0));
         let this = Arc::new(self);
         let (src, m) = (this.clone(), metrics.clone());
         // (epoch, unit index, unit, first row) in order: one epoch's plan at a time.

@@ -387,30 +387,26 @@ impl Shuffler {
         (data, lineage)
     }
 
+    /// Where the output of the current window restarts: its first input row, or (a rank
+    /// with no rows of its own in an exchange round) just past the last row taken in.
+    fn window_mark(&self, own_rows: bool) -> Mark {
+        if own_rows { self.start } else { None }
+            .or(self.last_end)
+            .unwrap_or(Mark::start_of(self.epoch.unwrap_or(0)))
+    }
+
     /// Permutes the current window and starts emitting it.
     fn flush(&mut self) -> Result<()> {
-        let epoch = self.epoch.unwrap_or(0);
-        let start = self.start.or(self.last_end).unwrap_or(Mark {
-            epoch,
-            unit: 0,
-            row: 0,
-            skip: 0,
-            shuffle: None,
-        });
+        self.rows = 0;
         if self.exchanging() {
             self.exchange_round(true)?;
-            self.rows = 0;
             return Ok(());
         }
-        self.rows = 0;
+        let epoch = self.epoch.unwrap_or(0);
+        let start = self.window_mark(true);
         let mut emitter = if self.runs.is_empty() {
             let (pieces, lineage) = self.window_rows();
-            let mut order: Vec<(usize, usize)> = pieces
-                .iter()
-                .enumerate()
-                .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
-                .collect();
-            order.shuffle(&mut self.rng(epoch, self.window, 0));
+            let order = shuffled(&pieces, &mut self.rng(epoch, self.window, 0));
             Emitter::Memory {
                 pieces,
                 lineage,
@@ -456,13 +452,8 @@ impl Shuffler {
         let bytes = self.bytes.max(1);
         let rows = self.held_rows.max(1);
         let (pieces, lineage) = self.window_rows();
-        let mut order: Vec<(usize, usize)> = pieces
-            .iter()
-            .enumerate()
-            .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
-            .collect();
         let part = 2 + self.runs.len() as u64;
-        order.shuffle(&mut self.rng(epoch, self.window, part));
+        let order = shuffled(&pieces, &mut self.rng(epoch, self.window, part));
         // Chunks small enough that one per run fits in half the cap.
         let bytes_per_row = (bytes / rows).max(1);
         let runs_expected =
@@ -551,24 +542,11 @@ impl Shuffler {
         let world = c.world_size();
         let rank = c.rank();
         let epoch = self.epoch.unwrap_or(0);
-        let start = if have { self.start } else { None }
-            .or(self.last_end)
-            .unwrap_or(Mark {
-                epoch,
-                unit: 0,
-                row: 0,
-                skip: 0,
-                shuffle: None,
-            });
+        let start = self.window_mark(have);
         let mut send = vec![Vec::new(); world];
         if have {
             let (pieces, lineage) = self.window_rows();
-            let mut order: Vec<(usize, usize)> = pieces
-                .iter()
-                .enumerate()
-                .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
-                .collect();
-            order.shuffle(&mut self.rng(epoch, self.window, 0));
+            let order = shuffled(&pieces, &mut self.rng(epoch, self.window, 0));
             let n = order.len();
             let refs: Vec<&RecordBatch> = pieces.iter().collect();
             let mut at = 0;
@@ -597,12 +575,7 @@ impl Shuffler {
             pieces.push(rb);
             lineage.push(rows);
         }
-        let mut order: Vec<(usize, usize)> = pieces
-            .iter()
-            .enumerate()
-            .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
-            .collect();
-        order.shuffle(&mut self.rng(epoch, self.window, 1));
+        let order = shuffled(&pieces, &mut self.rng(epoch, self.window, 1));
         let mut emitter = Emitter::Memory {
             pieces,
             lineage,
@@ -613,6 +586,17 @@ impl Shuffler {
         self.out = Some((emitter, start, skipped));
         Ok(true)
     }
+}
+
+/// Every `(piece, row)` of `pieces`, in a uniformly random order drawn from `rng`.
+fn shuffled(pieces: &[RecordBatch], rng: &mut ChaCha8Rng) -> Vec<(usize, usize)> {
+    let mut order: Vec<(usize, usize)> = pieces
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| (0..p.num_rows()).map(move |r| (i, r)))
+        .collect();
+    order.shuffle(rng);
+    order
 }
 
 const LINEAGE_COLUMNS: [&str; 4] = [

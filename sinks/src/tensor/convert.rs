@@ -37,7 +37,7 @@ pub enum ConvertError {
 }
 
 /// Element kind of an Arrow primitive type, if tensors can hold it.
-fn kind_of(t: &DataType) -> Option<Kind> {
+pub(super) fn kind_of(t: &DataType) -> Option<Kind> {
     Some(match t {
         DataType::Float32 => Kind::Float,
         DataType::Float64 => Kind::Double,
@@ -78,7 +78,8 @@ fn values_tensor(
                 }
             }
             let v = &a.values()[offset..offset + len];
-            let bytes: &[u8] = bytemuck_cast(v);
+            // Arrow's own safe view of plain numbers as bytes.
+            let bytes: &[u8] = arrow::datatypes::ToByteSlice::to_byte_slice(v);
             Tensor::f_from_data_size(bytes, shape, $kind).map_err(|e| e.to_string())
         }};
     }
@@ -100,14 +101,6 @@ fn values_tensor(
     }
 }
 
-/// Views a slice of plain numbers as bytes (the element types here have no padding and any
-/// bit pattern is a valid `u8`).
-fn bytemuck_cast<T: arrow::datatypes::ArrowNativeType>(v: &[T]) -> &[u8] {
-    // `ArrowNativeType` is implemented only for plain numeric types; `to_byte_slice` is
-    // Arrow's own safe view of such a slice as bytes.
-    arrow::datatypes::ToByteSlice::to_byte_slice(v)
-}
-
 /// Converts `batch` into the tensors of `specs`, on `device`.
 pub fn batch_to_tensors(
     batch: &Batch,
@@ -125,14 +118,7 @@ pub fn batch_to_tensors(
         let col = batch.data.column_by_name(&spec.column).ok_or_else(|| {
             fail(format!(
                 "no such column; the batch has: {}",
-                batch
-                    .data
-                    .schema()
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                super::column_names(&batch.data.schema())
             ))
         })?;
         let mut valid: Option<Tensor> = None;

@@ -75,15 +75,11 @@ impl LoaderConfig {
             let field = schema.field_with_name(&spec.column).map_err(|_| {
                 fail(format!(
                     "no such column after the last stage; there are: {}",
-                    schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    column_names(schema)
                 ))
             })?;
-            let numeric = |t: &DataType| t.is_numeric() || t == &DataType::Boolean;
+            // The types `batch_to_tensors` converts, so validation and runs agree.
+            let numeric = |t: &DataType| convert::kind_of(t).is_some();
             let (per_row, elem) = match field.data_type() {
                 t if numeric(t) => (Some(1i64), t.clone()),
                 DataType::FixedSizeList(f, k) if numeric(f.data_type()) => {
@@ -206,6 +202,16 @@ pub enum NullPolicy {
     Error,
     /// Zeros and a `<name>_valid` mask.
     Mask,
+}
+
+/// The column names of `schema`, comma-separated (for "no such column" messages).
+fn column_names(schema: &arrow::datatypes::Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Resolves `auto`, `cpu`, `cuda`, `cuda:N`.

@@ -5,13 +5,16 @@
 //!
 //! - [`pipeline`] (`sluice-pipeline`): config model, sources, Arrow stages, the `Stream` API;
 //! - [`sinks`] (`sluice-sinks`): Parquet, Arrow IPC and null sinks;
-//! - [`Job`]: a pipeline file with its `sink:`, prepared and run to completion.
+//! - [`Job`]: a pipeline file with its `sink:`, prepared and run to completion;
+//! - `trainer` (`sluice-trainer`, feature `torch`): data-parallel training (`sluice train`).
 
 mod job;
 
 pub use job::{Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport};
 pub use sluice_pipeline as pipeline;
 pub use sluice_sinks as sinks;
+#[cfg(feature = "torch")]
+pub use sluice_trainer as trainer;
 
 /// The README's Rust examples compile (`cargo test --doc`).
 #[cfg(doctest)]

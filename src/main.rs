@@ -64,6 +64,26 @@ enum Command {
         #[arg(long)]
         resume: bool,
     },
+    /// Train the `trainer:` model on the pipeline's batches (`loader:` says which columns
+    /// become which tensors) with data-parallel workers, and print a summary.
+    #[cfg(feature = "torch")]
+    Train {
+        /// The pipeline YAML file, with `loader:` and `trainer:` sections.
+        config: PathBuf,
+        /// Progress bar on stderr.
+        #[arg(long, value_enum, default_value = "auto")]
+        progress: ProgressMode,
+        /// Also write the summary as JSON to this file.
+        #[arg(long)]
+        summary_json: Option<PathBuf>,
+        /// Continue from `trainer.checkpoint` if it exists (start fresh if not). Without it,
+        /// an existing checkpoint is an error.
+        #[arg(long)]
+        resume: bool,
+        /// Override `trainer.allreduce.workers` (local backend).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
     /// Check pipeline files: every config problem with file:line:column, then (unless
     /// --no-data) the source's files and the schema through every stage.
     Validate {
@@ -128,6 +148,24 @@ fn main() -> ExitCode {
                 )
                 .await
             }
+            #[cfg(feature = "torch")]
+            Command::Train {
+                config,
+                progress,
+                summary_json,
+                resume,
+                workers,
+            } => {
+                train::train(
+                    &config,
+                    progress,
+                    summary_json.as_deref(),
+                    resume,
+                    workers,
+                    cli.quiet,
+                )
+                .await
+            }
             Command::Validate { configs, no_data } => validate(&configs, no_data).await,
             Command::Inspect { paths, rows } => inspect(&paths, rows).await,
         }
@@ -136,6 +174,9 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
 }
+
+#[cfg(feature = "torch")]
+mod train;
 
 fn print_error(e: &dyn std::fmt::Display) {
     for line in e.to_string().lines() {

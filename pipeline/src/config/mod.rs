@@ -28,6 +28,7 @@ pub const TOP_LEVEL_SECTIONS: &[&str] = &[
     "runtime",
     "sink",
     "checkpoint",
+    "trainer",
     "loader",
 ];
 

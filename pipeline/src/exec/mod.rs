@@ -31,7 +31,9 @@ pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
 pub use self::pool::CpuPool;
 use crate::batch::{Batch, Mark};
 use crate::collective::Collective;
-use crate::config::{ConfigDocument, ConfigErrors, PipelineConfig, SourceConfig, StageConfig};
+use crate::config::{
+    ConfigDocument, ConfigErrors, Located, PipelineConfig, SourceConfig, StageConfig,
+};
 use crate::error::{Error, Result, StageRef};
 use crate::source::Source;
 use crate::source::kafka::KafkaSource;
@@ -319,6 +321,7 @@ impl Pipeline {
         let stage_metrics: Vec<Arc<StageMetrics>> = (0..self.config.stages.len())
             .map(|i| Arc::new(StageMetrics::new(self.stage_ref(i).to_string())))
             .collect();
+        let mut frozen = Vec::with_capacity(self.config.stages.len());
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
             let mut stats = placeholder_stats(&s.value);
@@ -348,7 +351,17 @@ impl Pipeline {
                         st.std()
                     ));
                 }
+                frozen.extend(computed.iter().map(|(name, st)| Located {
+                    value: StageConfig::Standardize(crate::config::StandardizeConfig {
+                        columns: vec![name.clone()],
+                        mean: Some(st.mean),
+                        std: Some(st.std()),
+                    }),
+                    location: s.location.clone(),
+                }));
                 stats = Some(computed);
+            } else {
+                frozen.push(s.clone());
             }
             let (built, out) = stage::build(&sref, &s.value, &schema, stats)?;
             slots.push(StageSlot {
@@ -394,6 +407,7 @@ impl Pipeline {
             acker,
             collective: self.collective.clone(),
             resume: resume_mark,
+            frozen,
         })
     }
 
@@ -460,6 +474,7 @@ async fn compute_stats(
         acker: Arc::new(Acknowledger::new(None)),
         collective: None,
         resume: None,
+        frozen: Vec::new(),
     };
     let mut indices = Vec::new();
     for name in &c.columns {
@@ -508,6 +523,9 @@ pub struct PreparedPipeline {
     collective: Option<Arc<dyn Collective>>,
     /// Where a restored Parquet run continues (rows to skip, shuffle window).
     resume: Option<Mark>,
+    /// The stage configs with every computed statistic written in (see
+    /// [`PreparedPipeline::frozen_stages`]).
+    frozen: Vec<Located<StageConfig>>,
 }
 
 impl std::fmt::Debug for StageSlot {
@@ -543,6 +561,14 @@ impl PreparedPipeline {
         self.acker.clone()
     }
 
+    /// The stages as configured, except that each `standardize` whose mean and std were
+    /// computed over the source is replaced by one `standardize` per column with the computed
+    /// values written in: the same preprocessing, applicable to other data (an evaluation
+    /// split, serving) without another pass and without drifting from what training saw.
+    pub fn frozen_stages(&self) -> Vec<Located<StageConfig>> {
+        self.frozen.clone()
+    }
+
     /// Starts the run. Must be called inside a tokio runtime.
     pub fn stream(self) -> BatchStream {
         let metrics = self.metrics.clone();
@@ -568,6 +594,7 @@ impl PreparedPipeline {
             acker: _,
             collective,
             resume,
+            frozen: _,
         } = self;
         let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
         let mut tasks = JoinSet::new();

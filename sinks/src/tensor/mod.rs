@@ -113,6 +113,22 @@ impl LoaderConfig {
         Ok(lines)
     }
 
+    /// The per-row shape of tensor `name` for batches of `schema` (without the batch
+    /// dimension), when it does not depend on the data: `None` for variable-length lists and
+    /// unknown names.
+    pub fn row_shape(&self, name: &str, schema: &arrow::datatypes::Schema) -> Option<Vec<i64>> {
+        use arrow::datatypes::DataType;
+        let spec = self.tensors.get(name)?;
+        if let Some(shape) = &spec.shape {
+            return Some(shape.clone());
+        }
+        match schema.field_with_name(&spec.column).ok()?.data_type() {
+            t if convert::kind_of(t).is_some() => Some(Vec::new()),
+            DataType::FixedSizeList(_, k) => Some(vec![i64::from(*k)]),
+            _ => None,
+        }
+    }
+
     /// Reads a `loader:` section's body from YAML text (unknown keys are errors).
     pub fn from_yaml(text: &str) -> Result<Self, ConvertError> {
         serde_saphyr::from_str(text).map_err(|e| ConvertError::Config(e.to_string()))

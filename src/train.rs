@@ -1,0 +1,168 @@
+//! `sluice train`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sluice::trainer::{Progress, TrainJob, TrainOptions, TrainReport};
+
+use crate::{ProgressMode, interrupt_signal, print_error};
+
+pub(crate) async fn train(
+    config: &Path,
+    progress: ProgressMode,
+    summary_json: Option<&Path>,
+    resume: bool,
+    workers: Option<usize>,
+    quiet: bool,
+) -> ExitCode {
+    let interrupt = interrupt_signal();
+    let mut job = match TrainJob::from_path(config) {
+        Ok(j) => j,
+        Err(e) => {
+            print_error(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(w) = workers {
+        job.trainer.allreduce.workers = w;
+        if let Err(e) = job.check() {
+            print_error(&e);
+            return ExitCode::FAILURE;
+        }
+    }
+    // SIGTERM/SIGINT: every rank checkpoints at the next step and stops.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let watcher = tokio::spawn(async move {
+        interrupt.await;
+        tracing::warn!("interrupted: checkpointing at the next step, then stopping");
+        flag.store(true, Ordering::Relaxed);
+    });
+    let bar = (matches!(progress, ProgressMode::Auto)
+        && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    .then(|| {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} step {human_pos}/{human_len}  {per_sec}  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar
+    });
+    let options = TrainOptions {
+        resume,
+        stop,
+        progress: bar.clone().map(|bar| {
+            Arc::new(move |p: &Progress| {
+                if let Some(t) = p.total_steps {
+                    bar.set_length(t);
+                }
+                bar.set_position(p.step);
+                let acc = p
+                    .accuracy
+                    .map(|a| format!("  eval acc {:.2}%", 100.0 * a))
+                    .unwrap_or_default();
+                bar.set_message(format!("loss {:.4}{acc}", p.loss));
+            }) as sluice::trainer::run::ProgressFn
+        }),
+    };
+    let handle = tokio::runtime::Handle::current();
+    let result =
+        tokio::task::spawn_blocking(move || sluice::trainer::train(&job, &options, &handle)).await;
+    watcher.abort();
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let report = match result {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            print_error(&e);
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("error: the training task failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !quiet {
+        print_summary(config, &report);
+    }
+    if let Some(path) = summary_json {
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if report.interrupted {
+        eprintln!(
+            "interrupted at step {}; {} covers it: run again with --resume to continue",
+            report.steps,
+            report
+                .checkpoint
+                .as_deref()
+                .unwrap_or("(no checkpoint configured)")
+        );
+        return ExitCode::from(130);
+    }
+    ExitCode::SUCCESS
+}
+
+#[allow(clippy::print_stdout)]
+fn print_summary(config: &Path, r: &TrainReport) {
+    if r.already_complete {
+        println!(
+            "sluice train {}: already complete at step {} ({} rows trained); delete the checkpoint to train again",
+            config.display(),
+            r.steps,
+            r.rows_trained
+        );
+        return;
+    }
+    println!(
+        "sluice train {}: {}",
+        config.display(),
+        if r.interrupted { "interrupted" } else { "ok" }
+    );
+    println!(
+        "  steps    {} ({} this run) on {} worker(s), {} rows this run, {:.0} rows/s",
+        r.steps, r.steps_this_run, r.world_size, r.rows_this_run, r.rows_per_second
+    );
+    if let Some(l) = r.last_loss {
+        println!("  loss     {l:.4} (last step)");
+    }
+    if let Some(e) = r.evals.last() {
+        match e.accuracy {
+            Some(a) => println!(
+                "  eval     accuracy {:.2}%, loss {:.4} over {} rows at step {}",
+                100.0 * a,
+                e.loss,
+                e.rows,
+                e.step
+            ),
+            None => println!(
+                "  eval     loss {:.4} over {} rows at step {}",
+                e.loss, e.rows, e.step
+            ),
+        }
+    }
+    println!(
+        "  data     stall {:.2}% of the loop's time ({:.2} s waiting), all-reduce {:.2} s",
+        100.0 * r.data_stall_fraction,
+        r.data_wait_seconds,
+        r.allreduce_seconds
+    );
+    if r.rows_untrained > 0 {
+        println!(
+            "  warning  {} rows were held by ranks when another ran out of data and were not trained",
+            r.rows_untrained
+        );
+    }
+    if let Some(c) = &r.checkpoint {
+        println!("  checkpoint {c}");
+    }
+    println!("  time     {:.1} s", r.seconds);
+}

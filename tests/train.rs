@@ -1,0 +1,221 @@
+//! `sluice train`: the quickstart reaches its accuracy with two workers, a SIGKILLed run
+//! resumes to bitwise the same parameters, and bad trainer configs are explained.
+#![cfg(feature = "torch")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use sluice::trainer::checkpoint::decode;
+
+#[test]
+fn quickstart_trains_to_95_percent_with_two_workers() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = out.path().join("train.json");
+    let output = run_in_for(
+        out.path(),
+        &[
+            "train",
+            repo().join("configs/quickstart.yaml").to_str().unwrap(),
+            "--summary-json",
+            summary.to_str().unwrap(),
+        ],
+        Duration::from_secs(300),
+    );
+    assert_ok(&output);
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    assert_eq!(r["world_size"], 2);
+    // 1437 rows: each rank gets 718 per epoch (one row per epoch cannot be split evenly),
+    // 20 epochs, batches of 64 per rank running across epoch boundaries.
+    assert_eq!(r["rows_trained"], 718 * 2 * 20);
+    assert_eq!(r["steps"], (718u64 * 20).div_ceil(64));
+    assert_eq!(r["rows_untrained"], 0);
+    let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(eval["rows"], 360, "the whole test split, each row once");
+    let acc = eval["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.95, "test accuracy {acc}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("eval     accuracy") && stdout.contains("stall"),
+        "{stdout}"
+    );
+}
+
+/// Digits with a cross-rank shuffle, SGD with momentum and weight decay, 2 workers, a
+/// checkpoint every 10 steps; `steps` ends the run.
+fn job(steps: u64) -> String {
+    let data = repo().join("data/digits");
+    format!(
+        "source: {{type: parquet, path: '{}/train.parquet', columns: [label, pixels], batch_rows: 100}}
+stages:
+  - {{type: cast, columns: {{pixels: float32}}}}
+  - {{type: standardize, columns: [pixels]}}
+  - {{type: shuffle, buffer_rows: 300, seed: 5, across_ranks: true}}
+  - {{type: batch, size: 32}}
+runtime: {{threads: 1}}
+loader:
+  tensors:
+    x: {{column: pixels, dtype: f32}}
+    y: {{column: label, dtype: i64}}
+trainer:
+  model: {{type: mlp, hidden: [32], outputs: 10}}
+  optimizer: {{type: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.001}}
+  epochs: 100000
+  steps: {steps}
+  allreduce: {{workers: 2, bucket_mb: 0.001}}
+  checkpoint: {{path: state/train.ckpt, every_steps: 10}}
+  check_every_steps: 10
+",
+        data.display()
+    )
+}
+
+/// A checkpoint's metadata and its tensors' values, by name.
+type Read = (
+    sluice::trainer::checkpoint::CheckpointMeta,
+    Vec<(String, Vec<f32>)>,
+);
+
+fn read_checkpoint(path: &Path) -> Option<Read> {
+    let bytes = std::fs::read(path).ok()?;
+    let (meta, tensors) = decode(&bytes).ok()?;
+    let values = tensors
+        .into_iter()
+        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
+        .collect();
+    Some((meta, values))
+}
+
+#[test]
+fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
+    const STEPS: u64 = 400;
+    // The uninterrupted reference.
+    let reference = tempfile::tempdir().unwrap();
+    std::fs::write(reference.path().join("job.yaml"), job(STEPS)).unwrap();
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["train", "job.yaml"],
+        Duration::from_secs(300),
+    ));
+    let (ref_meta, ref_params) =
+        read_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
+    assert_eq!(ref_meta.step, STEPS);
+    assert!(ref_meta.complete);
+
+    // Run 1 would go on for a million steps: it is surely running when killed, right after
+    // its first checkpoints.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), job(1_000_000)).unwrap();
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
+        .args(["train", "job.yaml"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ckpt = dir.path().join("state/train.ckpt");
+    wait_for(
+        "a checkpoint past step 20",
+        Duration::from_secs(120),
+        || read_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
+    );
+    assert!(child.try_wait().unwrap().is_none(), "run 1 ended early");
+    child.kill().unwrap(); // SIGKILL: no chance to checkpoint on the way out
+    child.wait().unwrap();
+    let (at_kill, _) = read_checkpoint(&ckpt).unwrap();
+    assert!(!at_kill.complete);
+    assert!(
+        at_kill.step < STEPS && at_kill.step % 10 == 0,
+        "killed at step {}: the machine was too fast for this test's window",
+        at_kill.step
+    );
+    assert!(
+        at_kill
+            .pipeline
+            .iter()
+            .all(|s| s.parquet.is_some_and(|m| m.shuffle.is_some()))
+    );
+
+    // Run 2: the reference's config, resumed from run 1's checkpoint.
+    std::fs::write(dir.path().join("job.yaml"), job(STEPS)).unwrap();
+    let out = run_in_for(
+        dir.path(),
+        &["train", "job.yaml", "--resume"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let (meta, params) = read_checkpoint(&ckpt).unwrap();
+    assert_eq!(meta.step, STEPS);
+    assert_eq!(
+        meta.rows_trained, ref_meta.rows_trained,
+        "every row trained exactly as often"
+    );
+    assert_eq!(
+        meta.pipeline, ref_meta.pipeline,
+        "the data streams end at the same positions"
+    );
+    assert_eq!(params.len(), ref_params.len());
+    for ((n, a), (m, b)) in params.iter().zip(&ref_params) {
+        assert_eq!(n, m);
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same,
+            "`{n}` differs from the uninterrupted run (resumed at step {})",
+            at_kill.step
+        );
+    }
+
+    // Without --resume, an existing checkpoint is an error, not silently overwritten.
+    let again = run_in_for(dir.path(), &["train", "job.yaml"], Duration::from_secs(60));
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"));
+}
+
+#[test]
+fn trainer_config_errors_say_where_and_what() {
+    let dir = tempfile::tempdir().unwrap();
+    let quick = std::fs::read_to_string(repo().join("configs/quickstart.yaml")).unwrap();
+    let base = quick.replace("../data/", &format!("{}/data/", repo().display()));
+
+    // An unknown key inside `trainer.optimizer`: file:line:column and the key.
+    let bad = base.replace("momentum: 0.9,", "momentun: 0.9,");
+    std::fs::write(dir.path().join("bad.yaml"), &bad).unwrap();
+    let out = run_in_for(dir.path(), &["train", "bad.yaml"], Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = bad.lines().position(|l| l.contains("momentun")).unwrap() + 1;
+    assert!(
+        err.contains(&format!("bad.yaml:{line}:")) && err.contains("momentun"),
+        "{err}"
+    );
+
+    // No trainer section at all.
+    let none = &base[..base.find("\nloader:").unwrap()];
+    std::fs::write(dir.path().join("none.yaml"), none).unwrap();
+    let out = run_in_for(dir.path(), &["train", "none.yaml"], Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`loader:`") && err.contains("`trainer:`"),
+        "{err}"
+    );
+
+    // The target tensor is not produced by the loader.
+    let wrong = base.replace("outputs: 10}", "outputs: 10}\n  target: label");
+    std::fs::write(dir.path().join("wrong.yaml"), wrong).unwrap();
+    let out = run_in_for(
+        dir.path(),
+        &["train", "wrong.yaml"],
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tensor `label`") && err.contains("x, y"),
+        "{err}"
+    );
+}

@@ -1,0 +1,311 @@
+//! The `trainer:` section.
+//!
+//! ```yaml
+//! trainer:
+//!   model: {type: mlp, hidden: [128], classes: 10}
+//!   loss: cross_entropy
+//!   optimizer: {type: sgd, lr: 0.1, momentum: 0.9, weight_decay: 1e-4}
+//!   schedule: {warmup_steps: 20, decay: cosine}
+//!   epochs: 10
+//!   eval: {path: ../data/digits/test.parquet, every_steps: 50}
+//!   allreduce: {backend: local, workers: 2, bucket_mb: 25, compression: none}
+//!   checkpoint: {path: ../out/train.ckpt, every_steps: 100}
+//! ```
+
+use serde::Deserialize;
+
+/// The `trainer:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerConfig {
+    /// The network, from the built-in zoo.
+    pub model: ModelConfig,
+    /// Loss function. Default: cross_entropy.
+    #[serde(default)]
+    pub loss: Loss,
+    /// Optimizer.
+    pub optimizer: OptimizerConfig,
+    /// Learning-rate schedule. Default: constant.
+    #[serde(default)]
+    pub schedule: ScheduleConfig,
+    /// Passes over the training source (overrides the source's `epochs`).
+    #[serde(default)]
+    pub epochs: Option<u64>,
+    /// Stop after this many optimizer steps (also the length of a decaying schedule).
+    #[serde(default)]
+    pub steps: Option<u64>,
+    /// Names of the input and target tensors in `loader.tensors`. Default: x, y.
+    #[serde(default = "default_input")]
+    pub input: String,
+    /// See `input`.
+    #[serde(default = "default_target")]
+    pub target: String,
+    /// Evaluation on held-out data.
+    #[serde(default)]
+    pub eval: Option<EvalConfig>,
+    /// Gradient averaging between workers.
+    #[serde(default)]
+    pub allreduce: AllReduceConfig,
+    /// Checkpoints for `--resume`.
+    #[serde(default)]
+    pub checkpoint: Option<TrainCheckpointConfig>,
+    /// Seed of the model's initial weights. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
+    /// Write one JSON line per step (and per evaluation) to this file (relative to the config
+    /// file). Default: none.
+    #[serde(default)]
+    pub log: Option<String>,
+    /// Compare a checksum of the parameters across ranks every this many steps (they must be
+    /// bitwise equal; a mismatch stops the run). 0 = never. Default: 100.
+    #[serde(default = "default_check_every")]
+    pub check_every_steps: u64,
+}
+
+fn default_input() -> String {
+    "x".into()
+}
+fn default_target() -> String {
+    "y".into()
+}
+fn default_check_every() -> u64 {
+    100
+}
+
+/// `trainer.model`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelConfig {
+    /// Logistic (softmax) regression: one linear layer over the flattened input.
+    Logreg {
+        /// Outputs (classes for cross-entropy, targets for MSE).
+        outputs: i64,
+    },
+    /// Fully connected layers with ReLU.
+    Mlp {
+        /// Hidden layer widths. Default: [128].
+        #[serde(default = "default_hidden")]
+        hidden: Vec<i64>,
+        /// Outputs.
+        outputs: i64,
+    },
+    /// A small ResNet-style convolutional net for `[channels, height, width]` inputs
+    /// (e.g. 32×32 images): a stem, residual blocks with group norm, global average pooling.
+    Cnn {
+        /// Channels of the stem; doubled at each downsampling stage. Default: 32.
+        #[serde(default = "default_width")]
+        width: i64,
+        /// Downsampling stages (each: stride-2 conv + a residual block). Default: 2.
+        #[serde(default = "default_stages")]
+        stages: usize,
+        /// Outputs.
+        outputs: i64,
+    },
+}
+
+fn default_hidden() -> Vec<i64> {
+    vec![128]
+}
+fn default_width() -> i64 {
+    32
+}
+fn default_stages() -> usize {
+    2
+}
+
+/// `trainer.loss`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// Softmax cross-entropy over integer class targets (accuracy is reported).
+    #[default]
+    CrossEntropy,
+    /// Mean squared error against float targets.
+    Mse,
+}
+
+/// `trainer.optimizer`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OptimizerConfig {
+    /// Stochastic gradient descent (PyTorch's semantics: `v = μ·v + g + λ·p; p -= lr·v`).
+    Sgd {
+        /// Peak learning rate.
+        lr: f64,
+        /// Momentum μ. Default: 0.
+        #[serde(default)]
+        momentum: f64,
+        /// L2 weight decay λ (added to the gradient). Default: 0.
+        #[serde(default)]
+        weight_decay: f64,
+        /// Nesterov momentum. Default: false.
+        #[serde(default)]
+        nesterov: bool,
+    },
+    /// Adam with decoupled weight decay (Loshchilov & Hutter).
+    Adamw {
+        /// Peak learning rate.
+        lr: f64,
+        /// β₁. Default: 0.9.
+        #[serde(default = "default_beta1")]
+        beta1: f64,
+        /// β₂. Default: 0.999.
+        #[serde(default = "default_beta2")]
+        beta2: f64,
+        /// ε. Default: 1e-8.
+        #[serde(default = "default_eps")]
+        eps: f64,
+        /// Decoupled weight decay. Default: 0.01.
+        #[serde(default = "default_wd")]
+        weight_decay: f64,
+    },
+}
+
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+fn default_wd() -> f64 {
+    0.01
+}
+
+impl OptimizerConfig {
+    /// The peak learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            OptimizerConfig::Sgd { lr, .. } | OptimizerConfig::Adamw { lr, .. } => *lr,
+        }
+    }
+}
+
+/// `trainer.schedule`: linear warmup from 0, then a decay.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// Steps of linear warmup. Default: 0.
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// What follows warmup. Default: constant.
+    #[serde(default)]
+    pub decay: Decay,
+    /// `step` decay: multiply by `gamma` every `step_size` steps.
+    #[serde(default)]
+    pub step_size: Option<u64>,
+    /// `step` decay factor. Default: 0.1.
+    #[serde(default)]
+    pub gamma: Option<f64>,
+    /// `cosine` decay ends at this learning rate. Default: 0.
+    #[serde(default)]
+    pub min_lr: f64,
+}
+
+/// Decay after warmup.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Decay {
+    /// Keep the peak rate.
+    #[default]
+    Constant,
+    /// Half-cosine from the peak to `min_lr` at the last step.
+    Cosine,
+    /// Multiply by `gamma` every `step_size` steps.
+    Step,
+}
+
+/// `trainer.eval`: held-out files read like the training source and run through the
+/// training stages minus the random ones (`shuffle`, `gaussian_noise`, `feature_dropout`,
+/// `mask_tokens`, image flips and colour jitter, and a `random_crop` that keeps the size), with
+/// computed `standardize` statistics taken from the training data.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Path(s) or URL(s) of the held-out Parquet files, in place of the training source's
+    /// `path` (relative paths resolve against the config file).
+    pub path: sluice_pipeline::config::OneOrMany,
+    /// Evaluate every this many steps (and always at the end). Default: only at the end.
+    #[serde(default)]
+    pub every_steps: Option<u64>,
+}
+
+/// `trainer.allreduce`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AllReduceConfig {
+    /// `local`: workers are threads of this process; `mpi`: one process per rank under
+    /// `mpirun` (cargo feature `mpi`). Default: local.
+    #[serde(default)]
+    pub backend: Backend,
+    /// Workers of the `local` backend. Default: 1.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Gradient bucket size in MB (gradients are flattened into buckets of about this size
+    /// and reduced bucket by bucket). Default: 25.
+    #[serde(default = "default_bucket_mb")]
+    pub bucket_mb: f64,
+    /// `fp16` halves the bytes exchanged (sums accumulate in f32, rounded once). Default: none.
+    #[serde(default)]
+    pub compression: Compression,
+}
+
+fn default_workers() -> usize {
+    1
+}
+fn default_bucket_mb() -> f64 {
+    25.0
+}
+
+impl Default for AllReduceConfig {
+    fn default() -> Self {
+        AllReduceConfig {
+            backend: Backend::Local,
+            workers: 1,
+            bucket_mb: 25.0,
+            compression: Compression::None,
+        }
+    }
+}
+
+/// Collective backend.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// Threads of one process.
+    #[default]
+    Local,
+    /// OpenMPI.
+    Mpi,
+}
+
+/// Gradient compression.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    /// f32.
+    #[default]
+    None,
+    /// f16 on the wire.
+    Fp16,
+}
+
+/// `trainer.checkpoint`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainCheckpointConfig {
+    /// Path or object-store URL of the checkpoint (one object, replaced atomically).
+    pub path: String,
+    /// Write one every this many steps (and on SIGTERM/SIGINT and at the end). Default: 100.
+    #[serde(default = "default_every")]
+    pub every_steps: u64,
+    /// Object-store options for `path`.
+    #[serde(default)]
+    pub storage: sluice_pipeline::storage::StorageConfig,
+}
+
+fn default_every() -> u64 {
+    100
+}

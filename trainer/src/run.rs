@@ -1,0 +1,880 @@
+//! `sluice train`: a pipeline file with `loader:` and `trainer:` sections, trained by
+//! `workers` data-parallel ranks (threads of this process with the `local` backend, or one
+//! process per rank under `mpirun` with `mpi`).
+//!
+//! Each rank runs its own copy of the pipeline as one rank of the data side (Parquet row
+//! groups are split so every rank gets the same number of batches; a `shuffle` with
+//! `across_ranks` exchanges rows) and its own model replica. Two collectives connect the
+//! ranks: one for the pipeline's row exchange and one for the step handshake, gradients,
+//! evaluation and checkpoints, so the two never interleave.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::StreamExt;
+use object_store::{ObjectStoreExt, PutPayload};
+use serde::Serialize;
+use sluice_pipeline::collective::{Collective, CollectiveError, LocalCollective};
+use sluice_pipeline::config::{
+    ConfigDocument, ImageOp, Located, OneOrMany, SourceConfig, StageConfig,
+};
+use sluice_pipeline::storage::resolve;
+use sluice_pipeline::{ConfigErrors, Pipeline, PipelineConfig, SourceState};
+use sluice_sinks::tensor::{LoaderConfig, TensorStream, parse_device};
+use tch::nn::{Module, VarStore};
+use tch::{Kind, Reduction, Tensor};
+use tokio::runtime::Handle;
+
+use crate::TrainError;
+use crate::checkpoint::{CheckpointMeta, decode, encode};
+use crate::config::{Backend, Decay, Loss, TrainerConfig};
+use crate::model::{build, row_shape};
+use crate::trainer::{Trainer, TrainerOptions};
+
+/// A training job: the pipeline plus `loader:` and `trainer:`.
+#[derive(Debug, Clone)]
+pub struct TrainJob {
+    /// The training data.
+    pub pipeline: PipelineConfig,
+    /// Batches → tensors.
+    pub loader: LoaderConfig,
+    /// The model and how to train it.
+    pub trainer: TrainerConfig,
+    /// Directory relative paths resolve against.
+    pub base_dir: PathBuf,
+}
+
+impl TrainJob {
+    /// Loads a job file, reporting every config problem at once (file:line:column).
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, TrainError> {
+        let doc = ConfigDocument::from_path(path)?;
+        Self::from_document(&doc)
+    }
+
+    /// Reads a job from a loaded document.
+    pub fn from_document(doc: &ConfigDocument) -> Result<Self, TrainError> {
+        let mut errors = Vec::new();
+        let pipeline = PipelineConfig::from_document(doc, &mut errors);
+        let loader = doc.value::<LoaderConfig>("loader", &mut errors);
+        let trainer = doc.value::<TrainerConfig>("trainer", &mut errors);
+        if !errors.is_empty() {
+            return Err(sluice_pipeline::Error::Config(ConfigErrors::sorted(errors)).into());
+        }
+        let (Some(pipeline), Some(loader), Some(trainer)) = (pipeline, loader, trainer) else {
+            return Err(TrainError::Config(format!(
+                "{}: `sluice train` needs `source:`, `loader:` (which columns become which tensors) and `trainer:` (model, optimizer) sections; see docs/config.md",
+                doc.origin()
+            )));
+        };
+        let job = TrainJob {
+            pipeline,
+            loader,
+            trainer,
+            base_dir: doc.base_dir().to_path_buf(),
+        };
+        job.check()?;
+        Ok(job)
+    }
+
+    /// Checks what can be checked without data.
+    pub fn check(&self) -> Result<(), TrainError> {
+        let t = &self.trainer;
+        for name in [&t.input, &t.target] {
+            if !self.loader.tensors.contains_key(name) {
+                return Err(TrainError::Config(format!(
+                    "trainer: tensor `{name}` is not in `loader.tensors` (it has: {}); set `trainer.input`/`trainer.target` or add it",
+                    self.loader
+                        .tensors
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        if t.allreduce.workers == 0 {
+            return Err(TrainError::Config(
+                "trainer.allreduce.workers must be at least 1".into(),
+            ));
+        }
+        if t.allreduce.bucket_mb <= 0.0 || !t.allreduce.bucket_mb.is_finite() {
+            return Err(TrainError::Config(
+                "trainer.allreduce.bucket_mb must be a positive number".into(),
+            ));
+        }
+        if t.optimizer.lr() <= 0.0 || !t.optimizer.lr().is_finite() {
+            return Err(TrainError::Config(
+                "trainer.optimizer.lr must be a positive number".into(),
+            ));
+        }
+        if t.eval.is_some() && !matches!(self.pipeline.source.value, SourceConfig::Parquet(_)) {
+            return Err(TrainError::Config(
+                "trainer.eval reads held-out Parquet files like the training source; the training source is not Parquet".into(),
+            ));
+        }
+        if t.checkpoint.as_ref().is_some_and(|c| c.every_steps == 0) {
+            return Err(TrainError::Config(
+                "trainer.checkpoint.every_steps must be at least 1".into(),
+            ));
+        }
+        if !self
+            .pipeline
+            .stages
+            .iter()
+            .any(|s| matches!(s.value, StageConfig::Batch(_)))
+        {
+            return Err(TrainError::Config(
+                "the pipeline has no `batch` stage: add `- {type: batch, size: N}` so the trainer gets mini-batches".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn batch_size(&self) -> Option<(usize, bool)> {
+        self.pipeline
+            .stages
+            .iter()
+            .rev()
+            .find_map(|s| match &s.value {
+                StageConfig::Batch(b) => Some((b.size, b.drop_last)),
+                _ => None,
+            })
+    }
+}
+
+/// Progress of rank 0, for a progress bar.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    /// The step just done.
+    pub step: u64,
+    /// Steps planned, when known.
+    pub total_steps: Option<u64>,
+    /// Mean loss of the step.
+    pub loss: f64,
+    /// Latest evaluation accuracy.
+    pub accuracy: Option<f64>,
+}
+
+/// Callback for [`Progress`].
+pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
+
+/// How to run a [`TrainJob`].
+#[derive(Clone, Default)]
+pub struct TrainOptions {
+    /// Continue from the checkpoint if it exists (without it, an existing checkpoint is an
+    /// error).
+    pub resume: bool,
+    /// Set (e.g. by a SIGTERM handler) to checkpoint at the next step and stop.
+    pub stop: Arc<AtomicBool>,
+    /// Called by rank 0 after each step.
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for TrainOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainOptions")
+            .field("resume", &self.resume)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An evaluation's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalReport {
+    /// Step after which it ran.
+    pub step: u64,
+    /// Mean loss.
+    pub loss: f64,
+    /// Fraction of correct argmax predictions (cross-entropy only).
+    pub accuracy: Option<f64>,
+    /// Rows evaluated.
+    pub rows: u64,
+}
+
+/// What a training run did (rank 0's view; counts are over all ranks).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainReport {
+    /// Ranks.
+    pub world_size: usize,
+    /// Optimizer steps completed in total (including runs before a resume).
+    pub steps: u64,
+    /// Steps done by this run.
+    pub steps_this_run: u64,
+    /// Rows trained on, all ranks, all runs.
+    pub rows_trained: u64,
+    /// Rows trained on by this run.
+    pub rows_this_run: u64,
+    /// Rows some rank held when another ran out of data (not trained; with Parquet sources
+    /// every rank gets equal shares, so this is 0).
+    pub rows_untrained: u64,
+    /// Loss of the last step.
+    pub last_loss: Option<f64>,
+    /// Every evaluation, in order.
+    pub evals: Vec<EvalReport>,
+    /// Seconds of this run.
+    pub seconds: f64,
+    /// Rows per second (all ranks) in this run.
+    pub rows_per_second: f64,
+    /// Fraction of the training loop's time spent waiting for data (rank 0).
+    pub data_stall_fraction: f64,
+    /// Seconds waiting for data (rank 0; start-up excluded).
+    pub data_wait_seconds: f64,
+    /// Seconds in collectives (handshakes + gradient all-reduce, rank 0).
+    pub allreduce_seconds: f64,
+    /// Where the checkpoint went, if any.
+    pub checkpoint: Option<String>,
+    /// Whether a stop was requested (SIGTERM/SIGINT): the checkpoint covers what was done.
+    pub interrupted: bool,
+    /// Whether the run had already finished (resumed from a complete checkpoint).
+    pub already_complete: bool,
+}
+
+/// Models are created one at a time: libtorch's default generator is process-wide, and
+/// `manual_seed` + initialisation must not interleave between ranks.
+static INIT: Mutex<()> = Mutex::new(());
+
+/// Trains `job` to the end (or to a requested stop). Blocking: call it from a plain thread
+/// or `spawn_blocking`; `handle` runs the pipelines' async work.
+pub fn train(
+    job: &TrainJob,
+    options: &TrainOptions,
+    handle: &Handle,
+) -> Result<TrainReport, TrainError> {
+    let world = match job.trainer.allreduce.backend {
+        Backend::Local => job.trainer.allreduce.workers,
+        Backend::Mpi => {
+            return crate::mpi_backend::train(job, options, handle);
+        }
+    };
+    let grads = LocalCollective::group(world);
+    let data = LocalCollective::group(world);
+    let results: Vec<Result<Option<TrainReport>, TrainError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = grads
+            .into_iter()
+            .zip(data)
+            .enumerate()
+            .map(|(rank, (g, d))| {
+                let g: Arc<dyn Collective> = Arc::new(g);
+                let d: Arc<dyn Collective> = Arc::new(d);
+                std::thread::Builder::new()
+                    .name(format!("sluice-rank{rank}"))
+                    .spawn_scoped(s, move || worker(job, rank, g, d, options, handle))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    Err(TrainError::Internal(format!(
+                        "a training thread panicked: {}",
+                        panic_message(&p)
+                    )))
+                }),
+                Err(e) => Err(TrainError::Internal(format!(
+                    "cannot start a training thread: {e}"
+                ))),
+            })
+            .collect()
+    });
+    gather_results(results)
+}
+
+/// The root cause among the ranks' results (a rank that failed makes the others fail with
+/// "left the group"; report the first, not those), else rank 0's report.
+pub(crate) fn gather_results(
+    results: Vec<Result<Option<TrainReport>, TrainError>>,
+) -> Result<TrainReport, TrainError> {
+    let mut report = None;
+    let mut abandoned = None;
+    let mut root = None;
+    for r in results {
+        match r {
+            Ok(Some(rep)) => report = Some(rep),
+            Ok(None) => {}
+            Err(TrainError::Collective(e @ CollectiveError::Abandoned { .. })) => {
+                abandoned.get_or_insert(TrainError::Collective(e));
+            }
+            Err(e) => {
+                root.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = root.or(abandoned) {
+        return Err(e);
+    }
+    report.ok_or_else(|| TrainError::Internal("rank 0 returned no report".into()))
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// One rank's training loop. Returns the report on rank 0.
+pub(crate) fn worker(
+    job: &TrainJob,
+    rank: usize,
+    grads: Arc<dyn Collective>,
+    data: Arc<dyn Collective>,
+    options: &TrainOptions,
+    handle: &Handle,
+) -> Result<Option<TrainReport>, TrainError> {
+    let _enter = handle.enter();
+    let started = Instant::now();
+    let tc = &job.trainer;
+    let world = grads.world_size();
+    // Intra-op threads per rank: the cores shared out (OpenMP's setting is per thread).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tch::set_num_threads(((cores / world).max(1)) as i32);
+    let device = parse_device(&job.loader.device)?;
+
+    // The checkpoint: rank 0 reads it and hands it to everyone.
+    let location = match &tc.checkpoint {
+        Some(c) => {
+            if !c.path.contains("://") {
+                let p = job.base_dir.join(&c.path);
+                if let Some(dir) = p.parent() {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        TrainError::Checkpoint(format!("cannot create {}: {e}", dir.display()))
+                    })?;
+                }
+            }
+            Some(resolve(&c.path, &job.base_dir, &c.storage)?)
+        }
+        None => None,
+    };
+    let mut resumed: Option<(CheckpointMeta, BTreeMap<String, Tensor>)> = None;
+    if let Some(loc) = &location {
+        let mut bytes = Vec::new();
+        if rank == 0 {
+            match handle.block_on(async { loc.store.get(&loc.path).await }) {
+                Ok(got) => {
+                    if !options.resume {
+                        return Err(TrainError::Checkpoint(format!(
+                            "{} exists from an earlier run: pass --resume to continue from it, or delete it to start over",
+                            loc.url
+                        )));
+                    }
+                    bytes = handle
+                        .block_on(got.bytes())
+                        .map_err(|e| {
+                            TrainError::Checkpoint(format!("{}: cannot read it: {e}", loc.url))
+                        })?
+                        .to_vec();
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    return Err(TrainError::Checkpoint(format!(
+                        "{}: cannot read it: {e}",
+                        loc.url
+                    )));
+                }
+            }
+        }
+        grads.broadcast(&mut bytes, 0)?;
+        if !bytes.is_empty() {
+            let (meta, tensors) =
+                decode(&bytes).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", loc.url)))?;
+            if meta.world_size != world {
+                return Err(TrainError::Checkpoint(format!(
+                    "{} was written by {} ranks, this run has {world}: resume with the same number of workers",
+                    loc.url, meta.world_size
+                )));
+            }
+            resumed = Some((meta, tensors));
+        }
+    }
+    let checkpoint_url = location.as_ref().map(|l| l.url.to_string());
+    if let Some((meta, _)) = &resumed
+        && meta.complete
+    {
+        return Ok((rank == 0).then(|| TrainReport {
+            world_size: world,
+            steps: meta.step,
+            steps_this_run: 0,
+            rows_trained: meta.rows_trained,
+            rows_this_run: 0,
+            rows_untrained: 0,
+            last_loss: None,
+            evals: Vec::new(),
+            seconds: started.elapsed().as_secs_f64(),
+            rows_per_second: 0.0,
+            data_stall_fraction: 0.0,
+            data_wait_seconds: 0.0,
+            allreduce_seconds: 0.0,
+            checkpoint: checkpoint_url.clone(),
+            interrupted: false,
+            already_complete: true,
+        }));
+    }
+
+    // The data.
+    let mut config = job.pipeline.clone();
+    if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
+        p.epochs = e;
+    }
+    let mut pipeline = Pipeline::from_config(config, job.base_dir.clone()).with_collective(data);
+    if let Some((meta, _)) = &resumed {
+        pipeline = pipeline.resume_from(meta.pipeline.get(rank).cloned().unwrap_or_default());
+    }
+    let prepared = handle.block_on(pipeline.prepare())?;
+    let schema = prepared.schema().clone();
+    let frozen = prepared.frozen_stages();
+    let source_rows = prepared.source_rows();
+    let pool = prepared.pool().clone();
+    let mut stream = TensorStream::new(prepared.stream(), pool, &job.loader)?;
+    let stats = stream.stats();
+
+    let mut first = None;
+    let shape = match job.loader.row_shape(&tc.input, &schema) {
+        Some(s) => s,
+        None => {
+            first = handle.block_on(stream.next()).transpose()?;
+            first
+                .as_ref()
+                .and_then(|b| b.get(&tc.input))
+                .map(row_shape)
+                .unwrap_or_default()
+        }
+    };
+
+    // The model: rank 0's initial weights, broadcast.
+    let vs = VarStore::new(device);
+    let model = {
+        let _one_at_a_time = INIT.lock().unwrap_or_else(|p| p.into_inner());
+        tch::manual_seed(tc.seed as i64);
+        build(&vs.root(), &tc.model, &shape)?
+    };
+
+    // Steps in the run: from `steps`, else from the rows each rank will see.
+    let planned = match (job.batch_size(), source_rows) {
+        // `source_rows` counts the whole plan (all epochs, also when resuming); batches run
+        // across epoch boundaries.
+        (Some((size, drop_last)), Some(rows)) if size > 0 => {
+            let size = size as u64;
+            Some(if drop_last {
+                rows / size
+            } else {
+                rows.div_ceil(size)
+            })
+        }
+        _ => None,
+    };
+    let planned = match planned {
+        Some(p) => Some(grads.all_min_u64(p)?),
+        None => {
+            // Everyone must agree on "unknown" too.
+            let m = grads.all_min_u64(u64::MAX)?;
+            (m != u64::MAX).then_some(m)
+        }
+    };
+    let total_steps = match (tc.steps, planned) {
+        (Some(s), Some(p)) => Some(s.min(p)),
+        (Some(s), None) => Some(s),
+        (None, p) => p,
+    };
+    if tc.schedule.decay == Decay::Cosine && total_steps.is_none() {
+        return Err(TrainError::Config(
+            "trainer.schedule.decay: cosine needs the run's length, which this source does not tell ahead: set trainer.steps".into(),
+        ));
+    }
+    let mut trainer = Trainer::new(
+        &vs,
+        TrainerOptions {
+            optimizer: tc.optimizer.clone(),
+            schedule: tc.schedule.clone(),
+            total_steps,
+            bucket_bytes: (tc.allreduce.bucket_mb * 1e6) as usize,
+            compression: tc.allreduce.compression,
+        },
+        grads.clone(),
+    )?;
+    let mut rows_trained = 0;
+    if let Some((meta, tensors)) = &resumed {
+        trainer.restore(tensors, meta.step)?;
+        rows_trained = meta.rows_trained;
+        tracing::info!(rank, step = meta.step, "resumed from the checkpoint");
+    }
+    let start_step = trainer.steps();
+
+    let mut log = match (&tc.log, rank) {
+        (Some(path), 0) => {
+            let path = job.base_dir.join(path);
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(resumed.is_some())
+                .write(true)
+                .truncate(resumed.is_none())
+                .open(&path)
+                .map_err(|e| TrainError::Config(format!("trainer.log {}: {e}", path.display())))?;
+            Some(std::io::BufWriter::new(file))
+        }
+        _ => None,
+    };
+
+    let mut ctx = Ctx {
+        job,
+        rank,
+        world,
+        handle,
+        frozen: &frozen,
+        model: model.as_ref(),
+        device,
+    };
+    let mut last_state: SourceState = resumed
+        .as_ref()
+        .and_then(|(m, _)| m.pipeline.get(rank).cloned())
+        .unwrap_or_default();
+    let mut evals = Vec::new();
+    let mut rows_untrained = 0u64;
+    let mut rows_this_run = 0u64;
+    let mut last_loss = None;
+    let mut interrupted = false;
+    let loop_started = Instant::now();
+    loop {
+        if tc.steps.is_some_and(|s| trainer.steps() >= s) {
+            break;
+        }
+        if options.stop.load(Ordering::Relaxed) {
+            trainer.request_stop();
+        }
+        let next = match first.take() {
+            Some(b) => Some(b),
+            None => handle.block_on(stream.next()).transpose()?,
+        };
+        let Some(batch) = next else {
+            trainer.finish()?;
+            break;
+        };
+        let (x, y) = match (batch.get(&tc.input), batch.get(&tc.target)) {
+            (Some(x), Some(y)) => (x, y),
+            _ => {
+                return Err(TrainError::Internal(
+                    "the loader did not produce the input/target tensors".into(),
+                ));
+            }
+        };
+        let out = model.forward(x);
+        let loss = match tc.loss {
+            Loss::CrossEntropy => out.cross_entropy_for_logits(&y.to_kind(Kind::Int64)),
+            Loss::Mse => out.mse_loss(&y.to_kind(out.kind()).view_as(&out), Reduction::Mean),
+        };
+        let step_started = Instant::now();
+        let Some(rep) = trainer.step(&loss, batch.rows)? else {
+            rows_untrained += batch.rows as u64;
+            tracing::warn!(
+                rank,
+                "another rank ran out of data: stopping at step {} with a batch of {} rows untrained",
+                trainer.steps(),
+                batch.rows
+            );
+            break;
+        };
+        let step_time = step_started.elapsed();
+        rows_trained += rep.rows;
+        rows_this_run += rep.rows;
+        last_loss = Some(rep.loss);
+        last_state = batch.state.clone();
+        if let Some(log) = &mut log {
+            write_line(
+                log,
+                &StepLine {
+                    step: rep.step,
+                    loss: rep.loss,
+                    lr: rep.lr,
+                    rows: rep.rows,
+                    wait_ms: batch.waited.as_secs_f64() * 1e3,
+                    step_ms: step_time.as_secs_f64() * 1e3,
+                    allreduce_ms: rep.allreduce.as_secs_f64() * 1e3,
+                    epoch: batch.lineage.spans().first().map(|s| s.epoch),
+                },
+            );
+        }
+        if tc.check_every_steps > 0 && rep.step % tc.check_every_steps == 0 {
+            trainer.check_replicas()?;
+        }
+        let every = tc.checkpoint.as_ref().map(|c| c.every_steps);
+        if every.is_some_and(|e| rep.step % e == 0) || (rep.stop_requested && location.is_some()) {
+            ctx.checkpoint(&mut trainer, &location, &last_state, rows_trained, false)?;
+            if let Some(log) = &mut log {
+                write_line(
+                    log,
+                    &serde_json::json!({"checkpoint": rep.step, "rows_trained": rows_trained}),
+                );
+            }
+        }
+        if let Some(ev) = &tc.eval
+            && ev.every_steps.is_some_and(|e| rep.step % e == 0)
+        {
+            let r = ctx.evaluate(&mut trainer)?;
+            if let Some(log) = &mut log {
+                write_line(log, &serde_json::json!({"eval": &r}));
+            }
+            evals.push(r);
+        }
+        if let (Some(p), 0) = (&options.progress, rank) {
+            p(&Progress {
+                step: rep.step,
+                total_steps,
+                loss: rep.loss,
+                accuracy: evals.last().and_then(|e| e.accuracy),
+            });
+        }
+        if rep.stop_requested {
+            interrupted = true;
+            break;
+        }
+    }
+    let loop_time = loop_started.elapsed();
+    if !interrupted {
+        if tc.eval.is_some() && evals.last().is_none_or(|e| e.step != trainer.steps()) {
+            let r = ctx.evaluate(&mut trainer)?;
+            if let Some(log) = &mut log {
+                write_line(log, &serde_json::json!({"eval": &r}));
+            }
+            evals.push(r);
+        }
+        if location.is_some() {
+            ctx.checkpoint(&mut trainer, &location, &last_state, rows_trained, true)?;
+            if let Some(log) = &mut log {
+                write_line(
+                    log,
+                    &serde_json::json!({"checkpoint": trainer.steps(), "rows_trained": rows_trained, "complete": true}),
+                );
+            }
+        }
+    }
+    if tc.check_every_steps > 0 {
+        trainer.check_replicas()?;
+    }
+    if let Some(log) = &mut log {
+        let _ = log.flush();
+    }
+    let untrained = {
+        let all = grads.all_gather(rows_untrained.to_le_bytes().to_vec())?;
+        all.iter()
+            .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map(u64::from_le_bytes)
+            .sum::<u64>()
+    };
+    drop(stream);
+    Ok((rank == 0).then(|| TrainReport {
+        world_size: world,
+        steps: trainer.steps(),
+        steps_this_run: trainer.steps() - start_step,
+        rows_trained,
+        rows_this_run,
+        rows_untrained: untrained,
+        last_loss,
+        evals,
+        seconds: started.elapsed().as_secs_f64(),
+        rows_per_second: rows_this_run as f64 / loop_time.as_secs_f64().max(1e-9),
+        data_stall_fraction: stats.stall_fraction(),
+        data_wait_seconds: stats.waited().as_secs_f64(),
+        allreduce_seconds: trainer.collective_time.as_secs_f64(),
+        checkpoint: checkpoint_url,
+        interrupted,
+        already_complete: false,
+    }))
+}
+
+#[derive(Serialize)]
+struct StepLine {
+    step: u64,
+    loss: f64,
+    lr: f64,
+    rows: u64,
+    wait_ms: f64,
+    step_ms: f64,
+    allreduce_ms: f64,
+    epoch: Option<u64>,
+}
+
+fn write_line(w: &mut impl Write, v: &impl Serialize) {
+    if let Ok(s) = serde_json::to_string(v) {
+        let _ = writeln!(w, "{s}");
+    }
+}
+
+struct Ctx<'a> {
+    job: &'a TrainJob,
+    rank: usize,
+    world: usize,
+    handle: &'a Handle,
+    frozen: &'a [Located<StageConfig>],
+    model: &'a dyn Module,
+    device: tch::Device,
+}
+
+impl Ctx<'_> {
+    /// Gathers every rank's pipeline state; rank 0 writes the checkpoint.
+    fn checkpoint(
+        &mut self,
+        trainer: &mut Trainer,
+        location: &Option<sluice_pipeline::storage::ObjectLocation>,
+        state: &SourceState,
+        rows_trained: u64,
+        complete: bool,
+    ) -> Result<(), TrainError> {
+        let Some(loc) = location else { return Ok(()) };
+        let mine = serde_json::to_vec(state).map_err(|e| TrainError::Internal(e.to_string()))?;
+        let all = trainer.collective().all_gather(mine)?;
+        if self.rank != 0 {
+            return Ok(());
+        }
+        let pipeline = all
+            .iter()
+            .map(|b| serde_json::from_slice::<SourceState>(b))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TrainError::Internal(format!("a rank sent a bad pipeline state: {e}")))?;
+        let meta = CheckpointMeta {
+            version: 1,
+            step: trainer.steps(),
+            world_size: self.world,
+            pipeline,
+            rows_trained,
+            complete,
+        };
+        let bytes = encode(&meta, &trainer.state_tensors())?;
+        self.handle
+            .block_on(loc.store.put(&loc.path, PutPayload::from(bytes)))
+            .map_err(|e| TrainError::Checkpoint(format!("{}: cannot write it: {e}", loc.url)))?;
+        tracing::info!(step = meta.step, url = %loc.url, "checkpoint written");
+        Ok(())
+    }
+
+    /// Runs the held-out data through the model; ranks share the batches (batch `i` goes to
+    /// rank `i mod world`) and sum their counts, so every row counts exactly once.
+    fn evaluate(&mut self, trainer: &mut Trainer) -> Result<EvalReport, TrainError> {
+        let job = self.job;
+        let Some(ev) = &job.trainer.eval else {
+            return Err(TrainError::Internal("no eval section".into()));
+        };
+        let mut config = job.pipeline.clone();
+        if let SourceConfig::Parquet(p) = &mut config.source.value {
+            p.path = Some(OneOrMany(ev.path.0.clone()));
+            p.manifest = None;
+            p.epochs = 1;
+        }
+        config.stages = eval_stages(self.frozen);
+        config.runtime.rank = Some(0);
+        config.runtime.world_size = Some(1);
+        config.runtime.threads = Some(1);
+        let prepared = self
+            .handle
+            .block_on(Pipeline::from_config(config, job.base_dir.clone()).prepare())?;
+        let pool = prepared.pool().clone();
+        let mut stream = TensorStream::new(prepared.stream(), pool, &job.loader)?;
+        let (mut loss_sum, mut correct, mut rows) = (0.0f64, 0u64, 0u64);
+        let mut i = 0usize;
+        while let Some(batch) = self.handle.block_on(stream.next()).transpose()? {
+            let mine = i % self.world == self.rank;
+            i += 1;
+            if !mine {
+                continue;
+            }
+            let (Some(x), Some(y)) = (
+                batch.get(&job.trainer.input),
+                batch.get(&job.trainer.target),
+            ) else {
+                continue;
+            };
+            let (l, c) = tch::no_grad(|| {
+                let out = self.model.forward(&x.to_device(self.device));
+                match job.trainer.loss {
+                    Loss::CrossEntropy => {
+                        let y = y.to_kind(Kind::Int64);
+                        let l = out
+                            .cross_entropy_loss::<Tensor>(&y, None, Reduction::Sum, -100, 0.0)
+                            .double_value(&[]);
+                        let c = out
+                            .argmax(-1, false)
+                            .eq_tensor(&y)
+                            .sum(Kind::Int64)
+                            .int64_value(&[]);
+                        (l, c as u64)
+                    }
+                    Loss::Mse => {
+                        let l = out
+                            .mse_loss(&y.to_kind(out.kind()).view_as(&out), Reduction::Sum)
+                            .double_value(&[]);
+                        (l, 0)
+                    }
+                }
+            });
+            loss_sum += l;
+            correct += c;
+            rows += batch.rows as u64;
+        }
+        let mut msg = Vec::with_capacity(24);
+        msg.extend_from_slice(&loss_sum.to_le_bytes());
+        msg.extend_from_slice(&correct.to_le_bytes());
+        msg.extend_from_slice(&rows.to_le_bytes());
+        let all = trainer.collective().all_gather(msg)?;
+        let (mut l, mut c, mut n) = (0.0, 0u64, 0u64);
+        for m in all {
+            let w = |k: usize| {
+                m.get(k * 8..k * 8 + 8)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .unwrap_or([0; 8])
+            };
+            l += f64::from_le_bytes(w(0));
+            c += u64::from_le_bytes(w(1));
+            n += u64::from_le_bytes(w(2));
+        }
+        let n_f = n.max(1) as f64;
+        let per_output = match job.trainer.loss {
+            Loss::Mse => match &job.trainer.model {
+                crate::config::ModelConfig::Logreg { outputs }
+                | crate::config::ModelConfig::Mlp { outputs, .. }
+                | crate::config::ModelConfig::Cnn { outputs, .. } => *outputs as f64,
+            },
+            Loss::CrossEntropy => 1.0,
+        };
+        Ok(EvalReport {
+            step: trainer.steps(),
+            loss: l / n_f / per_output,
+            accuracy: (job.trainer.loss == Loss::CrossEntropy).then(|| c as f64 / n_f),
+            rows: n,
+        })
+    }
+}
+
+/// The training stages minus the random ones (see [`crate::config::EvalConfig`]).
+pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>> {
+    frozen
+        .iter()
+        .filter(|s| {
+            !matches!(
+                s.value,
+                StageConfig::Shuffle(_)
+                    | StageConfig::GaussianNoise(_)
+                    | StageConfig::FeatureDropout(_)
+                    | StageConfig::MaskTokens(_)
+            )
+        })
+        .map(|s| {
+            let mut s = s.clone();
+            if let StageConfig::Image(img) = &mut s.value {
+                let [h, w, _] = img.shape;
+                img.ops.retain(|op| match op {
+                    ImageOp::HorizontalFlip { .. }
+                    | ImageOp::VerticalFlip { .. }
+                    | ImageOp::ColorJitter { .. } => false,
+                    ImageOp::RandomCrop { size, .. } => *size != [h, w],
+                    _ => true,
+                });
+            }
+            s
+        })
+        .collect()
+}

@@ -1,0 +1,359 @@
+//! [`Trainer`]: one rank's half of data-parallel training for any tch model — the same
+//! all-reduce, optimizer, schedule and checkpoint state whether the model comes from the zoo
+//! or from the user's own code.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use sluice_trainer::{Trainer, TrainerOptions};
+//! # use sluice_pipeline::collective::SingleRank;
+//! # fn demo(batches: Vec<(tch::Tensor, tch::Tensor)>) -> Result<(), sluice_trainer::TrainError> {
+//! let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+//! let model = tch::nn::linear(vs.root() / "l", 64, 10, Default::default());
+//! let mut trainer = Trainer::new(&vs, TrainerOptions::sgd(0.1), Arc::new(SingleRank))?;
+//! for (x, y) in batches {
+//!     let loss = tch::nn::Module::forward(&model, &x).cross_entropy_for_logits(&y);
+//!     let rows = x.size()[0] as usize;
+//!     if trainer.step(&loss, rows)?.is_none() {
+//!         break; // another rank ran out of data: everyone stops at the same step
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_pipeline::collective::Collective;
+use tch::Tensor;
+use tch::nn::VarStore;
+
+use crate::TrainError;
+use crate::config::{Compression, OptimizerConfig, ScheduleConfig};
+use crate::optim::{Optimizer, learning_rate};
+use crate::sync::{GradSync, checksum};
+
+/// How a [`Trainer`] updates the model.
+#[derive(Debug, Clone)]
+pub struct TrainerOptions {
+    /// Optimizer and peak learning rate.
+    pub optimizer: OptimizerConfig,
+    /// Warmup and decay.
+    pub schedule: ScheduleConfig,
+    /// Steps of the whole run (needed by `cosine` decay).
+    pub total_steps: Option<u64>,
+    /// Gradient bucket size in bytes.
+    pub bucket_bytes: usize,
+    /// Gradient compression on the wire.
+    pub compression: Compression,
+}
+
+impl TrainerOptions {
+    /// Plain SGD at a constant rate, 25 MB buckets, no compression.
+    pub fn sgd(lr: f64) -> Self {
+        TrainerOptions {
+            optimizer: OptimizerConfig::Sgd {
+                lr,
+                momentum: 0.0,
+                weight_decay: 0.0,
+                nesterov: false,
+            },
+            schedule: ScheduleConfig::default(),
+            total_steps: None,
+            bucket_bytes: 25 << 20,
+            compression: Compression::None,
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// Steps completed, this one included.
+    pub step: u64,
+    /// Mean loss over all ranks' rows of this step.
+    pub loss: f64,
+    /// Rows of this step, all ranks.
+    pub rows: u64,
+    /// The learning rate applied.
+    pub lr: f64,
+    /// Time in the gradient all-reduce.
+    pub allreduce: Duration,
+    /// Whether some rank asked to stop (SIGTERM/SIGINT): checkpoint now and exit.
+    pub stop_requested: bool,
+}
+
+/// One rank's trainer; see the module docs.
+#[derive(Debug)]
+pub struct Trainer {
+    params: Vec<(String, Tensor)>,
+    opt: Optimizer,
+    sync: GradSync,
+    collective: Arc<dyn Collective>,
+    options: TrainerOptions,
+    step: u64,
+    stop: bool,
+    /// Total time in collectives (handshakes and all-reduce).
+    pub collective_time: Duration,
+}
+
+/// Per step, every rank says whether it has a batch, how many rows, whether it was asked to
+/// stop, and its mean loss.
+const HANDSHAKE_BYTES: usize = 8 + 8 + 8 + 8;
+
+impl Trainer {
+    /// A trainer for the trainable variables of `vs`; rank 0's initial values are broadcast
+    /// so that every replica starts identical.
+    pub fn new(
+        vs: &VarStore,
+        options: TrainerOptions,
+        collective: Arc<dyn Collective>,
+    ) -> Result<Self, TrainError> {
+        let mut params: Vec<(String, Tensor)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        let trainer = Trainer {
+            opt: Optimizer::new(
+                options.optimizer.clone(),
+                params
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                    .collect(),
+            ),
+            sync: GradSync::new(
+                collective.clone(),
+                &params,
+                options.bucket_bytes,
+                options.compression,
+            ),
+            params,
+            collective,
+            options,
+            step: 0,
+            stop: false,
+            collective_time: Duration::ZERO,
+        };
+        trainer.broadcast_params()?;
+        Ok(trainer)
+    }
+
+    fn broadcast_params(&self) -> Result<(), TrainError> {
+        if self.collective.world_size() == 1 {
+            return Ok(());
+        }
+        let mut bytes = if self.collective.rank() == 0 {
+            crate::checkpoint::encode(&empty_meta(), &self.params)?
+        } else {
+            Vec::new()
+        };
+        self.collective.broadcast(&mut bytes, 0)?;
+        let (_, tensors) = crate::checkpoint::decode(&bytes)?;
+        self.load_params(&tensors)
+    }
+
+    fn load_params(&self, tensors: &BTreeMap<String, Tensor>) -> Result<(), TrainError> {
+        for (name, p) in &self.params {
+            let src = tensors.get(name).ok_or_else(|| {
+                TrainError::Checkpoint(format!(
+                    "parameter `{name}` is missing: was it written for another model?"
+                ))
+            })?;
+            if src.size() != p.size() {
+                return Err(TrainError::Checkpoint(format!(
+                    "parameter `{name}` has shape {:?}, the model needs {:?}",
+                    src.size(),
+                    p.size()
+                )));
+            }
+            let mut p = p.shallow_clone();
+            tch::no_grad(|| p.copy_(src));
+        }
+        Ok(())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.collective.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.collective.world_size()
+    }
+
+    /// Steps completed.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// The parameters, in name order.
+    pub fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+
+    /// Asks for a stop: the next step tells every rank (then checkpoint and exit).
+    pub fn request_stop(&mut self) {
+        self.stop = true;
+    }
+
+    /// One synchronous data-parallel step on this rank's mean `loss` over `rows` rows:
+    /// backward, gradient all-reduce (weighted by rows), optimizer update. Returns `None`
+    /// without updating when some rank has run out of data (it called [`Trainer::finish`]):
+    /// every rank stops at the same step, so unequal data never hangs the all-reduce.
+    pub fn step(&mut self, loss: &Tensor, rows: usize) -> Result<Option<StepReport>, TrainError> {
+        for (_, p) in &self.params {
+            let mut p = p.shallow_clone();
+            p.zero_grad();
+        }
+        loss.backward();
+        let local_loss = loss.double_value(&[]);
+        let all = self.handshake(true, rows as u64, local_loss)?;
+        if all.ranks_with_data < self.world_size() {
+            return Ok(None);
+        }
+        let weight = if all.rows > 0 {
+            rows as f64 / all.rows as f64
+        } else {
+            0.0
+        };
+        let allreduce = self.sync.reduce(&self.params, weight)?;
+        self.collective_time += allreduce;
+        let lr = learning_rate(
+            &self.options.schedule,
+            self.options.optimizer.lr(),
+            self.step,
+            self.options.total_steps,
+        );
+        self.opt.step(lr);
+        self.step += 1;
+        Ok(Some(StepReport {
+            step: self.step,
+            loss: all.loss,
+            rows: all.rows,
+            lr,
+            allreduce,
+            stop_requested: all.stop,
+        }))
+    }
+
+    /// This rank has no more data: joins the step the other ranks are in, so they stop too.
+    pub fn finish(&mut self) -> Result<(), TrainError> {
+        self.handshake(false, 0, 0.0).map(|_| ())
+    }
+
+    fn handshake(&mut self, has: bool, rows: u64, loss: f64) -> Result<Handshake, TrainError> {
+        let started = Instant::now();
+        let mut msg = Vec::with_capacity(HANDSHAKE_BYTES);
+        msg.extend_from_slice(&u64::from(has).to_le_bytes());
+        msg.extend_from_slice(&rows.to_le_bytes());
+        msg.extend_from_slice(&u64::from(self.stop).to_le_bytes());
+        msg.extend_from_slice(&(loss * rows as f64).to_le_bytes());
+        let all = self.collective.all_gather(msg)?;
+        self.collective_time += started.elapsed();
+        let mut h = Handshake::default();
+        for m in all {
+            let word = |i: usize| -> Result<[u8; 8], TrainError> {
+                m.get(i * 8..i * 8 + 8)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .ok_or_else(|| {
+                        TrainError::Config(
+                            "a rank sent a malformed step handshake (mixed Sluice versions?)"
+                                .into(),
+                        )
+                    })
+            };
+            h.ranks_with_data += (u64::from_le_bytes(word(0)?) == 1) as usize;
+            h.rows += u64::from_le_bytes(word(1)?);
+            h.stop |= u64::from_le_bytes(word(2)?) == 1;
+            h.loss += f64::from_le_bytes(word(3)?);
+        }
+        if h.rows > 0 {
+            h.loss /= h.rows as f64;
+        }
+        Ok(h)
+    }
+
+    /// Checks that every rank holds bitwise-identical parameters.
+    pub fn check_replicas(&mut self) -> Result<(), TrainError> {
+        let sum = checksum(&self.params);
+        let started = Instant::now();
+        let all = self.collective.all_gather(sum.to_le_bytes().to_vec())?;
+        self.collective_time += started.elapsed();
+        let ranks: Vec<String> = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| format!("rank {r}: {:02x?}", b))
+            .collect();
+        if all.iter().any(|b| b != &all[0]) {
+            return Err(TrainError::Diverged {
+                step: self.step,
+                detail: ranks.join(", "),
+            });
+        }
+        Ok(())
+    }
+
+    /// Model and optimizer tensors, for a checkpoint.
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self
+            .params
+            .iter()
+            .map(|(n, t)| (format!("model.{n}"), t.shallow_clone()))
+            .collect();
+        out.extend(
+            self.opt
+                .state_tensors()
+                .into_iter()
+                .map(|(n, t)| (format!("optim.{n}"), t)),
+        );
+        out
+    }
+
+    /// Restores what [`Trainer::state_tensors`] saved at step `step`.
+    pub fn restore(
+        &mut self,
+        tensors: &BTreeMap<String, Tensor>,
+        step: u64,
+    ) -> Result<(), TrainError> {
+        let strip = |prefix: &str| -> BTreeMap<String, Tensor> {
+            tensors
+                .iter()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix(prefix)
+                        .map(|n| (n.to_string(), v.shallow_clone()))
+                })
+                .collect()
+        };
+        self.load_params(&strip("model."))?;
+        self.opt.restore(&strip("optim."), step)?;
+        self.step = step;
+        Ok(())
+    }
+
+    /// The collective gradients travel through (checkpoints and evaluation use it too).
+    pub fn collective(&self) -> &Arc<dyn Collective> {
+        &self.collective
+    }
+}
+
+#[derive(Debug, Default)]
+struct Handshake {
+    ranks_with_data: usize,
+    rows: u64,
+    stop: bool,
+    loss: f64,
+}
+
+fn empty_meta() -> crate::checkpoint::CheckpointMeta {
+    crate::checkpoint::CheckpointMeta {
+        version: 1,
+        step: 0,
+        world_size: 0,
+        pipeline: Vec::new(),
+        rows_trained: 0,
+        complete: false,
+    }
+}

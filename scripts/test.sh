@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls this script). Works on a fresh machine
 # with a Rust toolchain, a C toolchain and python3: cargo fetches the dependencies (librdkafka
 # is built from source and needs OpenSSL headers, installed here with apt-get if missing),
-# scripts/libtorch.sh installs a CPU libtorch for tch (from PyPI wheels),
+# scripts/libtorch.sh installs a CPU libtorch for tch (from PyPI wheels), scripts/mpi.sh
+# OpenMPI (apt-get) for the `mpi` backend,
 # scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
 # the integration tests use, and stops them at the end.
 #
@@ -33,6 +34,11 @@ step "libtorch (CPU build for tch, from PyPI wheels; cached in target/services/l
 # shellcheck source=scripts/libtorch.sh
 source scripts/libtorch.sh
 echo "LIBTORCH=$LIBTORCH"
+step "OpenMPI (the mpi all-reduce backend; tests/train_mpi.rs runs mpirun -np 2)"
+# shellcheck source=scripts/mpi.sh
+source scripts/mpi.sh
+FEATURES=(--features mpi)
+
 # Two cores: one intra-op thread per process keeps concurrent tests from oversubscribing.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
@@ -40,7 +46,7 @@ if [[ "${SLUICE_SKIP_LINT:-0}" != 1 ]]; then
     step "cargo fmt --check"
     cargo fmt --all -- --check
     step "cargo clippy (warnings are errors)"
-    cargo clippy --workspace --all-targets --locked -- -D warnings
+    cargo clippy --workspace --all-targets --locked "${FEATURES[@]}" -- -D warnings
 fi
 
 step "starting services (S3 server, Kafka broker)"
@@ -55,9 +61,9 @@ if [[ -z "$ALREADY_RUNNING" ]]; then SERVICES_STARTED=1; fi
 step "unit, integration, CLI, example and bench-smoke tests"
 # --all-targets: libraries, binaries, tests/, examples/ (built and run by tests/example.rs)
 # and benches (each run once, as a smoke test).
-cargo test --workspace --all-targets --locked
+cargo test --workspace --all-targets --locked "${FEATURES[@]}"
 
 step "doc tests"
-cargo test --workspace --doc --locked
+cargo test --workspace --doc --locked "${FEATURES[@]}"
 
 step "all tests passed"

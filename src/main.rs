@@ -83,6 +83,10 @@ enum Command {
         /// Override `trainer.allreduce.workers` (local backend).
         #[arg(long)]
         workers: Option<usize>,
+        /// Override `trainer.allreduce.backend`: `mpi` under `mpirun -np N` (needs a build
+        /// with `--features mpi`).
+        #[arg(long)]
+        backend: Option<String>,
     },
     /// Check pipeline files: every config problem with file:line:column, then (unless
     /// --no-data) the source's files and the schema through every stage.
@@ -155,13 +159,14 @@ fn main() -> ExitCode {
                 summary_json,
                 resume,
                 workers,
+                backend,
             } => {
                 train::train(
                     &config,
                     progress,
                     summary_json.as_deref(),
                     resume,
-                    workers,
+                    (workers, backend),
                     cli.quiet,
                 )
                 .await

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sluice::trainer::config::Backend;
 use sluice::trainer::{Progress, TrainJob, TrainOptions, TrainReport};
 
 use crate::{ProgressMode, interrupt_signal, print_error};
@@ -15,7 +16,7 @@ pub(crate) async fn train(
     progress: ProgressMode,
     summary_json: Option<&Path>,
     resume: bool,
-    workers: Option<usize>,
+    (workers, backend): (Option<usize>, Option<String>),
     quiet: bool,
 ) -> ExitCode {
     let interrupt = interrupt_signal();
@@ -26,6 +27,16 @@ pub(crate) async fn train(
             return ExitCode::FAILURE;
         }
     };
+    if let Some(b) = backend {
+        job.trainer.allreduce.backend = match b.as_str() {
+            "local" => Backend::Local,
+            "mpi" => Backend::Mpi,
+            other => {
+                eprintln!("error: --backend {other}: use local or mpi");
+                return ExitCode::from(2);
+            }
+        };
+    }
     if let Some(w) = workers {
         job.trainer.allreduce.workers = w;
         if let Err(e) = job.check() {
@@ -87,6 +98,14 @@ pub(crate) async fn train(
             return ExitCode::FAILURE;
         }
     };
+    if report.rank != 0 {
+        // Under mpirun every rank runs this; rank 0 speaks for the job.
+        return if report.interrupted {
+            ExitCode::from(130)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
     if !quiet {
         print_summary(config, &report);
     }

@@ -198,6 +198,8 @@ pub struct EvalReport {
 /// What a training run did (rank 0's view; counts are over all ranks).
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainReport {
+    /// The rank that wrote this report (the summary is rank 0's).
+    pub rank: usize,
     /// Ranks.
     pub world_size: usize,
     /// Optimizer steps completed in total (including runs before a resume).
@@ -293,7 +295,8 @@ pub(crate) fn gather_results(
     let mut root = None;
     for r in results {
         match r {
-            Ok(Some(rep)) => report = Some(rep),
+            Ok(Some(rep)) if rep.rank == 0 => report = Some(rep),
+            Ok(Some(_)) => {}
             Ok(None) => {}
             Err(TrainError::Collective(e @ CollectiveError::Abandoned { .. })) => {
                 abandoned.get_or_insert(TrainError::Collective(e));
@@ -316,7 +319,8 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// One rank's training loop. Returns the report on rank 0.
+/// One rank's training loop and its report (counts over all ranks; data stall and
+/// collective time of this rank).
 pub(crate) fn worker(
     job: &TrainJob,
     rank: usize,
@@ -394,7 +398,8 @@ pub(crate) fn worker(
     if let Some((meta, _)) = &resumed
         && meta.complete
     {
-        return Ok((rank == 0).then(|| TrainReport {
+        return Ok(Some(TrainReport {
+            rank,
             world_size: world,
             steps: meta.step,
             steps_this_run: 0,
@@ -667,7 +672,8 @@ pub(crate) fn worker(
             .sum::<u64>()
     };
     drop(stream);
-    Ok((rank == 0).then(|| TrainReport {
+    Ok(Some(TrainReport {
+        rank,
         world_size: world,
         steps: trainer.steps(),
         steps_this_run: trainer.steps() - start_step,

@@ -203,8 +203,9 @@ fn a_failing_rank_fails_the_others_instead_of_hanging() {
                         drop(t); // this rank dies
                         return true;
                     }
-                    let x = Tensor::randn([4, 16], (Kind::Float, Device::Cpu));
-                    let y = Tensor::zeros([4], (Kind::Int64, Device::Cpu));
+                    // Through `data`, under the lock: an unlocked draw from libtorch's
+                    // global generator would shift the data of tests running alongside.
+                    let (x, y) = data(1, 4).remove(0);
                     let loss = m.forward(&x).cross_entropy_for_logits(&y);
                     t.step(&loss, 4).is_err()
                 })

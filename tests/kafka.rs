@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type};
-use common::kafka::{self, JSON_SCHEMA, json_record};
+use common::kafka::{self, JSON_SCHEMA, committed, json_record};
 use common::{assert_ok, read_parquet, wait_for};
 use futures::StreamExt;
 use sluice::pipeline::{Origin, Pipeline};
@@ -613,32 +613,6 @@ fn static_mode_killed_and_resumed_from_checkpoint_delivers_every_record_exactly_
     let done = read_checkpoint(&cp).unwrap();
     assert_eq!(done["complete"], true);
     assert_eq!(done["rows_written"], 60_000);
-}
-
-/// The offsets a consumer group has committed, per partition.
-fn committed(topic: &str, group: &str, partitions: i32) -> BTreeMap<i32, i64> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let c: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", kafka::brokers())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition(topic, p);
-    }
-    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    got.elements()
-        .iter()
-        .map(|e| {
-            let o = match e.offset() {
-                rdkafka::Offset::Offset(o) => o,
-                _ => 0,
-            };
-            (e.partition(), o)
-        })
-        .collect()
 }
 
 #[test]

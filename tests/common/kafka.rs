@@ -2,6 +2,7 @@
 //! producing test records and reading topics back, with rdkafka.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -298,4 +299,29 @@ impl Drop for DurableBroker {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The offsets a consumer group has committed, per partition.
+pub fn committed(topic: &str, group: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    got.elements()
+        .iter()
+        .map(|e| {
+            let o = match e.offset() {
+                Offset::Offset(o) => o,
+                _ => 0,
+            };
+            (e.partition(), o)
+        })
+        .collect()
 }

@@ -433,6 +433,9 @@ pub(crate) fn worker(
     let frozen = prepared.frozen_stages();
     let source_rows = prepared.source_rows();
     let pool = prepared.pool().clone();
+    // Kafka offsets are stored with the consumer group only once a checkpoint covering
+    // them is durable (or, without checkpoints, at the end of a complete run).
+    let acker = prepared.acknowledger();
     let mut stream = TensorStream::new(prepared.stream(), pool, &job.loader)?;
     let stats = stream.stats();
 
@@ -610,6 +613,7 @@ pub(crate) fn worker(
         let every = tc.checkpoint.as_ref().map(|c| c.every_steps);
         if every.is_some_and(|e| rep.step % e == 0) || (rep.stop_requested && location.is_some()) {
             ctx.checkpoint(&mut trainer, &location, &last_state, rows_trained, false)?;
+            acker.store(&last_state, false);
             if let Some(log) = &mut log {
                 write_line(
                     log,
@@ -657,6 +661,7 @@ pub(crate) fn worker(
                 );
             }
         }
+        acker.store(&last_state, true);
     }
     if tc.check_every_steps > 0 {
         trainer.check_replicas()?;
@@ -722,7 +727,9 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Gathers every rank's pipeline state; rank 0 writes the checkpoint.
+    /// Gathers every rank's pipeline state; rank 0 writes the checkpoint and tells every rank
+    /// whether it is durable, so that all return `Ok` only once it is (and may then commit
+    /// the Kafka offsets it covers) and all fail together if it could not be written.
     fn checkpoint(
         &mut self,
         trainer: &mut Trainer,
@@ -734,10 +741,37 @@ impl Ctx<'_> {
         let Some(loc) = location else { return Ok(()) };
         let mine = serde_json::to_vec(state).map_err(|e| TrainError::Internal(e.to_string()))?;
         let all = trainer.collective().all_gather(mine)?;
-        if self.rank != 0 {
-            return Ok(());
+        let written = if self.rank == 0 {
+            self.write_checkpoint(trainer, loc, &all, rows_trained, complete)
+        } else {
+            Ok(())
+        };
+        // The outcome, from rank 0: empty = durable, else the error.
+        let mut outcome = match &written {
+            Ok(()) => Vec::new(),
+            Err(e) => e.to_string().into_bytes(),
+        };
+        trainer.collective().broadcast(&mut outcome, 0)?;
+        written?;
+        if outcome.is_empty() {
+            Ok(())
+        } else {
+            Err(TrainError::Checkpoint(format!(
+                "rank 0 could not write the checkpoint: {}",
+                String::from_utf8_lossy(&outcome)
+            )))
         }
-        let pipeline = all
+    }
+
+    fn write_checkpoint(
+        &self,
+        trainer: &Trainer,
+        loc: &sluice_pipeline::storage::ObjectLocation,
+        states: &[Vec<u8>],
+        rows_trained: u64,
+        complete: bool,
+    ) -> Result<(), TrainError> {
+        let pipeline = states
             .iter()
             .map(|b| serde_json::from_slice::<SourceState>(b))
             .collect::<Result<Vec<_>, _>>()

@@ -227,7 +227,7 @@ impl Pipeline {
                     k,
                     &self.base_dir,
                     at,
-                    &self.config.runtime,
+                    self.rank_and_world(),
                     self.resume.as_ref(),
                     acker,
                     metrics,

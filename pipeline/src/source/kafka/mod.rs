@@ -31,9 +31,7 @@ use tokio::sync::mpsc;
 
 use self::dead_letter::{Budget, DeadLetter, describe};
 use self::decode::{ChunkDecoder, RawChunk, RecordMeta, ipc_schema, raw_schema};
-use crate::config::{
-    Assignment, KafkaFormat, KafkaSourceConfig, RuntimeConfig, StartPosition, Until,
-};
+use crate::config::{Assignment, KafkaFormat, KafkaSourceConfig, StartPosition, Until};
 use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
@@ -137,13 +135,14 @@ struct OpenArgs {
 }
 
 impl KafkaSource {
-    /// Connects, checks the topics, splits partitions and finds start and end offsets. Every
-    /// broker call is bounded by `connect_timeout`.
+    /// Connects, checks the topics, splits partitions (static: among `world` ranks, this
+    /// being `rank`) and finds start and end offsets. Every broker call is bounded by
+    /// `connect_timeout`.
     pub(crate) async fn open(
         config: &KafkaSourceConfig,
         base_dir: &Path,
         at: &str,
-        runtime: &RuntimeConfig,
+        (rank, world): (usize, usize),
         resume: Option<&SourceState>,
         acker: Arc<Acknowledger>,
         metrics: Arc<PipelineMetrics>,
@@ -175,7 +174,6 @@ impl KafkaSource {
         if config.batch_rows == 0 {
             return Err(source_err("`batch_rows` must be at least 1".into()));
         }
-        let (rank, world) = runtime.rank_and_world();
         if rank >= world {
             return Err(source_err(format!(
                 "rank {rank} is not below world_size {world} (`runtime.rank`/`world_size` or the environment)"

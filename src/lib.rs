@@ -6,9 +6,13 @@
 //! - [`pipeline`] (`sluice-pipeline`): config model, sources, Arrow stages, the `Stream` API;
 //! - [`sinks`] (`sluice-sinks`): Parquet, Arrow IPC and null sinks;
 //! - [`Job`]: a pipeline file with its `sink:`, prepared and run to completion;
-//! - `trainer` (`sluice-trainer`, feature `torch`): data-parallel training (`sluice train`).
+//! - `trainer` (`sluice-trainer`, feature `torch`): data-parallel training (`sluice train`);
+//! - [`observe`]: the Prometheus endpoint and the counters' time series;
+//! - [`report`]: the run report (`report.json`, `report.html` with plots).
 
 mod job;
+pub mod observe;
+pub mod report;
 
 pub use job::{Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport};
 pub use sluice_pipeline as pipeline;

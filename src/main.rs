@@ -6,12 +6,15 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::FutureExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sluice::observe::{Observed, Sampler, serve_metrics};
 use sluice::pipeline::{ConfigDocument, Error as PipelineError, PipelineMetrics};
+use sluice::report::Report;
 use sluice::{Job, JobError, RunReport};
 use tracing_subscriber::EnvFilter;
 
@@ -47,6 +50,38 @@ enum ProgressMode {
     Never,
 }
 
+/// Observability options of `run` and `train`.
+#[derive(Debug, Clone, clap::Args)]
+struct Observe {
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics while running (e.g.
+    /// `127.0.0.1:9898`; under mpirun rank r uses port + r). See docs/metrics.md.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Where the run report goes (report.json, report.html, plots).
+    /// [default: sluice-report/<config name>]
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
+    /// Write no run report.
+    #[arg(long, conflicts_with = "report")]
+    no_report: bool,
+}
+
+impl Observe {
+    /// The report directory, unless reports are off.
+    fn report_dir(&self, config: &Path) -> Option<PathBuf> {
+        if self.no_report {
+            return None;
+        }
+        Some(self.report.clone().unwrap_or_else(|| {
+            let stem = config
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into());
+            Path::new("sluice-report").join(stem)
+        }))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a pipeline file to its sink and print a summary.
@@ -63,6 +98,8 @@ enum Command {
         /// it, an existing checkpoint is an error.
         #[arg(long)]
         resume: bool,
+        #[command(flatten)]
+        observe: Observe,
     },
     /// Train the `trainer:` model on the pipeline's batches (`loader:` says which columns
     /// become which tensors) with data-parallel workers, and print a summary.
@@ -87,6 +124,8 @@ enum Command {
         /// with `--features mpi`).
         #[arg(long)]
         backend: Option<String>,
+        #[command(flatten)]
+        observe: Observe,
     },
     /// Check pipeline files: every config problem with file:line:column, then (unless
     /// --no-data) the source's files and the schema through every stage.
@@ -142,12 +181,14 @@ fn main() -> ExitCode {
                 progress,
                 summary_json,
                 resume,
+                observe,
             } => {
                 run(
                     &config,
                     progress,
                     summary_json.as_deref(),
                     resume,
+                    &observe,
                     cli.quiet,
                 )
                 .await
@@ -160,6 +201,7 @@ fn main() -> ExitCode {
                 resume,
                 workers,
                 backend,
+                observe,
             } => {
                 train::train(
                     &config,
@@ -167,6 +209,7 @@ fn main() -> ExitCode {
                     summary_json.as_deref(),
                     resume,
                     (workers, backend),
+                    &observe,
                     cli.quiet,
                 )
                 .await
@@ -182,6 +225,9 @@ fn main() -> ExitCode {
 
 #[cfg(feature = "torch")]
 mod train;
+
+/// Interval of the report's throughput samples (doubles on long runs; the series is bounded).
+const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 fn print_error(e: &dyn std::fmt::Display) {
     for line in e.to_string().lines() {
@@ -225,11 +271,51 @@ fn interrupt_signal() -> impl std::future::Future<Output = ()> + Send + 'static 
     }
 }
 
+/// Starts the metrics endpoint (when asked) and the sampler for the report. `rank` offsets
+/// the port (one endpoint per process under mpirun).
+async fn start_observing(
+    observe: &Observe,
+    observed: &Arc<Observed>,
+    rank: usize,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, ExitCode> {
+    let mut tasks = Vec::new();
+    if let Some(mut addr) = observe.metrics_addr {
+        if addr.port() != 0 {
+            addr.set_port(addr.port().saturating_add(rank as u16));
+        }
+        match serve_metrics(addr, observed.clone()).await {
+            Ok((bound, task)) => {
+                tracing::info!("metrics at http://{bound}/metrics");
+                tasks.push(task);
+            }
+            Err(e) => {
+                eprintln!(
+                    "error: --metrics-addr {addr}: cannot listen there: {e} (choose a free port, or 127.0.0.1:0 for any)"
+                );
+                return Err(ExitCode::from(2));
+            }
+        }
+    }
+    Ok(tasks)
+}
+
+/// Writes the run report; a failure is reported, not fatal (the run itself succeeded).
+fn write_report(dir: &Path, report: &Report) {
+    match report.write(dir) {
+        Ok(()) => tracing::info!("run report in {}", dir.display()),
+        Err(e) => eprintln!(
+            "warning: cannot write the run report to {}: {e}",
+            dir.display()
+        ),
+    }
+}
+
 async fn run(
     config: &Path,
     progress: ProgressMode,
     summary_json: Option<&Path>,
     resume: bool,
+    observe: &Observe,
     quiet: bool,
 ) -> ExitCode {
     let interrupt = interrupt_signal().shared();
@@ -248,6 +334,14 @@ async fn run(
         Ok(p) => p,
         Err(e) => return fail(&e),
     };
+    let observed = Arc::new(Observed::default());
+    observed.add_pipeline(0, prepared.metrics());
+    let mut background = match start_observing(observe, &observed, 0).await {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let (sampler, sampling) = Sampler::start(observed.clone(), SAMPLE_EVERY);
+    background.push(sampling);
     let bar = progress_bar(progress, prepared.source_rows());
     let ticker = bar.clone().map(|bar| {
         let metrics = prepared.metrics();
@@ -257,8 +351,21 @@ async fn run(
     if let Some(t) = ticker {
         t.abort();
     }
+    for t in background {
+        t.abort();
+    }
     if let Some(bar) = &bar {
         bar.finish_and_clear();
+    }
+    if let Some(dir) = observe.report_dir(config) {
+        sampler.sample(&observed);
+        let (samples, names) = sampler.series();
+        let summary = match &result {
+            Ok(report) => serde_json::to_value(report).unwrap_or_default(),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        let r = Report::build("run", config, &observed, &samples, &names, None, summary);
+        write_report(&dir, &r);
     }
     match result {
         Ok(report) => {

@@ -6,10 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sluice::observe::{Observed, Sampler};
+use sluice::report::{Curves, Report};
 use sluice::trainer::config::Backend;
-use sluice::trainer::{Progress, TrainJob, TrainOptions, TrainReport};
+use sluice::trainer::{Progress, TrainJob, TrainOptions, TrainReport, TrainingMetrics};
 
-use crate::{ProgressMode, interrupt_signal, print_error};
+use crate::{
+    Observe, ProgressMode, SAMPLE_EVERY, interrupt_signal, print_error, start_observing,
+    write_report,
+};
 
 pub(crate) async fn train(
     config: &Path,
@@ -17,6 +22,7 @@ pub(crate) async fn train(
     summary_json: Option<&Path>,
     resume: bool,
     (workers, backend): (Option<usize>, Option<String>),
+    observe: &Observe,
     quiet: bool,
 ) -> ExitCode {
     let interrupt = interrupt_signal();
@@ -63,9 +69,26 @@ pub(crate) async fn train(
         bar.set_style(style);
         bar
     });
+    let training = Arc::new(TrainingMetrics::default());
+    let observed = Arc::new(Observed::training(training.clone()));
+    // Under mpirun each rank is a process of its own: rank r serves on port + r.
+    let process_rank = match job.trainer.allreduce.backend {
+        Backend::Mpi => ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok()?.parse().ok())
+            .unwrap_or(0),
+        Backend::Local => 0,
+    };
+    let mut background = match start_observing(observe, &observed, process_rank).await {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let (sampler, sampling) = Sampler::start(observed.clone(), SAMPLE_EVERY);
+    background.push(sampling);
     let options = TrainOptions {
         resume,
         stop,
+        metrics: Some(training.clone()),
         progress: bar.clone().map(|bar| {
             Arc::new(move |p: &Progress| {
                 if let Some(t) = p.total_steps {
@@ -84,6 +107,9 @@ pub(crate) async fn train(
     let result =
         tokio::task::spawn_blocking(move || sluice::trainer::train(&job, &options, &handle)).await;
     watcher.abort();
+    for t in background {
+        t.abort();
+    }
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
@@ -108,6 +134,30 @@ pub(crate) async fn train(
     }
     if !quiet {
         print_summary(config, &report);
+    }
+    if let Some(dir) = observe.report_dir(config) {
+        sampler.sample(&observed);
+        let (samples, names) = sampler.series();
+        let (steps, evals) = training.history();
+        let curves = Curves {
+            loss: steps.iter().map(|p| (p.step as f64, p.loss)).collect(),
+            eval_accuracy: evals
+                .iter()
+                .filter_map(|e| Some((e.step as f64, e.accuracy?)))
+                .collect(),
+            eval_loss: evals.iter().map(|e| (e.step as f64, e.loss)).collect(),
+            data_stall_fraction: (!report.already_complete).then_some(report.data_stall_fraction),
+        };
+        let r = Report::build(
+            "train",
+            config,
+            &observed,
+            &samples,
+            &names,
+            Some(curves),
+            serde_json::to_value(&report).unwrap_or_default(),
+        );
+        write_report(&dir, &r);
     }
     if let Some(path) = summary_json {
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();

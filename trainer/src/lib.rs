@@ -17,6 +17,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod metrics;
 pub mod model;
 mod mpi_backend;
 pub mod optim;
@@ -25,6 +26,7 @@ pub mod sync;
 mod trainer;
 
 pub use config::TrainerConfig;
+pub use metrics::TrainingMetrics;
 pub use run::{EvalReport, Progress, TrainJob, TrainOptions, TrainReport, train};
 pub use trainer::{StepReport, Trainer, TrainerOptions};
 

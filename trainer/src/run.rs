@@ -32,6 +32,7 @@ use tokio::runtime::Handle;
 use crate::TrainError;
 use crate::checkpoint::{CheckpointMeta, decode, encode};
 use crate::config::{Backend, Decay, Loss, TrainerConfig};
+use crate::metrics::TrainingMetrics;
 use crate::model::{build, row_shape};
 use crate::trainer::{Trainer, TrainerOptions};
 
@@ -172,6 +173,8 @@ pub struct TrainOptions {
     pub stop: Arc<AtomicBool>,
     /// Called by rank 0 after each step.
     pub progress: Option<ProgressFn>,
+    /// Live counters (for a metrics endpoint and the run report).
+    pub metrics: Option<Arc<TrainingMetrics>>,
 }
 
 impl std::fmt::Debug for TrainOptions {
@@ -436,6 +439,12 @@ pub(crate) fn worker(
     // Kafka offsets are stored with the consumer group only once a checkpoint covering
     // them is durable (or, without checkpoints, at the end of a complete run).
     let acker = prepared.acknowledger();
+    let live = options.metrics.clone();
+    if let Some(m) = &live {
+        m.add_pipeline(rank, prepared.metrics());
+    }
+    // Step counters are rank 0's.
+    let live_steps = live.as_ref().filter(|_| rank == 0);
     let mut stream = TensorStream::new(prepared.stream(), pool, &job.loader)?;
     let stats = stream.stats();
 
@@ -507,6 +516,9 @@ pub(crate) fn worker(
     if let Some((meta, tensors)) = &resumed {
         trainer.restore(tensors, meta.step)?;
         rows_trained = meta.rows_trained;
+        if let Some(m) = live_steps {
+            m.resumed(meta.step, meta.rows_trained);
+        }
         tracing::info!(rank, step = meta.step, "resumed from the checkpoint");
     }
     let start_step = trainer.steps();
@@ -592,6 +604,17 @@ pub(crate) fn worker(
         rows_this_run += rep.rows;
         last_loss = Some(rep.loss);
         last_state = batch.state.clone();
+        if let Some(m) = live_steps {
+            m.record_step(
+                rep.step,
+                rep.rows,
+                rep.loss,
+                rep.lr,
+                batch.waited,
+                step_time,
+                rep.allreduce,
+            );
+        }
         if let Some(log) = &mut log {
             write_line(
                 log,
@@ -625,6 +648,9 @@ pub(crate) fn worker(
             && ev.every_steps.is_some_and(|e| rep.step % e == 0)
         {
             let r = ctx.evaluate(&mut trainer)?;
+            if let Some(m) = live_steps {
+                m.record_eval(&r);
+            }
             if let Some(log) = &mut log {
                 write_line(log, &serde_json::json!({"eval": &r}));
             }
@@ -647,6 +673,9 @@ pub(crate) fn worker(
     if !interrupted {
         if tc.eval.is_some() && evals.last().is_none_or(|e| e.step != trainer.steps()) {
             let r = ctx.evaluate(&mut trainer)?;
+            if let Some(m) = live_steps {
+                m.record_eval(&r);
+            }
             if let Some(log) = &mut log {
                 write_line(log, &serde_json::json!({"eval": &r}));
             }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -26,6 +27,23 @@ pub struct QueueStats {
     pub bytes_pushed: AtomicU64,
     /// Bytes dequeued.
     pub bytes_popped: AtomicU64,
+    /// Nanoseconds the producer waited for room: the consumer side is slower.
+    pub send_blocked_ns: AtomicU64,
+    /// Nanoseconds the consumer waited for a batch: the producer side is slower.
+    pub recv_waited_ns: AtomicU64,
+}
+
+impl QueueStats {
+    /// Bytes in the queue now.
+    pub fn bytes_queued(&self) -> u64 {
+        let pushed = self.bytes_pushed.load(Ordering::Relaxed);
+        pushed.saturating_sub(self.bytes_popped.load(Ordering::Relaxed))
+    }
+}
+
+fn add_elapsed(counter: &AtomicU64, since: Instant) {
+    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    counter.fetch_add(ns, Ordering::Relaxed);
 }
 
 struct Item {
@@ -46,6 +64,8 @@ pub(crate) struct Sender {
 pub(crate) struct Receiver {
     rx: mpsc::UnboundedReceiver<Item>,
     stats: Arc<QueueStats>,
+    /// When `poll_recv` first found the queue empty (for `recv_waited_ns`).
+    waiting_since: Option<Instant>,
 }
 
 /// A queue holding at most `capacity_bytes` of batches (plus one oversized batch).
@@ -61,7 +81,11 @@ pub(crate) fn channel(capacity_bytes: u64, stats: Arc<QueueStats>) -> (Sender, R
             capacity_units,
             stats: stats.clone(),
         },
-        Receiver { rx, stats },
+        Receiver {
+            rx,
+            stats,
+            waiting_since: None,
+        },
     )
 }
 
@@ -70,8 +94,17 @@ impl Sender {
     pub(crate) async fn send(&self, batch: Result<Batch>) -> bool {
         let bytes = batch.as_ref().map(|b| b.memory_size()).unwrap_or(0);
         let units = bytes.div_ceil(UNIT).clamp(1, self.capacity_units as usize) as u32;
-        let Ok(permit) = self.budget.clone().acquire_many_owned(units).await else {
-            return false;
+        let permit = match self.budget.clone().try_acquire_many_owned(units) {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => return false,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let blocked = Instant::now();
+                let Ok(p) = self.budget.clone().acquire_many_owned(units).await else {
+                    return false;
+                };
+                add_elapsed(&self.stats.send_blocked_ns, blocked);
+                p
+            }
         };
         self.stats.pushed.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -90,7 +123,16 @@ impl Sender {
 impl Receiver {
     /// Next batch, or `None` when the sender finished.
     pub(crate) async fn recv(&mut self) -> Option<Result<Batch>> {
-        let item = self.rx.recv().await?;
+        let item = match self.rx.try_recv() {
+            Ok(item) => item,
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                let waited = Instant::now();
+                let item = self.rx.recv().await;
+                add_elapsed(&self.stats.recv_waited_ns, waited);
+                item?
+            }
+        };
         self.stats.popped.fetch_add(1, Ordering::Relaxed);
         self.stats
             .bytes_popped
@@ -102,7 +144,16 @@ impl Receiver {
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Batch>>> {
-        self.rx.poll_recv(cx).map(|o| {
+        let polled = self.rx.poll_recv(cx);
+        match (&polled, self.waiting_since) {
+            (std::task::Poll::Pending, None) => self.waiting_since = Some(Instant::now()),
+            (std::task::Poll::Ready(_), Some(since)) => {
+                add_elapsed(&self.stats.recv_waited_ns, since);
+                self.waiting_since = None;
+            }
+            _ => {}
+        }
+        polled.map(|o| {
             o.map(|item| {
                 self.stats.popped.fetch_add(1, Ordering::Relaxed);
                 self.stats

@@ -1,0 +1,523 @@
+//! What a running `sluice run`/`sluice train` shows the outside: a Prometheus (OpenMetrics)
+//! endpoint read straight from the live counters at each scrape, and a sampler that keeps
+//! a bounded time series of them for the run report (see [`crate::report`]).
+//!
+//! Every metric is written down in `docs/metrics.md`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use sluice_pipeline::PipelineMetrics;
+
+#[cfg(feature = "torch")]
+use sluice_trainer::TrainingMetrics;
+
+/// The live counters of one run: the pipeline of each rank and, for training, the trainer's.
+#[derive(Debug)]
+pub struct Observed {
+    started: Instant,
+    pipelines: Mutex<Vec<(usize, Arc<PipelineMetrics>)>>,
+    /// Training counters (`sluice train`).
+    #[cfg(feature = "torch")]
+    pub training: Option<Arc<TrainingMetrics>>,
+}
+
+impl Default for Observed {
+    fn default() -> Self {
+        Observed {
+            started: Instant::now(),
+            pipelines: Mutex::new(Vec::new()),
+            #[cfg(feature = "torch")]
+            training: None,
+        }
+    }
+}
+
+impl Observed {
+    /// Observes a training run.
+    #[cfg(feature = "torch")]
+    pub fn training(training: Arc<TrainingMetrics>) -> Self {
+        Observed {
+            training: Some(training),
+            ..Observed::default()
+        }
+    }
+
+    /// Adds the pipeline of `rank` (a `sluice run` has one, rank 0).
+    pub fn add_pipeline(&self, rank: usize, metrics: Arc<PipelineMetrics>) {
+        if let Ok(mut p) = self.pipelines.lock() {
+            p.push((rank, metrics));
+        }
+    }
+
+    /// Every observed pipeline, by rank.
+    pub fn pipelines(&self) -> Vec<(usize, Arc<PipelineMetrics>)> {
+        let mut all = self.pipelines.lock().map(|p| p.clone()).unwrap_or_default();
+        #[cfg(feature = "torch")]
+        if let Some(t) = &self.training {
+            all.extend(t.pipelines());
+        }
+        all
+    }
+
+    /// Seconds since the run started.
+    pub fn seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The OpenMetrics text exposition of every counter, as of now.
+    pub fn render(self: &Arc<Self>) -> String {
+        let mut registry = Registry::with_prefix("sluice");
+        registry.register_collector(Box::new(Scrape(self.clone())));
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+            tracing::warn!("encoding metrics: {e}");
+        }
+        out
+    }
+}
+
+/// `stages[2] (clip) at configs/x.yaml:17:5` → `#2 clip`; other names unchanged.
+pub fn short_name(name: &str) -> String {
+    let head = name.split(" at ").next().unwrap_or(name);
+    match head
+        .strip_prefix("stages[")
+        .and_then(|r| r.split_once("] ("))
+        .and_then(|(i, kind)| Some((i, kind.strip_suffix(')')?)))
+    {
+        Some((i, kind)) => format!("#{i} {kind}"),
+        None => head.to_string(),
+    }
+}
+
+fn ns(v: u64) -> f64 {
+    v as f64 / 1e9
+}
+
+/// One metric family: name, help, samples (labels, value).
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+impl Family {
+    fn counter(name: &'static str, help: &'static str) -> Self {
+        Family {
+            name,
+            help,
+            counter: true,
+            samples: Vec::new(),
+        }
+    }
+
+    fn gauge(name: &'static str, help: &'static str) -> Self {
+        Family {
+            name,
+            help,
+            counter: false,
+            samples: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, labels: Vec<(&'static str, String)>, value: f64) {
+        self.samples.push((labels, value));
+    }
+
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if self.samples.is_empty() {
+            return Ok(());
+        }
+        let kind = if self.counter {
+            ConstCounter::new(0.0f64).metric_type()
+        } else {
+            ConstGauge::new(0.0f64).metric_type()
+        };
+        let mut metric = encoder.encode_descriptor(self.name, self.help, None, kind)?;
+        for (labels, value) in &self.samples {
+            let family = metric.encode_family(labels)?;
+            if self.counter {
+                ConstCounter::new(*value).encode(family)?;
+            } else {
+                ConstGauge::new(*value).encode(family)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct Scrape(Arc<Observed>);
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for f in families(&self.0) {
+            f.encode(&mut encoder)?;
+        }
+        Ok(())
+    }
+}
+
+fn families(o: &Observed) -> Vec<Family> {
+    use Family as F;
+    let get = PipelineMetrics::get;
+    let mut src_rows = F::counter("source_rows", "Rows read by the source");
+    let mut src_read = F::counter(
+        "source_bytes_read",
+        "Bytes read by the source (compressed Parquet, Kafka message bytes)",
+    );
+    let mut src_decoded = F::counter(
+        "source_bytes_decoded",
+        "Arrow bytes the source decoded into",
+    );
+    let mut bad = F::counter(
+        "source_records_bad",
+        "Records that could not be decoded (errors)",
+    );
+    let mut dead = F::counter(
+        "source_records_dead_lettered",
+        "Bad records written to the dead-letter sink",
+    );
+    let mut part_records = F::counter(
+        "kafka_partition_records",
+        "Records read from a Kafka partition",
+    );
+    let mut part_lag = F::gauge(
+        "kafka_partition_lag",
+        "Records between a Kafka partition's read position and its end (-1: unknown)",
+    );
+    let mut st_in = F::counter("stage_rows_in", "Rows into a stage");
+    let mut st_out = F::counter("stage_rows_out", "Rows out of a stage");
+    let mut st_removed = F::counter(
+        "stage_rows_removed",
+        "Rows a stage removed on purpose (filter, skip policy, drop_last)",
+    );
+    let mut st_busy = F::counter(
+        "stage_busy_seconds",
+        "CPU seconds a stage spent working (summed over its parallel tasks)",
+    );
+    let mut q_pushed = F::counter("queue_batches_pushed", "Batches put into a queue");
+    let mut q_popped = F::counter("queue_batches_popped", "Batches taken from a queue");
+    let mut q_bytes_in = F::counter("queue_bytes_pushed", "Arrow bytes put into a queue");
+    let mut q_bytes_out = F::counter(
+        "queue_bytes_popped",
+        "Arrow bytes taken from a queue (the bytes into the stage it feeds)",
+    );
+    let mut q_bytes = F::gauge("queue_bytes", "Arrow bytes in a queue now");
+    let mut q_blocked = F::counter(
+        "queue_send_blocked_seconds",
+        "Seconds the producer of a queue waited for room: downstream is slower",
+    );
+    let mut q_waited = F::counter(
+        "queue_recv_waited_seconds",
+        "Seconds the consumer of a queue waited for a batch: upstream is slower",
+    );
+    let mut out_rows = F::counter("output_rows", "Rows delivered by the pipeline");
+    let mut out_batches = F::counter("output_batches", "Batches delivered by the pipeline");
+    let mut out_bytes = F::counter("output_bytes", "Arrow bytes delivered by the pipeline");
+    for (rank, m) in o.pipelines() {
+        let r = || vec![("rank", rank.to_string())];
+        let s = &m.source;
+        src_rows.add(r(), get(&s.rows) as f64);
+        src_read.add(r(), get(&s.bytes_read) as f64);
+        src_decoded.add(r(), get(&s.bytes_decoded) as f64);
+        bad.add(r(), get(&s.records_bad) as f64);
+        dead.add(r(), get(&s.records_dead_lettered) as f64);
+        for (name, p) in s.partitions() {
+            let l = vec![("rank", rank.to_string()), ("partition", name.clone())];
+            part_records.add(l.clone(), p.records as f64);
+            part_lag.add(l, p.lag as f64);
+        }
+        for st in m.stages() {
+            let l = vec![("rank", rank.to_string()), ("stage", short_name(&st.name))];
+            st_in.add(l.clone(), get(&st.rows_in) as f64);
+            st_out.add(l.clone(), get(&st.rows_out) as f64);
+            st_removed.add(l.clone(), get(&st.rows_removed) as f64);
+            st_busy.add(l, ns(get(&st.busy_ns)));
+        }
+        for (name, q) in m.queues() {
+            let l = vec![("rank", rank.to_string()), ("queue", short_name(&name))];
+            q_pushed.add(l.clone(), get(&q.pushed) as f64);
+            q_popped.add(l.clone(), get(&q.popped) as f64);
+            q_bytes_in.add(l.clone(), get(&q.bytes_pushed) as f64);
+            q_bytes_out.add(l.clone(), get(&q.bytes_popped) as f64);
+            q_bytes.add(l.clone(), q.bytes_queued() as f64);
+            q_blocked.add(l.clone(), ns(get(&q.send_blocked_ns)));
+            q_waited.add(l, ns(get(&q.recv_waited_ns)));
+        }
+        out_rows.add(r(), get(&m.rows_out) as f64);
+        out_batches.add(r(), get(&m.batches_out) as f64);
+        out_bytes.add(r(), get(&m.bytes_out) as f64);
+    }
+    let mut all = vec![
+        src_rows,
+        src_read,
+        src_decoded,
+        bad,
+        dead,
+        part_records,
+        part_lag,
+        st_in,
+        st_out,
+        st_removed,
+        st_busy,
+        q_pushed,
+        q_popped,
+        q_bytes_in,
+        q_bytes_out,
+        q_bytes,
+        q_blocked,
+        q_waited,
+        out_rows,
+        out_batches,
+        out_bytes,
+    ];
+    let mut up = F::gauge("uptime_seconds", "Seconds since the run started");
+    up.add(Vec::new(), o.seconds());
+    all.push(up);
+    #[cfg(feature = "torch")]
+    if let Some(t) = &o.training {
+        all.extend(training_families(t));
+    }
+    all
+}
+
+#[cfg(feature = "torch")]
+fn training_families(t: &TrainingMetrics) -> Vec<Family> {
+    use Family as F;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let one = |mut f: Family, v: f64| {
+        if !v.is_nan() {
+            f.add(Vec::new(), v);
+        }
+        f
+    };
+    vec![
+        one(
+            F::counter(
+                "train_steps",
+                "Optimizer steps done (including before a resume)",
+            ),
+            load(&t.steps) as f64,
+        ),
+        one(
+            F::counter("train_rows", "Rows trained on, all ranks"),
+            load(&t.rows) as f64,
+        ),
+        one(
+            F::gauge("train_loss", "Mean loss of the latest step"),
+            t.loss(),
+        ),
+        one(
+            F::gauge("train_learning_rate", "Learning rate of the latest step"),
+            t.learning_rate(),
+        ),
+        one(
+            F::counter(
+                "train_data_wait_seconds",
+                "Seconds rank 0 waited for its next batch (data stall)",
+            ),
+            ns(load(&t.data_wait_ns)),
+        ),
+        one(
+            F::counter(
+                "train_step_seconds",
+                "Seconds rank 0 spent in steps (backward, all-reduce, optimizer)",
+            ),
+            ns(load(&t.step_ns)),
+        ),
+        one(
+            F::counter(
+                "train_allreduce_seconds",
+                "Seconds rank 0 spent in collectives (handshake and gradient all-reduce)",
+            ),
+            ns(load(&t.allreduce_ns)),
+        ),
+        one(
+            F::gauge("train_eval_accuracy", "Accuracy of the latest evaluation"),
+            t.eval_accuracy(),
+        ),
+        one(
+            F::gauge("train_eval_loss", "Mean loss of the latest evaluation"),
+            t.eval_loss(),
+        ),
+    ]
+}
+
+type HttpResponse = hyper::Response<http_body_util::Full<hyper::body::Bytes>>;
+
+fn respond(path: &str, observed: &Arc<Observed>) -> Result<HttpResponse, hyper::http::Error> {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    if path == "/metrics" {
+        hyper::Response::builder()
+            .header(
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .body(Full::new(Bytes::from(observed.render())))
+    } else {
+        hyper::Response::builder()
+            .status(hyper::StatusCode::NOT_FOUND)
+            .body(Full::new(Bytes::from_static(b"metrics are at /metrics\n")))
+    }
+}
+
+/// Serves `GET /metrics` (anything else: 404) on `addr` until the returned task is aborted.
+/// Returns the bound address (port 0 picks a free one).
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    observed: Arc<Observed>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    use hyper::Request;
+
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let observed = observed.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let observed = observed.clone();
+                        async move { respond(req.uri().path(), &observed) }
+                    });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await
+                {
+                    tracing::debug!("metrics connection: {e}");
+                }
+            });
+        }
+    });
+    Ok((bound, task))
+}
+
+/// One sample of the pipelines' cumulative counters (summed over ranks).
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Seconds since the start.
+    pub seconds: f64,
+    /// Rows read by the source.
+    pub source_rows: u64,
+    /// Rows out of each stage, in pipeline order.
+    pub stage_rows: Vec<u64>,
+    /// Rows delivered.
+    pub output_rows: u64,
+}
+
+/// Samples the counters at a fixed interval into a bounded series (every other sample is
+/// dropped and the interval doubled when it fills).
+#[derive(Debug, Default)]
+pub struct Sampler {
+    samples: Mutex<Vec<Sample>>,
+    stage_names: Mutex<Vec<String>>,
+}
+
+const MAX_SAMPLES: usize = 2048;
+
+impl Sampler {
+    /// Starts sampling `observed` every `every` on the current runtime.
+    pub fn start(
+        observed: Arc<Observed>,
+        every: Duration,
+    ) -> (Arc<Sampler>, tokio::task::JoinHandle<()>) {
+        let sampler = Arc::new(Sampler::default());
+        let s = sampler.clone();
+        let task = tokio::spawn(async move {
+            let mut every = every;
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if s.sample(&observed) {
+                    every *= 2;
+                    tick = tokio::time::interval(every);
+                    tick.tick().await;
+                }
+            }
+        });
+        (sampler, task)
+    }
+
+    /// Takes a sample now; returns whether the series was thinned.
+    pub fn sample(&self, observed: &Observed) -> bool {
+        let pipelines = observed.pipelines();
+        let get = PipelineMetrics::get;
+        let mut sample = Sample {
+            seconds: observed.seconds(),
+            source_rows: 0,
+            stage_rows: Vec::new(),
+            output_rows: 0,
+        };
+        let mut names = Vec::new();
+        for (_, m) in &pipelines {
+            sample.source_rows += get(&m.source.rows);
+            sample.output_rows += get(&m.rows_out);
+            for (i, st) in m.stages().iter().enumerate() {
+                if sample.stage_rows.len() <= i {
+                    sample.stage_rows.push(0);
+                    names.push(short_name(&st.name));
+                }
+                sample.stage_rows[i] += get(&st.rows_out);
+            }
+        }
+        if let Ok(mut n) = self.stage_names.lock()
+            && n.len() < names.len()
+        {
+            *n = names;
+        }
+        let Ok(mut s) = self.samples.lock() else {
+            return false;
+        };
+        s.push(sample);
+        if s.len() >= MAX_SAMPLES {
+            let mut i = 0;
+            s.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+            return true;
+        }
+        false
+    }
+
+    /// The series and the stage names.
+    pub fn series(&self) -> (Vec<Sample>, Vec<String>) {
+        (
+            self.samples.lock().map(|s| s.clone()).unwrap_or_default(),
+            self.stage_names
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_names_are_shortened_for_labels() {
+        assert_eq!(
+            short_name("stages[2] (clip) at configs/q.yaml:17:5"),
+            "#2 clip"
+        );
+        assert_eq!(short_name("stages[10] (image)"), "#10 image");
+        assert_eq!(short_name("source"), "source");
+    }
+}

@@ -1,0 +1,571 @@
+//! The run report written at the end of every `sluice run`/`sluice train`: `report.json`
+//! (everything, machine-readable) and `report.html` with SVG plots drawn by `plotters` —
+//! throughput over time per stage, and for training the loss and evaluation curves — plus
+//! the bottleneck named with the knob to turn.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+use sluice_pipeline::PipelineMetrics;
+
+use crate::observe::{Observed, Sample, short_name};
+
+/// One element of the pipeline's chain: the source, a task (one stage, or a run of per-batch
+/// stages fused into one task) or the consumer (sink or trainer).
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainElement {
+    /// Its name (`source`, the stage's `#i kind`, `consumer`).
+    pub name: String,
+    /// Seconds the element waited to hand a batch on (its output queue was full: something
+    /// after it is slower). Not known for the consumer.
+    pub output_blocked_seconds: Option<f64>,
+    /// Fraction of the run spent blocked so.
+    pub output_blocked_fraction: Option<f64>,
+}
+
+/// A stage's totals.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageTotals {
+    /// `#i kind`.
+    pub name: String,
+    /// Rows in.
+    pub rows_in: u64,
+    /// Rows out.
+    pub rows_out: u64,
+    /// CPU seconds (summed over parallel tasks).
+    pub busy_seconds: f64,
+}
+
+/// The slowest element and what to do about it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bottleneck {
+    /// The element (see [`ChainElement::name`]).
+    pub element: String,
+    /// Why it is named.
+    pub evidence: String,
+    /// The knob to turn.
+    pub suggestion: String,
+}
+
+/// A named series of (x, y) points.
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    /// Legend.
+    pub name: String,
+    /// Points.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Training curves.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Curves {
+    /// Loss per step (rank 0's record).
+    pub loss: Vec<(f64, f64)>,
+    /// Evaluation accuracy per step.
+    pub eval_accuracy: Vec<(f64, f64)>,
+    /// Evaluation loss per step.
+    pub eval_loss: Vec<(f64, f64)>,
+    /// Fraction of rank 0's loop spent waiting for data.
+    pub data_stall_fraction: Option<f64>,
+}
+
+/// Everything in `report.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `run` or `train`.
+    pub kind: String,
+    /// The config file.
+    pub config: String,
+    /// Seconds the run took.
+    pub seconds: f64,
+    /// The chain in order, with blocking times.
+    pub chain: Vec<ChainElement>,
+    /// Per-stage totals (rank 0's pipeline... summed over ranks).
+    pub stages: Vec<StageTotals>,
+    /// The bottleneck.
+    pub bottleneck: Bottleneck,
+    /// Rows per second over time: the source, each stage, the output.
+    pub throughput: Vec<Series>,
+    /// Training curves (`train` only).
+    pub training: Option<Curves>,
+    /// The command's summary (`--summary-json` content).
+    pub summary: serde_json::Value,
+}
+
+/// Fraction of the run an output queue's producer must be blocked for its consumer to count
+/// as the slower side.
+const BLOCKED: f64 = 0.2;
+
+/// Fraction of waiting for data below which the trainer (not the pipeline) is the bottleneck.
+const STALL_OK: f64 = 0.05;
+
+impl Report {
+    /// Builds the report from the final counters and the sampled series.
+    pub fn build(
+        kind: &str,
+        config: &Path,
+        observed: &Observed,
+        samples: &[Sample],
+        stage_names: &[String],
+        training: Option<Curves>,
+        summary: serde_json::Value,
+    ) -> Report {
+        let seconds = observed.seconds().max(1e-9);
+        let pipelines = observed.pipelines();
+        let get = PipelineMetrics::get;
+        // Queues in order, summed over ranks (every rank runs the same chain).
+        let mut chain: Vec<ChainElement> = Vec::new();
+        let mut stages: Vec<StageTotals> = Vec::new();
+        let ranks = pipelines.len().max(1) as f64;
+        for (_, m) in &pipelines {
+            for (i, (name, q)) in m.queues().iter().enumerate() {
+                let blocked = get(&q.send_blocked_ns) as f64 / 1e9;
+                if chain.len() <= i {
+                    chain.push(ChainElement {
+                        name: short_name(name),
+                        output_blocked_seconds: Some(0.0),
+                        output_blocked_fraction: Some(0.0),
+                    });
+                }
+                if let Some(b) = &mut chain[i].output_blocked_seconds {
+                    *b += blocked / ranks;
+                }
+            }
+            for (i, st) in m.stages().iter().enumerate() {
+                if stages.len() <= i {
+                    stages.push(StageTotals {
+                        name: short_name(&st.name),
+                        rows_in: 0,
+                        rows_out: 0,
+                        busy_seconds: 0.0,
+                    });
+                }
+                stages[i].rows_in += get(&st.rows_in);
+                stages[i].rows_out += get(&st.rows_out);
+                stages[i].busy_seconds += get(&st.busy_ns) as f64 / 1e9;
+            }
+        }
+        for e in &mut chain {
+            e.output_blocked_fraction = e.output_blocked_seconds.map(|b| b / seconds);
+        }
+        let consumer = if kind == "train" { "trainer" } else { "sink" };
+        chain.push(ChainElement {
+            name: consumer.into(),
+            output_blocked_seconds: None,
+            output_blocked_fraction: None,
+        });
+        let stall = training.as_ref().and_then(|c| c.data_stall_fraction);
+        let bottleneck = bottleneck(&chain, stall, consumer);
+        Report {
+            kind: kind.into(),
+            config: config.display().to_string(),
+            seconds,
+            chain,
+            stages,
+            bottleneck,
+            throughput: throughput(samples, stage_names),
+            training,
+            summary,
+        }
+    }
+
+    /// Writes `report.json`, `report.html` and the plots (`*.svg`) into `dir`.
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join("report.json"), json)?;
+        let mut plots: Vec<(&str, String)> = Vec::new();
+        plots.push((
+            "throughput.svg",
+            line_chart(
+                "Throughput per stage",
+                "time since start (s)",
+                "rows per second",
+                &self.throughput,
+            ),
+        ));
+        if let Some(t) = &self.training {
+            plots.push((
+                "loss.svg",
+                line_chart(
+                    "Training loss",
+                    "optimizer step",
+                    "mean loss of the step",
+                    &[
+                        Series {
+                            name: "training loss".into(),
+                            points: t.loss.clone(),
+                        },
+                        Series {
+                            name: "evaluation loss".into(),
+                            points: t.eval_loss.clone(),
+                        },
+                    ],
+                ),
+            ));
+            if !t.eval_accuracy.is_empty() {
+                plots.push((
+                    "accuracy.svg",
+                    line_chart(
+                        "Evaluation accuracy",
+                        "optimizer step",
+                        "accuracy (%)",
+                        &[Series {
+                            name: "held-out accuracy".into(),
+                            points: t
+                                .eval_accuracy
+                                .iter()
+                                .map(|(x, y)| (*x, 100.0 * y))
+                                .collect(),
+                        }],
+                    ),
+                ));
+            }
+        }
+        for (name, svg) in &plots {
+            std::fs::write(dir.join(name), svg)?;
+        }
+        std::fs::write(dir.join("report.html"), self.html(&plots))
+    }
+
+    fn html(&self, plots: &[(&str, String)]) -> String {
+        let esc = |s: &str| {
+            s.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        };
+        let mut h = String::new();
+        h.push_str("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+        h.push_str(&format!(
+            "<title>sluice {} report: {}</title>",
+            esc(&self.kind),
+            esc(&self.config)
+        ));
+        h.push_str(
+            "<style>body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222}\
+             table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}\
+             th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}\
+             .bottleneck{background:#fff6e0;border-left:4px solid #e0a000;padding:0.6em 1em}\
+             figure{margin:1.5em 0}</style></head><body>\n",
+        );
+        h.push_str(&format!(
+            "<h1>sluice {}: {}</h1>\n<p>{:.2} s</p>\n",
+            esc(&self.kind),
+            esc(&self.config),
+            self.seconds
+        ));
+        h.push_str(&format!(
+            "<div class=\"bottleneck\"><b>Bottleneck: {}</b><br>{}<br><i>{}</i></div>\n",
+            esc(&self.bottleneck.element),
+            esc(&self.bottleneck.evidence),
+            esc(&self.bottleneck.suggestion)
+        ));
+        if let Some(t) = &self.training {
+            h.push_str("<h2>Training</h2><table><tr><th>measure</th><th>value</th></tr>");
+            if let Some((step, loss)) = t.loss.last() {
+                h.push_str(&format!(
+                    "<tr><td>last recorded step</td><td>{step}</td></tr><tr><td>loss</td><td>{loss:.4}</td></tr>"
+                ));
+            }
+            if let Some((step, acc)) = t.eval_accuracy.last() {
+                h.push_str(&format!(
+                    "<tr><td>evaluation accuracy (step {step})</td><td>{:.2}%</td></tr>",
+                    100.0 * acc
+                ));
+            }
+            if let Some(s) = t.data_stall_fraction {
+                h.push_str(&format!(
+                    "<tr><td>data stall (time waiting for batches)</td><td>{:.2}%</td></tr>",
+                    100.0 * s
+                ));
+            }
+            h.push_str("</table>\n");
+        }
+        h.push_str("<h2>Stages</h2><table><tr><th>stage</th><th>rows in</th><th>rows out</th><th>CPU seconds</th></tr>");
+        for s in &self.stages {
+            h.push_str(&format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td></tr>",
+                esc(&s.name),
+                s.rows_in,
+                s.rows_out,
+                s.busy_seconds
+            ));
+        }
+        h.push_str("</table>\n<h2>Queues</h2><p>Time each element waited to hand on a batch because the next one was busy (its output queue full).</p><table><tr><th>element</th><th>blocked (s)</th><th>of the run</th></tr>");
+        for e in &self.chain {
+            if let (Some(b), Some(f)) = (e.output_blocked_seconds, e.output_blocked_fraction) {
+                h.push_str(&format!(
+                    "<tr><td>{}</td><td>{b:.3}</td><td>{:.1}%</td></tr>",
+                    esc(&e.name),
+                    100.0 * f
+                ));
+            }
+        }
+        h.push_str("</table>\n");
+        for (name, svg) in plots {
+            h.push_str(&format!(
+                "<figure>{svg}<figcaption>{}</figcaption></figure>\n",
+                esc(name)
+            ));
+        }
+        h.push_str("</body></html>\n");
+        h
+    }
+}
+
+/// The element right after the last queue whose producer was blocked for a good part of the
+/// run: everything before it waits for it. No blocked queue: the source is the slowest.
+fn bottleneck(chain: &[ChainElement], stall: Option<f64>, consumer: &str) -> Bottleneck {
+    let last_blocked = chain
+        .iter()
+        .rposition(|e| e.output_blocked_fraction.is_some_and(|f| f >= BLOCKED));
+    let idx = last_blocked
+        .map_or(0, |i| i + 1)
+        .min(chain.len().saturating_sub(1));
+    let name = chain.get(idx).map(|e| e.name.clone()).unwrap_or_default();
+    if consumer == "trainer"
+        && let Some(s) = stall
+    {
+        if s < STALL_OK {
+            return Bottleneck {
+                element: "trainer".into(),
+                evidence: format!(
+                    "the trainer waited for data {:.1}% of its loop: the pipeline keeps up",
+                    100.0 * s
+                ),
+                suggestion: "the model step sets the pace: more workers (trainer.allreduce.workers, or more ranks under mpirun), a larger batch, or a faster device".into(),
+            };
+        }
+        if name == "trainer" {
+            return Bottleneck {
+                element: "trainer".into(),
+                evidence: format!(
+                    "the pipeline's output queue is full yet the trainer waited {:.1}% of its loop (tensor conversion or the handshake between ranks)",
+                    100.0 * s
+                ),
+                suggestion: "raise loader.prefetch so conversion overlaps the step".into(),
+            };
+        }
+    }
+    let evidence = match last_blocked.and_then(|i| chain.get(i)) {
+        Some(before) => format!(
+            "`{}` waited {:.1}% of the run for room in its output queue: `{name}` is slower than what feeds it",
+            before.name,
+            100.0 * before.output_blocked_fraction.unwrap_or(0.0)
+        ),
+        None => "no queue filled up: every element waits on the source".into(),
+    };
+    let suggestion = if idx == 0 {
+        "the source sets the pace: raise runtime.threads (decode parallelism), read larger row groups (source.batch_rows), or for object stores more concurrent reads".to_string()
+    } else if name == consumer {
+        if consumer == "trainer" {
+            "the trainer sets the pace: more workers or a faster model step".into()
+        } else {
+            "the sink sets the pace: more output parallelism (larger files, faster storage) or a faster broker".into()
+        }
+    } else if name.contains("shuffle") {
+        "the shuffle sets the pace: a smaller buffer_rows or a larger max_memory (less spilling)"
+            .into()
+    } else {
+        format!(
+            "`{name}` sets the pace: raise runtime.threads (CPU stages run on the pool) or make the stage cheaper"
+        )
+    };
+    Bottleneck {
+        element: name,
+        evidence,
+        suggestion,
+    }
+}
+
+/// Rows per second between consecutive samples: the source, each stage, the output.
+fn throughput(samples: &[Sample], stage_names: &[String]) -> Vec<Series> {
+    let rate = |f: &dyn Fn(&Sample) -> Option<u64>| -> Vec<(f64, f64)> {
+        samples
+            .windows(2)
+            .filter_map(|w| {
+                let dt = w[1].seconds - w[0].seconds;
+                let (a, b) = (f(&w[0])?, f(&w[1])?);
+                (dt > 0.0).then(|| (w[1].seconds, b.saturating_sub(a) as f64 / dt))
+            })
+            .collect()
+    };
+    let mut out = vec![Series {
+        name: "source".into(),
+        points: rate(&|s| Some(s.source_rows)),
+    }];
+    for (i, name) in stage_names.iter().enumerate() {
+        out.push(Series {
+            name: name.clone(),
+            points: rate(&|s| s.stage_rows.get(i).copied()),
+        });
+    }
+    out.push(Series {
+        name: "output".into(),
+        points: rate(&|s| Some(s.output_rows)),
+    });
+    out
+}
+
+/// An SVG line chart with a title, labelled axes and a legend.
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (860, 420)).into_drawing_area();
+        if let Err(e) = draw(&root, title, x_label, y_label, series) {
+            tracing::warn!("drawing {title}: {e}");
+        }
+        let _ = root.present();
+    }
+    svg
+}
+
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+fn draw(
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> DrawResult {
+    root.fill(&WHITE)?;
+    let points = series.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+    for (x, y) in points {
+        if x.is_finite() && y.is_finite() {
+            x0 = x0.min(*x);
+            x1 = x1.max(*x);
+            y1 = y1.max(*y);
+        }
+    }
+    if !x0.is_finite() {
+        (x0, x1) = (0.0, 1.0);
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 <= 0.0 {
+        y1 = 1.0;
+    }
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x0..x1, 0.0..y1 * 1.08)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(&|v| human(*v))
+        .y_label_formatter(&|v| human(*v))
+        .draw()?;
+    for (i, s) in series.iter().enumerate() {
+        if s.points.is_empty() {
+            continue;
+        }
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                s.points
+                    .iter()
+                    .copied()
+                    .filter(|(x, y)| x.is_finite() && y.is_finite()),
+                color.stroke_width(2),
+            ))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+    Ok(())
+}
+
+/// 1234567 → "1.23M".
+fn human(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e9 {
+        format!("{:.2}G", v / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.1}k", v / 1e3)
+    } else if a >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn el(name: &str, f: Option<f64>) -> ChainElement {
+        ChainElement {
+            name: name.into(),
+            output_blocked_seconds: f,
+            output_blocked_fraction: f,
+        }
+    }
+
+    #[test]
+    fn the_element_after_the_last_full_queue_is_the_bottleneck() {
+        let chain = [
+            el("source", Some(0.9)),
+            el("#0 image", Some(0.5)),
+            el("#1 batch", Some(0.01)),
+            el("sink", None),
+        ];
+        assert_eq!(bottleneck(&chain, None, "sink").element, "#1 batch");
+        let free = [
+            el("source", Some(0.0)),
+            el("#0 cast", Some(0.0)),
+            el("sink", None),
+        ];
+        assert_eq!(bottleneck(&free, None, "sink").element, "source");
+        let all = [
+            el("source", Some(0.9)),
+            el("#0 cast", Some(0.9)),
+            el("sink", None),
+        ];
+        let b = bottleneck(&all, None, "sink");
+        assert_eq!(b.element, "sink");
+        assert!(b.suggestion.contains("sink"));
+        let train = [el("source", Some(0.0)), el("trainer", None)];
+        assert_eq!(bottleneck(&train, Some(0.01), "trainer").element, "trainer");
+        assert_eq!(bottleneck(&train, Some(0.5), "trainer").element, "source");
+    }
+
+    #[test]
+    fn charts_are_svg_with_title_axes_and_legend() {
+        let svg = line_chart(
+            "Throughput per stage",
+            "time since start (s)",
+            "rows per second",
+            &[Series {
+                name: "source".into(),
+                points: vec![(0.5, 1000.0), (1.0, 2500.0), (1.5, 2000.0)],
+            }],
+        );
+        assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
+        for text in [
+            "Throughput per stage",
+            "time since start (s)",
+            "rows per second",
+            "source",
+            "1000",
+        ] {
+            assert!(svg.contains(text), "missing {text}");
+        }
+        assert!(svg.contains("<polyline"));
+    }
+}

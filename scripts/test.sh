@@ -4,6 +4,7 @@
 # is built from source and needs OpenSSL headers, installed here with apt-get if missing),
 # scripts/libtorch.sh installs a CPU libtorch for tch (from PyPI wheels), scripts/mpi.sh
 # OpenMPI (apt-get) for the `mpi` backend,
+# scripts/python-peers.sh the Python peers `sluice bench` compares with (torch, numpy, pyarrow),
 # scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
 # the integration tests use, and stops them at the end.
 #
@@ -38,6 +39,10 @@ step "OpenMPI (the mpi all-reduce backend; tests/train_mpi.rs runs mpirun -np 2)
 # shellcheck source=scripts/mpi.sh
 source scripts/mpi.sh
 FEATURES=(--features mpi)
+step "Python peers for the bench test (PyTorch DataLoader, numpy, pyarrow in target/services/venv-peers)"
+# shellcheck source=scripts/python-peers.sh
+source scripts/python-peers.sh
+echo "SLUICE_BENCH_PYTHON=$SLUICE_BENCH_PYTHON"
 
 # Two cores: one intra-op thread per process keeps concurrent tests from oversubscribing.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

@@ -127,6 +127,18 @@ enum Command {
         #[command(flatten)]
         observe: Observe,
     },
+    /// Benchmark a standard workload (`images` or `tabular`) against the raw Parquet decode
+    /// and, with a Python that has torch, the PyTorch DataLoader and numpy on the same data.
+    Bench(bench::BenchArgs),
+    /// One variant of `sluice bench` (run by it in a child process).
+    #[command(hide = true)]
+    BenchChild {
+        data: PathBuf,
+        #[arg(value_enum)]
+        workload: bench::Workload,
+        variant: String,
+        threads: usize,
+    },
     /// Check pipeline files: every config problem with file:line:column, then (unless
     /// --no-data) the source's files and the schema through every stage.
     Validate {
@@ -214,6 +226,15 @@ fn main() -> ExitCode {
                 )
                 .await
             }
+            Command::Bench(args) => tokio::task::spawn_blocking(move || bench::bench(&args))
+                .await
+                .unwrap_or(ExitCode::FAILURE),
+            Command::BenchChild {
+                data,
+                workload,
+                variant,
+                threads,
+            } => bench::child(&data, workload, &variant, threads).await,
             Command::Validate { configs, no_data } => validate(&configs, no_data).await,
             Command::Inspect { paths, rows } => inspect(&paths, rows).await,
         }
@@ -223,6 +244,7 @@ fn main() -> ExitCode {
     code
 }
 
+mod bench;
 #[cfg(feature = "torch")]
 mod train;
 

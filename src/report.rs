@@ -38,7 +38,7 @@ pub struct StageTotals {
 }
 
 /// The slowest element and what to do about it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Bottleneck {
     /// The element (see [`ChainElement::name`]).
     pub element: String,
@@ -149,7 +149,11 @@ impl Report {
         for e in &mut chain {
             e.output_blocked_fraction = e.output_blocked_seconds.map(|b| b / seconds);
         }
-        let consumer = if kind == "train" { "trainer" } else { "sink" };
+        let consumer = match kind {
+            "train" => "trainer",
+            "run" => "sink",
+            _ => "consumer",
+        };
         chain.push(ChainElement {
             name: consumer.into(),
             output_blocked_seconds: None,
@@ -361,6 +365,9 @@ fn bottleneck(chain: &[ChainElement], stall: Option<f64>, consumer: &str) -> Bot
     } else if name == consumer {
         if consumer == "trainer" {
             "the trainer sets the pace: more workers or a faster model step".into()
+        } else if consumer == "consumer" {
+            "the consumer sets the pace: tensor conversion (loader.prefetch) or the training step"
+                .into()
         } else {
             "the sink sets the pace: more output parallelism (larger files, faster storage) or a faster broker".into()
         }

@@ -1,0 +1,172 @@
+"""The Python peers of `sluice bench`: the same workload on the same Parquet files, written
+the way PyTorch users write it.
+
+- `dataloader`: the idiomatic `torch.utils.data.DataLoader` — a map-style dataset holding the
+  decoded column in memory (as torchvision's CIFAR10 does), per-sample transforms in torch
+  (torchvision-style: pad + random crop, horizontal flip, normalize; or standardize + Gaussian
+  noise), `shuffle=True`, `num_workers=2`, default collate into batches.
+- `numpy`: one process, row groups read with pyarrow, a 10k-row (images) / 100k-row (tabular)
+  shuffle buffer, the transforms vectorised over whole batches in numpy, `torch.from_numpy`.
+
+Prints one JSON line: rows, seconds, peak RSS (MiB; main process plus the largest worker
+times the number of workers — an upper estimate of the sum).
+
+Run by `sluice bench`; never needed by Sluice itself.
+"""
+
+import argparse
+import glob
+import json
+import os
+import resource
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
+STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
+
+
+def files(data):
+    return sorted(glob.glob(os.path.join(data, "*.parquet")))
+
+
+def load_column(data, workload):
+    """The whole feature column as one numpy array (and the labels)."""
+    xs, ys = [], []
+    for f in files(data):
+        t = pq.read_table(f)
+        col = t.column("image" if workload == "images" else "x").combine_chunks()
+        if workload == "images":
+            buf = col.buffers()[1]
+            xs.append(np.frombuffer(buf, dtype=np.uint8, count=len(col) * 3072).reshape(-1, 32, 32, 3))
+        else:
+            values = col.flatten().to_numpy(zero_copy_only=False)
+            xs.append(values.reshape(-1, 128))
+        ys.append(t.column("label").to_numpy())
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+class Images(torch.utils.data.Dataset):
+    def __init__(self, data):
+        self.x, self.y = load_column(data, "images")
+        self.mean = torch.tensor(MEAN).view(3, 1, 1)
+        self.std = torch.tensor(STD).view(3, 1, 1)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        img = torch.from_numpy(self.x[i]).permute(2, 0, 1).float().div_(255.0)  # ToTensor
+        img = torch.nn.functional.pad(img, (4, 4, 4, 4))  # RandomCrop(32, padding=4)
+        top, left = torch.randint(0, 9, (2,)).tolist()
+        img = img[:, top : top + 32, left : left + 32]
+        if torch.rand(1).item() < 0.5:  # RandomHorizontalFlip
+            img = img.flip(-1)
+        img = (img - self.mean) / self.std  # Normalize
+        return img, int(self.y[i])
+
+
+class Tabular(torch.utils.data.Dataset):
+    def __init__(self, data):
+        self.x, self.y = load_column(data, "tabular")
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        x = torch.from_numpy(self.x[i])
+        x = (x - 0.5) / 0.29
+        x = x + 0.1 * torch.randn(128)
+        return x, int(self.y[i])
+
+
+def dataloader(data, workload, batch):
+    ds = Images(data) if workload == "images" else Tabular(data)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=2)
+    rows = 0
+    for x, y in loader:
+        rows += x.shape[0]
+    return rows
+
+
+def numpy_variant(data, workload, batch, buffer_rows):
+    rng = np.random.default_rng(1)
+    rows = 0
+    held_x, held_y, held = [], [], 0
+
+    def emit(x, y):
+        nonlocal rows
+        perm = rng.permutation(len(y))
+        x, y = x[perm], y[perm]
+        for s in range(0, len(y), batch):
+            xb = x[s : s + batch]
+            if workload == "images":
+                n = len(xb)
+                f = xb.astype(np.float32) / 255.0
+                padded = np.zeros((n, 40, 40, 3), dtype=np.float32)
+                padded[:, 4:36, 4:36] = f
+                tops = rng.integers(0, 9, n)
+                lefts = rng.integers(0, 9, n)
+                idx_r = tops[:, None] + np.arange(32)[None, :]
+                idx_c = lefts[:, None] + np.arange(32)[None, :]
+                out = padded[np.arange(n)[:, None, None], idx_r[:, :, None], idx_c[:, None, :]]
+                flip = rng.random(n) < 0.5
+                out[flip] = out[flip, :, ::-1]
+                out = (out - MEAN) / STD
+                t = torch.from_numpy(np.ascontiguousarray(out.transpose(0, 3, 1, 2)))
+            else:
+                out = (xb - 0.5) / 0.29 + 0.1 * rng.standard_normal(xb.shape, dtype=np.float32)
+                t = torch.from_numpy(out.astype(np.float32, copy=False))
+            torch.from_numpy(y[s : s + batch])
+            rows += t.shape[0]
+
+    order = rng.permutation(sum(pq.ParquetFile(f).num_row_groups for f in files(data)))
+    groups = [(f, g) for f in files(data) for g in range(pq.ParquetFile(f).num_row_groups)]
+    opened = {}
+    for k in order:
+        f, g = groups[k]
+        pf = opened.setdefault(f, pq.ParquetFile(f))
+        t = pf.read_row_group(g)
+        col = t.column("image" if workload == "images" else "x").combine_chunks()
+        if workload == "images":
+            x = np.frombuffer(col.buffers()[1], dtype=np.uint8, count=len(col) * 3072).reshape(-1, 32, 32, 3)
+        else:
+            x = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, 128)
+        held_x.append(x)
+        held_y.append(t.column("label").to_numpy())
+        held += len(x)
+        if held >= buffer_rows:
+            emit(np.concatenate(held_x), np.concatenate(held_y))
+            held_x, held_y, held = [], [], 0
+    if held:
+        emit(np.concatenate(held_x), np.concatenate(held_y))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--workload", choices=["images", "tabular"], required=True)
+    p.add_argument("--variant", choices=["dataloader", "numpy"], required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--buffer-rows", type=int, required=True)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    if a.variant == "dataloader":
+        rows = dataloader(a.data, a.workload, a.batch)
+        workers = 2
+    else:
+        rows = numpy_variant(a.data, a.workload, a.batch, a.buffer_rows)
+        workers = 0
+    seconds = time.perf_counter() - start
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    print(json.dumps({"rows": rows, "seconds": seconds, "peak_rss_mib": own + workers * child}))
+
+
+if __name__ == "__main__":
+    main()

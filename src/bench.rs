@@ -1,0 +1,529 @@
+//! `sluice bench images|tabular`: a standard workload end to end, in the same run as the raw
+//! Parquet decode of the same files (the ceiling) and, when a Python with torch is found, the
+//! idiomatic PyTorch `DataLoader` and a vectorised numpy loader on identical data and work.
+//!
+//! Each variant runs in a child process (this binary, `sluice bench-child`, or the Python
+//! script) so that its peak RSS is its own; the best of `--repeat` runs counts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{
+    FixedSizeBinaryArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+};
+use arrow::datatypes::{DataType, Field};
+use futures::StreamExt;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+use sluice::observe::Observed;
+use sluice::pipeline::Pipeline;
+use sluice::report::{Bottleneck, Report};
+
+/// The standard workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Workload {
+    /// 200k × 32×32×3 uint8 images: shuffle 10k, random crop (pad 4), flip, normalize,
+    /// batches of 256 float32 [3, 32, 32].
+    Images,
+    /// 2M × 128 float32: shuffle 100k, standardize, Gaussian noise, batches of 1024.
+    Tabular,
+}
+
+impl Workload {
+    fn default_rows(self) -> usize {
+        match self {
+            Workload::Images => 200_000,
+            Workload::Tabular => 2_000_000,
+        }
+    }
+    fn row_bytes(self) -> usize {
+        match self {
+            Workload::Images => 3072,
+            Workload::Tabular => 512,
+        }
+    }
+    fn batch(self) -> usize {
+        match self {
+            Workload::Images => 256,
+            Workload::Tabular => 1024,
+        }
+    }
+    fn buffer_rows(self) -> usize {
+        match self {
+            Workload::Images => 10_000,
+            Workload::Tabular => 100_000,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Images => "images",
+            Workload::Tabular => "tabular",
+        }
+    }
+}
+
+const FILES: usize = 20;
+const GROUPS: usize = 10;
+
+/// Writes `rows` rows (split into 20 files × 10 row groups, uncompressed PLAIN: random
+/// pixels and floats do not compress) with a deterministic generator.
+fn generate(dir: &Path, workload: Workload, rows: usize) -> std::io::Result<()> {
+    let per_group = rows.div_ceil(FILES * GROUPS);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let props = WriterProperties::builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .set_dictionary_enabled(false)
+        .set_encoding(Encoding::PLAIN)
+        .build();
+    let mut id = 0usize;
+    for f in 0..FILES {
+        let file = std::fs::File::create(dir.join(format!("train-{f:03}.parquet")))?;
+        let mut writer: Option<ArrowWriter<std::fs::File>> = None;
+        let mut file = Some(file);
+        for _ in 0..GROUPS {
+            let n = per_group.min(rows - id.min(rows));
+            if n == 0 {
+                break;
+            }
+            let features: arrow::array::ArrayRef = match workload {
+                Workload::Images => {
+                    let mut bytes = vec![0u8; n * 3072];
+                    for chunk in bytes.chunks_mut(8) {
+                        let b = next().to_le_bytes();
+                        chunk.copy_from_slice(&b[..chunk.len()]);
+                    }
+                    Arc::new(
+                        FixedSizeBinaryArray::try_from_iter(bytes.chunks(3072))
+                            .map_err(std::io::Error::other)?,
+                    )
+                }
+                Workload::Tabular => {
+                    let values = Float32Array::from_iter_values(
+                        (0..n * 128).map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32),
+                    );
+                    Arc::new(
+                        FixedSizeListArray::try_new(
+                            Arc::new(Field::new("item", DataType::Float32, false)),
+                            128,
+                            Arc::new(values),
+                            None,
+                        )
+                        .map_err(std::io::Error::other)?,
+                    )
+                }
+            };
+            let labels = Int64Array::from_iter_values((id..id + n).map(|i| (i % 10) as i64));
+            id += n;
+            let name = match workload {
+                Workload::Images => "image",
+                Workload::Tabular => "x",
+            };
+            let rb =
+                RecordBatch::try_from_iter([(name, features), ("label", Arc::new(labels) as _)])
+                    .map_err(std::io::Error::other)?;
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(
+                    ArrowWriter::try_new(
+                        file.take().ok_or_else(|| std::io::Error::other("file"))?,
+                        rb.schema(),
+                        Some(props.clone()),
+                    )
+                    .map_err(std::io::Error::other)?,
+                ),
+            };
+            w.write(&rb).map_err(std::io::Error::other)?;
+            w.flush().map_err(std::io::Error::other)?;
+        }
+        if let Some(w) = writer {
+            w.close().map_err(std::io::Error::other)?;
+        }
+    }
+    Ok(())
+}
+
+/// The pipeline of a variant (`raw`: the source alone).
+fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize) -> String {
+    let source = format!(
+        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 1024, prefetch: 4}}\n",
+        dir.display()
+    );
+    let stages = match (workload, variant) {
+        (_, "raw") => String::new(),
+        (Workload::Images, _) => "stages:\n\
+            - {type: shuffle, buffer_rows: 10000, seed: 1, batch_rows: 1024}\n\
+            - type: image\n  column: image\n  shape: [32, 32, 3]\n  seed: 2\n  ops:\n\
+            \x20   - random_crop: {size: [32, 32], padding: 4}\n\
+            \x20   - horizontal_flip: {p: 0.5}\n\
+            \x20   - normalize: {mean: [0.4914, 0.4822, 0.4465], std: [0.2470, 0.2435, 0.2616]}\n\
+            - {type: batch, size: 256}\n"
+            .to_string(),
+        (Workload::Tabular, _) => "stages:\n\
+            - {type: shuffle, buffer_rows: 100000, seed: 1, batch_rows: 4096}\n\
+            - {type: standardize, columns: [x], mean: 0.5, std: 0.29}\n\
+            - {type: gaussian_noise, columns: [x], std: 0.1, seed: 3}\n\
+            - {type: batch, size: 1024}\n"
+            .to_string(),
+    };
+    format!("{source}{stages}runtime: {{threads: {threads}, queue_bytes: 32 MiB}}\n")
+}
+
+/// What one variant measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Measured {
+    rows: usize,
+    seconds: f64,
+    peak_rss_mib: f64,
+    #[serde(default)]
+    bottleneck: Option<Bottleneck>,
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// `sluice bench-child`: runs one Sluice variant in this process and prints a JSON line.
+#[allow(clippy::print_stdout)]
+pub(crate) async fn child(
+    data: &Path,
+    workload: Workload,
+    variant: &str,
+    threads: usize,
+) -> ExitCode {
+    let result = async {
+        let pipeline = Pipeline::from_yaml(&yaml(data, workload, variant, threads))?;
+        let prepared = pipeline.prepare().await?;
+        let observed = Arc::new(Observed::default());
+        observed.add_pipeline(0, prepared.metrics());
+        let start = Instant::now();
+        let rows = consume(prepared, workload, variant).await?;
+        let seconds = start.elapsed().as_secs_f64();
+        let report = Report::build(
+            "bench",
+            Path::new(workload.name()),
+            &observed,
+            &[],
+            &[],
+            None,
+            serde_json::Value::Null,
+        );
+        Ok::<_, anyhow::Error>(Measured {
+            rows,
+            seconds,
+            peak_rss_mib: peak_rss_mib(),
+            bottleneck: Some(report.bottleneck),
+        })
+    }
+    .await;
+    match result {
+        Ok(m) => {
+            println!("{}", serde_json::to_string(&m).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Drains the stream: the full variant into tensors (with `torch`), like a training loop.
+async fn consume(
+    prepared: sluice::pipeline::PreparedPipeline,
+    workload: Workload,
+    variant: &str,
+) -> anyhow::Result<usize> {
+    let mut rows = 0usize;
+    #[cfg(feature = "torch")]
+    if variant != "raw" {
+        let loader: sluice::sinks::tensor::LoaderConfig = serde_json::from_value(match workload {
+            Workload::Images => serde_json::json!({"device": "cpu", "tensors": {
+                "x": {"column": "image", "dtype": "f32", "shape": [3, 32, 32]},
+                "y": {"column": "label", "dtype": "i64"}}}),
+            Workload::Tabular => serde_json::json!({"device": "cpu", "tensors": {
+                "x": {"column": "x", "dtype": "f32"},
+                "y": {"column": "label", "dtype": "i64"}}}),
+        })?;
+        let pool = prepared.pool().clone();
+        let mut s = sluice::sinks::tensor::TensorStream::new(prepared.stream(), pool, &loader)?;
+        while let Some(b) = s.next().await {
+            rows += b?.rows;
+        }
+        return Ok(rows);
+    }
+    let _ = (workload, variant);
+    let mut s = prepared.stream();
+    while let Some(b) = s.next().await {
+        rows += b?.num_rows();
+    }
+    Ok(rows)
+}
+
+/// Options of `sluice bench`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// The workload.
+    #[arg(value_enum)]
+    workload: Workload,
+    /// Rows to generate [default: 200000 images, 2000000 tabular].
+    #[arg(long)]
+    rows: Option<usize>,
+    /// Runs per variant; the best counts.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Sluice's CPU threads (`runtime.threads`).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Python with torch, numpy and pyarrow for the peers [default: $SLUICE_BENCH_PYTHON,
+    /// else python3 if it has them]. `none` skips them.
+    #[arg(long)]
+    python: Option<String>,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One row of the table.
+#[derive(Debug, Serialize)]
+struct Row {
+    variant: &'static str,
+    description: &'static str,
+    measured: Option<Measured>,
+    /// Why it did not run.
+    skipped: Option<String>,
+    samples_per_second: Option<f64>,
+    mb_per_second: Option<f64>,
+    /// Throughput relative to the raw decode.
+    vs_raw: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    workload: Workload,
+    rows: usize,
+    threads: usize,
+    cores: usize,
+    variants: Vec<Row>,
+    /// Sluice ÷ DataLoader throughput.
+    sluice_vs_dataloader: Option<f64>,
+    bottleneck: Option<Bottleneck>,
+}
+
+fn python(args: &BenchArgs) -> Result<String, String> {
+    let candidate = match args.python.as_deref() {
+        Some("none") => return Err("--python none".into()),
+        Some(p) => p.to_string(),
+        None => std::env::var("SLUICE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into()),
+    };
+    let ok = Command::new(&candidate)
+        .args(["-c", "import torch, numpy, pyarrow"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        Ok(candidate)
+    } else {
+        Err(format!(
+            "{candidate} cannot import torch, numpy and pyarrow (scripts/python-peers.sh installs them; pass --python)"
+        ))
+    }
+}
+
+fn run_child(mut cmd: Command) -> Result<Measured, String> {
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line).map_err(|e| format!("{e}: {line}"))
+}
+
+/// `sluice bench`.
+#[allow(clippy::print_stdout)]
+pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
+    let w = args.workload;
+    let rows = args.rows.unwrap_or(w.default_rows());
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: cannot create a temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let data = dir.path().join("data");
+    let generated = std::fs::create_dir_all(&data).and_then(|()| generate(&data, w, rows));
+    if let Err(e) = generated {
+        eprintln!("error: generating the dataset in {}: {e}", data.display());
+        return ExitCode::FAILURE;
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sluice"));
+    let py = python(args);
+    let script = dir.path().join("peers.py");
+    if std::fs::write(&script, include_str!("../benches/python/peers.py")).is_err() {
+        eprintln!("error: cannot write {}", script.display());
+        return ExitCode::FAILURE;
+    }
+    let desc = match w {
+        Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
+        Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
+    };
+    let variants: [(&'static str, &'static str); 4] = [
+        ("raw", "raw Parquet decode (the ceiling)"),
+        ("sluice", desc),
+        (
+            "dataloader",
+            "PyTorch DataLoader, num_workers=2, per-sample",
+        ),
+        ("numpy", "numpy, vectorised per batch, 1 process"),
+    ];
+    println!(
+        "sluice bench {}: {rows} rows ({:.0} MB), {} Sluice threads, {} cores, best of {}",
+        w.name(),
+        (rows * w.row_bytes()) as f64 / 1e6,
+        args.threads,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        args.repeat.max(1)
+    );
+    let mut table = Vec::new();
+    for (variant, description) in variants {
+        let python_variant = matches!(variant, "dataloader" | "numpy");
+        let mut best: Option<Measured> = None;
+        let mut skipped = None;
+        if python_variant && let Err(why) = &py {
+            skipped = Some(why.clone());
+        }
+        for _ in 0..args.repeat.max(1) {
+            if skipped.is_some() {
+                break;
+            }
+            let cmd = if python_variant {
+                let mut c = Command::new(py.as_deref().unwrap_or("python3"));
+                c.arg(&script)
+                    .args(["--data", &data.display().to_string()])
+                    .args(["--workload", w.name(), "--variant", variant])
+                    .args(["--batch", &w.batch().to_string()])
+                    .args(["--buffer-rows", &w.buffer_rows().to_string()]);
+                c
+            } else {
+                let mut c = Command::new(&exe);
+                c.arg("bench-child").arg(&data).args([
+                    w.name(),
+                    variant,
+                    &args.threads.to_string(),
+                ]);
+                c
+            };
+            match run_child(cmd) {
+                Ok(m) if m.rows != rows => {
+                    skipped = Some(format!("delivered {} rows, not {rows}", m.rows));
+                }
+                Ok(m) => {
+                    if best.as_ref().is_none_or(|b| m.seconds < b.seconds) {
+                        best = Some(m);
+                    }
+                }
+                Err(e) => skipped = Some(format!("failed: {e}")),
+            }
+        }
+        if skipped.is_some() {
+            best = None;
+        }
+        let rate = best.as_ref().map(|m| m.rows as f64 / m.seconds.max(1e-9));
+        table.push(Row {
+            variant,
+            description,
+            measured: best,
+            skipped,
+            samples_per_second: rate,
+            mb_per_second: rate.map(|r| r * w.row_bytes() as f64 / 1e6),
+            vs_raw: None,
+        });
+    }
+    let raw = table[0].samples_per_second;
+    for r in &mut table {
+        r.vs_raw = match (r.samples_per_second, raw) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+    }
+    println!(
+        "{:<11} {:<58} {:>11} {:>9} {:>10} {:>7}",
+        "variant", "work", "samples/s", "MB/s", "peak RSS", "vs raw"
+    );
+    for r in &table {
+        match (&r.measured, &r.skipped) {
+            (Some(m), _) => println!(
+                "{:<11} {:<58} {:>11.0} {:>9.1} {:>6.0} MiB {:>6.2}×",
+                r.variant,
+                r.description,
+                r.samples_per_second.unwrap_or(0.0),
+                r.mb_per_second.unwrap_or(0.0),
+                m.peak_rss_mib,
+                r.vs_raw.unwrap_or(f64::NAN)
+            ),
+            (None, why) => println!(
+                "{:<11} {:<58} skipped: {}",
+                r.variant,
+                r.description,
+                why.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+    let sluice_vs_dl = match (table[1].samples_per_second, table[2].samples_per_second) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    if let Some(x) = sluice_vs_dl {
+        println!("sluice vs PyTorch DataLoader: {x:.1}×");
+    }
+    let bottleneck = table[1]
+        .measured
+        .as_ref()
+        .and_then(|m| m.bottleneck.clone());
+    if let Some(b) = &bottleneck {
+        println!("bottleneck: {} — {}", b.element, b.evidence);
+        println!("  knob: {}", b.suggestion);
+    }
+    let results = Results {
+        workload: w,
+        rows,
+        threads: args.threads,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        variants: table,
+        sluice_vs_dataloader: sluice_vs_dl,
+        bottleneck,
+    };
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    // A peer may be missing (no Python with torch); a variant that ran and failed is an error.
+    let failed = results.variants.iter().any(|r| {
+        r.measured.is_none() && !(matches!(r.variant, "dataloader" | "numpy") && py.is_err())
+    });
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

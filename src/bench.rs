@@ -297,6 +297,10 @@ pub(crate) struct BenchArgs {
     /// Also write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Keep the generated dataset in DIR (reused when it already holds this workload's
+    /// files for the same row count) instead of a temporary directory.
+    #[arg(long)]
+    data: Option<PathBuf>,
 }
 
 /// One row of the table.
@@ -367,8 +371,16 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let data = dir.path().join("data");
-    let generated = std::fs::create_dir_all(&data).and_then(|()| generate(&data, w, rows));
+    let data = args.data.clone().unwrap_or_else(|| dir.path().join("data"));
+    let stamp = data.join(".sluice-bench");
+    let wanted = format!("{} {rows}", w.name());
+    let generated = if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        Ok(())
+    } else {
+        std::fs::create_dir_all(&data)
+            .and_then(|()| generate(&data, w, rows))
+            .and_then(|()| std::fs::write(&stamp, &wanted))
+    };
     if let Err(e) = generated {
         eprintln!("error: generating the dataset in {}: {e}", data.display());
         return ExitCode::FAILURE;

@@ -372,7 +372,7 @@ fn bottleneck(chain: &[ChainElement], stall: Option<f64>, consumer: &str) -> Bot
             "the sink sets the pace: more output parallelism (larger files, faster storage) or a faster broker".into()
         }
     } else if name.contains("shuffle") {
-        "the shuffle sets the pace: a smaller buffer_rows or a larger max_memory (less spilling)"
+        "the shuffle sets the pace: it is one task per window; a smaller buffer_rows, or a larger max_memory if it spills"
             .into()
     } else {
         format!(

@@ -58,7 +58,7 @@ struct Observe {
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Where the run report goes (report.json, report.html, plots).
-    /// [default: sluice-report/<config name>]
+    /// [default: sluice-report/<config name>-<run|train>]
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
     /// Write no run report.
@@ -67,8 +67,8 @@ struct Observe {
 }
 
 impl Observe {
-    /// The report directory, unless reports are off.
-    fn report_dir(&self, config: &Path) -> Option<PathBuf> {
+    /// The report directory of `command` (`run`, `train`), unless reports are off.
+    fn report_dir(&self, config: &Path, command: &str) -> Option<PathBuf> {
         if self.no_report {
             return None;
         }
@@ -76,8 +76,8 @@ impl Observe {
             let stem = config
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "run".into());
-            Path::new("sluice-report").join(stem)
+                .unwrap_or_else(|| "sluice".into());
+            Path::new("sluice-report").join(format!("{stem}-{command}"))
         }))
     }
 }
@@ -379,7 +379,7 @@ async fn run(
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    if let Some(dir) = observe.report_dir(config) {
+    if let Some(dir) = observe.report_dir(config, "run") {
         sampler.sample(&observed);
         let (samples, names) = sampler.series();
         let summary = match &result {

@@ -135,7 +135,7 @@ pub(crate) async fn train(
     if !quiet {
         print_summary(config, &report);
     }
-    if let Some(dir) = observe.report_dir(config) {
+    if let Some(dir) = observe.report_dir(config, "train") {
         sampler.sample(&observed);
         let (samples, names) = sampler.series();
         let (steps, evals) = training.history();

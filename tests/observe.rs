@@ -331,7 +331,7 @@ fn run_serves_kafka_partition_metrics_that_follow_the_topic() {
     assert_eq!(sigterm(&mut child), Some(130));
     // The report of an interrupted run exists too.
     let json: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.path().join("sluice-report/job/report.json")).unwrap(),
+        &std::fs::read(dir.path().join("sluice-report/job-run/report.json")).unwrap(),
     )
     .unwrap();
     assert_eq!(json["kind"], "run");
@@ -342,7 +342,7 @@ fn run_serves_kafka_partition_metrics_that_follow_the_topic() {
             .contains("interrupt")
     );
     assert_plot(
-        &dir.path().join("sluice-report/job/throughput.svg"),
+        &dir.path().join("sluice-report/job-run/throughput.svg"),
         &["Throughput per stage"],
     );
 }

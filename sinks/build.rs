@@ -6,9 +6,14 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=src/tensor/blob.cpp");
-    if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
-        return;
-    }
+    #[cfg(feature = "torch")]
+    torch();
+}
+
+/// `cc` is a build dependency only with `torch`, so this must not be compiled without it
+/// (`cargo build --no-default-features`).
+#[cfg(feature = "torch")]
+fn torch() {
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     }

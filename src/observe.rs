@@ -5,7 +5,6 @@
 //! Every metric is written down in `docs/metrics.md`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -60,11 +59,12 @@ impl Observed {
 
     /// Every observed pipeline, by rank.
     pub fn pipelines(&self) -> Vec<(usize, Arc<PipelineMetrics>)> {
-        let mut all = self.pipelines.lock().map(|p| p.clone()).unwrap_or_default();
+        let all = self.pipelines.lock().map(|p| p.clone()).unwrap_or_default();
         #[cfg(feature = "torch")]
-        if let Some(t) = &self.training {
-            all.extend(t.pipelines());
-        }
+        let all = match &self.training {
+            Some(t) => all.into_iter().chain(t.pipelines()).collect(),
+            None => all,
+        };
         all
     }
 
@@ -294,7 +294,7 @@ fn families(o: &Observed) -> Vec<Family> {
 #[cfg(feature = "torch")]
 fn training_families(t: &TrainingMetrics) -> Vec<Family> {
     use Family as F;
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     let one = |mut f: Family, v: f64| {
         if !v.is_nan() {
             f.add(Vec::new(), v);

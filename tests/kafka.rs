@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type};
 use common::kafka::{self, JSON_SCHEMA, committed, json_record};
-use common::{assert_ok, read_parquet, wait_for};
+use common::{assert_ok, read_parquet, spawn_sluice, wait_for};
 use futures::StreamExt;
 use sluice::pipeline::{Origin, Pipeline};
 
@@ -496,17 +496,6 @@ fn part_ids(dir: &std::path::Path) -> Vec<i64> {
         }
     }
     out
-}
-
-fn spawn_sluice(dir: &std::path::Path, args: &[&str]) -> std::process::Child {
-    std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
-        .spawn()
-        .unwrap()
 }
 
 fn sigkill(child: &mut std::process::Child) {

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::kafka::{self, JSON_SCHEMA, free_port, json_record};
-use common::{repo, wait_for};
+use common::{repo, spawn_sluice, wait_for};
 
 /// `(name, when)` of every metric in docs/metrics.md's table.
 fn documented() -> Vec<(String, String)> {
@@ -86,17 +86,6 @@ fn assert_moved(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, n
         let (a, b) = (before.get(&n).copied().unwrap_or(0.0), after[&n]);
         assert!(b > a, "`{n}` did not move: {a} → {b}");
     }
-}
-
-fn spawn(dir: &Path, args: &[&str]) -> std::process::Child {
-    std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
-        .spawn()
-        .unwrap()
 }
 
 fn sigterm(child: &mut std::process::Child) -> Option<i32> {
@@ -177,7 +166,7 @@ trainer:
     )
     .unwrap();
     let port = free_port();
-    let mut child = spawn(
+    let mut child = spawn_sluice(
         dir.path(),
         &[
             "train",
@@ -293,7 +282,7 @@ fn run_serves_kafka_partition_metrics_that_follow_the_topic() {
     )
     .unwrap();
     let port = free_port();
-    let mut child = spawn(
+    let mut child = spawn_sluice(
         dir.path(),
         &[
             "run",

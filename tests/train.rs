@@ -5,11 +5,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use sluice::trainer::checkpoint::decode;
 
 #[test]
 fn quickstart_trains_to_95_percent_with_two_workers() {
@@ -73,22 +71,6 @@ trainer:
     )
 }
 
-/// A checkpoint's metadata and its tensors' values, by name.
-type Read = (
-    sluice::trainer::checkpoint::CheckpointMeta,
-    Vec<(String, Vec<f32>)>,
-);
-
-fn read_checkpoint(path: &Path) -> Option<Read> {
-    let bytes = std::fs::read(path).ok()?;
-    let (meta, tensors) = decode(&bytes).ok()?;
-    let values = tensors
-        .into_iter()
-        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
-        .collect();
-    Some((meta, values))
-}
-
 #[test]
 fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
     const STEPS: u64 = 400;
@@ -101,7 +83,7 @@ fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
         Duration::from_secs(300),
     ));
     let (ref_meta, ref_params) =
-        read_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
+        read_train_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
     assert_eq!(ref_meta.step, STEPS);
     assert!(ref_meta.complete);
 
@@ -121,12 +103,12 @@ fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
     wait_for(
         "a checkpoint past step 20",
         Duration::from_secs(120),
-        || read_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
+        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
     );
     assert!(child.try_wait().unwrap().is_none(), "run 1 ended early");
     child.kill().unwrap(); // SIGKILL: no chance to checkpoint on the way out
     child.wait().unwrap();
-    let (at_kill, _) = read_checkpoint(&ckpt).unwrap();
+    let (at_kill, _) = read_train_checkpoint(&ckpt).unwrap();
     assert!(!at_kill.complete);
     assert!(
         at_kill.step < STEPS && at_kill.step % 10 == 0,
@@ -148,7 +130,7 @@ fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
         Duration::from_secs(300),
     );
     assert_ok(&out);
-    let (meta, params) = read_checkpoint(&ckpt).unwrap();
+    let (meta, params) = read_train_checkpoint(&ckpt).unwrap();
     assert_eq!(meta.step, STEPS);
     assert_eq!(
         meta.rows_trained, ref_meta.rows_trained,

@@ -8,14 +8,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use common::kafka::{self, committed};
-use common::{assert_ok, run_in_for, wait_for};
-use sluice::trainer::checkpoint::{CheckpointMeta, decode};
+use common::{assert_ok, read_train_checkpoint, run_in_for, spawn_sluice, wait_for};
+use sluice::trainer::checkpoint::CheckpointMeta;
 
 const SCHEMA: &str = r#"{id: int64, label: int64, x: "float32[4]"}"#;
 
@@ -68,30 +67,6 @@ trainer:
     )
 }
 
-type Read = (CheckpointMeta, Vec<(String, Vec<f32>)>);
-
-fn read_checkpoint(path: &Path) -> Option<Read> {
-    let bytes = std::fs::read(path).ok()?;
-    let (meta, tensors) = decode(&bytes).ok()?;
-    let values = tensors
-        .into_iter()
-        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
-        .collect();
-    Some((meta, values))
-}
-
-fn spawn_train(dir: &Path, args: &[&str]) -> std::process::Child {
-    std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-        .arg("train")
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
-        .spawn()
-        .unwrap()
-}
-
 /// Every rank's Kafka positions in a checkpoint: partition → next offset.
 fn positions(meta: &CheckpointMeta, topic: &str) -> BTreeMap<i32, i64> {
     let mut out = BTreeMap::new();
@@ -122,7 +97,7 @@ fn static_source_killed_and_resumed_trains_every_record_once_to_the_same_paramet
     // Run 1 reads without end (each rank one partition, static assignment) and checkpoints
     // every 7 steps; more records arrive while it trains, each block once it caught up.
     std::fs::write(dir.path().join("job.yaml"), job(&topic, "", 2, 7)).unwrap();
-    let mut run1 = spawn_train(dir.path(), &["job.yaml"]);
+    let mut run1 = spawn_sluice(dir.path(), &["train", "job.yaml"]);
     let killed = Arc::new(AtomicBool::new(false));
     let produced = Arc::new(AtomicI64::new(6_000));
     let producer = {
@@ -135,7 +110,7 @@ fn static_source_killed_and_resumed_trains_every_record_once_to_the_same_paramet
                     if killed.load(Ordering::SeqCst) {
                         return Some(());
                     }
-                    read_checkpoint(&ckpt)
+                    read_train_checkpoint(&ckpt)
                         .filter(|(m, _)| m.rows_trained >= caught_up)
                         .map(|_| ())
                 });
@@ -151,14 +126,14 @@ fn static_source_killed_and_resumed_trains_every_record_once_to_the_same_paramet
     wait_for(
         "a checkpoint past 8000 rows",
         Duration::from_secs(120),
-        || read_checkpoint(&ckpt).filter(|(m, _)| m.rows_trained >= 8_000),
+        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.rows_trained >= 8_000),
     );
     assert!(run1.try_wait().unwrap().is_none(), "run 1 ended by itself");
     run1.kill().unwrap();
     run1.wait().unwrap();
     killed.store(true, Ordering::SeqCst);
     producer.join().unwrap();
-    let (at_kill, _) = read_checkpoint(&ckpt).unwrap();
+    let (at_kill, _) = read_train_checkpoint(&ckpt).unwrap();
     assert!(!at_kill.complete && at_kill.step % 7 == 0);
     assert!(
         at_kill.rows_trained < N as u64,
@@ -183,7 +158,7 @@ fn static_source_killed_and_resumed_trains_every_record_once_to_the_same_paramet
         &["train", "job.yaml", "--resume"],
         Duration::from_secs(300),
     ));
-    let (meta, params) = read_checkpoint(&ckpt).unwrap();
+    let (meta, params) = read_train_checkpoint(&ckpt).unwrap();
     assert!(meta.complete);
     // Counted: every record once (N rows, each partition read to its end, no rank trained
     // a partition of another), in batches of 32 per rank: 10 000 rows each.
@@ -207,7 +182,7 @@ fn static_source_killed_and_resumed_trains_every_record_once_to_the_same_paramet
         Duration::from_secs(300),
     ));
     let (ref_meta, ref_params) =
-        read_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
+        read_train_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
     assert_eq!(ref_meta.step, meta.step);
     assert_eq!(ref_meta.rows_trained, meta.rows_trained);
     assert_eq!(ref_meta.pipeline, meta.pipeline);
@@ -243,7 +218,7 @@ fn group_offsets_are_committed_only_once_the_checkpoint_covering_them_is_durable
         )
     };
     std::fs::write(dir.path().join("job.yaml"), job(&topic, &source(""), 1, 5)).unwrap();
-    let mut run1 = spawn_train(dir.path(), &["job.yaml"]);
+    let mut run1 = spawn_sluice(dir.path(), &["train", "job.yaml"]);
     // Sampled while run 1 trains: committed first, then the checkpoint (whose positions only
     // grow), so a commit ahead of its checkpoint would show.
     let mut samples = 0;
@@ -252,7 +227,7 @@ fn group_offsets_are_committed_only_once_the_checkpoint_covering_them_is_durable
         Duration::from_secs(120),
         || {
             let c = committed(&topic, &group, 2);
-            let (meta, _) = read_checkpoint(&ckpt)?;
+            let (meta, _) = read_train_checkpoint(&ckpt)?;
             let k = positions(&meta, &topic);
             for (p, off) in &c {
                 let covered = k.get(p).copied().unwrap_or(0);
@@ -286,7 +261,7 @@ fn group_offsets_are_committed_only_once_the_checkpoint_covering_them_is_durable
         &["train", "job.yaml", "--resume"],
         Duration::from_secs(300),
     ));
-    let (meta, _) = read_checkpoint(&ckpt).unwrap();
+    let (meta, _) = read_train_checkpoint(&ckpt).unwrap();
     assert!(meta.complete);
     assert_eq!(meta.rows_trained, N as u64, "every record once");
     let end = BTreeMap::from([(0, N / 2), (1, N / 2)]);

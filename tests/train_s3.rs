@@ -13,7 +13,6 @@ use common::s3;
 use common::*;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
-use sluice::trainer::checkpoint::{CheckpointMeta, decode};
 
 fn job(bucket: &str, key: &str, steps: u64) -> String {
     format!(
@@ -40,22 +39,15 @@ trainer:
     )
 }
 
-/// A checkpoint's metadata and its tensors' values, by name.
-type Read = (CheckpointMeta, Vec<(String, Vec<f32>)>);
-
-/// The checkpoint object, if it exists.
-fn read(bucket: &str, key: &str) -> Option<Read> {
+/// The checkpoint object, if it exists (an object that exists must decode: S3 puts are
+/// atomic).
+fn read(bucket: &str, key: &str) -> Option<TrainCheckpoint> {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let bytes = rt.block_on(async {
         let got = s3::store(bucket).get(&ObjectPath::from(key)).await.ok()?;
         got.bytes().await.ok()
     })?;
-    let (meta, tensors) = decode(&bytes).unwrap();
-    let values = tensors
-        .into_iter()
-        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
-        .collect();
-    Some((meta, values))
+    Some(decode_train_checkpoint(&bytes).expect("the checkpoint object decodes"))
 }
 
 fn train(dir: &Path, endpoint: &str, args: &[&str]) -> std::process::Command {

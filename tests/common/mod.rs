@@ -170,3 +170,40 @@ pub fn wait_for<T>(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Starts `sluice ARGS` in `dir` (stdout discarded, stderr to `dir/stderr.log`), to be killed
+/// or signalled by the test.
+pub fn spawn_sluice(dir: &Path, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// A training checkpoint's metadata and its tensors' values, by name.
+#[cfg(feature = "torch")]
+pub type TrainCheckpoint = (
+    sluice::trainer::checkpoint::CheckpointMeta,
+    Vec<(String, Vec<f32>)>,
+);
+
+/// Decodes a training checkpoint (`None` if it is not one, e.g. not written yet).
+#[cfg(feature = "torch")]
+pub fn decode_train_checkpoint(bytes: &[u8]) -> Option<TrainCheckpoint> {
+    let (meta, tensors) = sluice::trainer::checkpoint::decode(bytes).ok()?;
+    let values = tensors
+        .into_iter()
+        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
+        .collect();
+    Some((meta, values))
+}
+
+/// Reads and decodes a training checkpoint file, if it exists.
+#[cfg(feature = "torch")]
+pub fn read_train_checkpoint(path: &Path) -> Option<TrainCheckpoint> {
+    decode_train_checkpoint(&std::fs::read(path).ok()?)
+}

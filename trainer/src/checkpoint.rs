@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_pipeline::SourceState;
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
 use crate::TrainError;
+use crate::sync::host_f32;
 
 const MAGIC: &[u8; 8] = b"SLUICECK";
 
@@ -53,15 +54,8 @@ pub fn encode(meta: &CheckpointMeta, tensors: &[(String, Tensor)]) -> Result<Vec
     let mut data: Vec<u8> = Vec::new();
     let mut buf: Vec<f32> = Vec::new();
     for (name, t) in tensors {
-        let t = t
-            .detach()
-            .to_device(Device::Cpu)
-            .to_kind(Kind::Float)
-            .contiguous();
-        let n = t.numel();
-        buf.clear();
-        buf.resize(n, 0.0);
-        t.copy_data(&mut buf, n);
+        host_f32(t, &mut buf);
+        let n = buf.len();
         entries.push(Entry {
             name: name.clone(),
             shape: t.size(),
@@ -119,6 +113,7 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, BTreeMap<String, Tensor>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::{Device, Kind};
 
     #[test]
     fn round_trip_is_bitwise() {

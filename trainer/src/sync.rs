@@ -131,15 +131,7 @@ pub fn checksum(params: &[(String, Tensor)]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut buf: Vec<f32> = Vec::new();
     for (_, p) in params {
-        let t = p
-            .detach()
-            .to_device(Device::Cpu)
-            .to_kind(Kind::Float)
-            .contiguous();
-        let n = t.numel();
-        buf.clear();
-        buf.resize(n, 0.0);
-        t.copy_data(&mut buf, n);
+        host_f32(p, &mut buf);
         for x in &buf {
             for b in x.to_bits().to_le_bytes() {
                 h ^= u64::from(b);
@@ -148,4 +140,18 @@ pub fn checksum(params: &[(String, Tensor)]) -> u64 {
         }
     }
     h
+}
+
+/// Replaces `buf`'s contents with `t`'s values as f32, in row-major order, from any device
+/// and float kind (one buffer reused across tensors).
+pub(crate) fn host_f32(t: &Tensor, buf: &mut Vec<f32>) {
+    let t = t
+        .detach()
+        .to_device(Device::Cpu)
+        .to_kind(Kind::Float)
+        .contiguous();
+    let n = t.numel();
+    buf.clear();
+    buf.resize(n, 0.0);
+    t.copy_data(buf, n);
 }

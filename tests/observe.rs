@@ -335,3 +335,26 @@ fn run_serves_kafka_partition_metrics_that_follow_the_topic() {
         &["Throughput per stage"],
     );
 }
+
+#[test]
+fn a_metrics_address_in_use_is_a_usage_error_that_names_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::sluice()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            repo().join("configs/quickstart.yaml").to_str().unwrap(),
+        ])
+        .args(["--metrics-addr", &addr, "--no-report"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("--metrics-addr {addr}: cannot listen there"))
+            && err.contains("choose a free port"),
+        "{err}"
+    );
+}

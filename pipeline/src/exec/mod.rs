@@ -13,6 +13,7 @@
 pub(crate) mod channel;
 pub mod metrics;
 mod pool;
+pub(crate) mod recycle;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;

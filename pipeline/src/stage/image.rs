@@ -17,7 +17,6 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch,
 };
-use arrow::buffer::ScalarBuffer;
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, SchemaRef, UInt8Type};
 use rand::{RngExt, SeedableRng};
@@ -28,6 +27,7 @@ use super::augment::row_ids;
 use crate::batch::Batch;
 use crate::config::{ImageConfig, ImageFormat, ImageOp, OnError};
 use crate::error::{Error, Result, StageRef};
+use crate::exec::recycle::F32Pool;
 
 /// A built `image` stage.
 #[derive(Debug)]
@@ -47,7 +47,15 @@ pub(crate) struct ImageStage {
     /// Per channel: `v * scale + bias` maps a 0–255 value to its normalized output.
     scale: Vec<f32>,
     bias: Vec<f32>,
+    /// Output buffers, recycled once the batch (and any tensor made from it) is dropped.
+    buffers: Arc<F32Pool>,
 }
+
+/// Pixels per pass of the one-pass crop's row conversion (a stack buffer of 3 × this many).
+const CHUNK: usize = 64;
+
+/// Free output buffers the stage keeps for reuse (about ten batches of 256 CIFAR images).
+const RETAIN_BYTES: usize = 32 << 20;
 
 /// Checks the config against the input schema; returns the stage and its output schema.
 pub(crate) fn build(
@@ -212,6 +220,7 @@ pub(crate) fn build(
             schema: schema.clone(),
             scale,
             bias,
+            buffers: F32Pool::new(RETAIN_BYTES),
         },
         schema,
     ))
@@ -373,8 +382,7 @@ impl ImageStage {
             let sy = sy as usize;
             let px = &src[(sy * w + first) * ch..(sy * w + first + (x1 - x0)) * ch];
             if ch == 3 {
-                let (s0, s1, s2) = (self.scale[0], self.scale[1], self.scale[2]);
-                let (b0, b1, b2) = (self.bias[0], self.bias[1], self.bias[2]);
+                let n = hi - lo;
                 let (d0, rest) = dst.split_at_mut(plane);
                 let (d1, d2) = rest.split_at_mut(plane);
                 let (d0, d1, d2) = (
@@ -382,18 +390,39 @@ impl ImageStage {
                     &mut d1[o + lo..o + hi],
                     &mut d2[o + lo..o + hi],
                 );
-                let write = |((a, b), c): ((&mut f32, &mut f32), &mut f32), p: &[u8]| {
-                    *a = p[0] as f32 * s0 + b0;
-                    *b = p[1] as f32 * s1 + b1;
-                    *c = p[2] as f32 * s2 + b2;
-                };
-                let outs = d0.iter_mut().zip(d1.iter_mut()).zip(d2.iter_mut());
-                if g.flip_h {
-                    outs.rev()
-                        .zip(px.chunks_exact(3))
-                        .for_each(|(o, p)| write(o, p));
-                } else {
-                    outs.zip(px.chunks_exact(3)).for_each(|(o, p)| write(o, p));
+                let (s0, s1, s2) = (self.scale[0], self.scale[1], self.scale[2]);
+                let (c0, c1, c2) = (self.bias[0], self.bias[1], self.bias[2]);
+                // Two passes per chunk of a row: the contiguous u8 → f32 conversion
+                // vectorises, the strided de-interleave then reads from L1; separate loops
+                // for flipped and straight rows (no branch per pixel). Measured ~1.4× the
+                // single strided pass.
+                let mut f = [0.0f32; 3 * CHUNK];
+                let mut a = 0;
+                while a < n {
+                    let m = CHUNK.min(n - a);
+                    let t = &mut f[..3 * m];
+                    for (v, p) in t.iter_mut().zip(&px[3 * a..3 * (a + m)]) {
+                        *v = f32::from(*p);
+                    }
+                    if g.flip_h {
+                        let e = n - a;
+                        let (o0, o1, o2) =
+                            (&mut d0[e - m..e], &mut d1[e - m..e], &mut d2[e - m..e]);
+                        for i in 0..m {
+                            o0[m - 1 - i] = t[3 * i] * s0 + c0;
+                            o1[m - 1 - i] = t[3 * i + 1] * s1 + c1;
+                            o2[m - 1 - i] = t[3 * i + 2] * s2 + c2;
+                        }
+                    } else {
+                        let (o0, o1, o2) =
+                            (&mut d0[a..a + m], &mut d1[a..a + m], &mut d2[a..a + m]);
+                        for i in 0..m {
+                            o0[i] = t[3 * i] * s0 + c0;
+                            o1[i] = t[3 * i + 1] * s1 + c1;
+                            o2[i] = t[3 * i + 2] * s2 + c2;
+                        }
+                    }
+                    a += m;
                 }
             } else {
                 for k in 0..ch {
@@ -568,13 +597,13 @@ impl Transform for ImageStage {
         let [oh, ow] = self.out_hw;
         let width = ch * oh * ow;
         let ids = row_ids(&batch.lineage);
-        let mut out: Vec<f32> = Vec::with_capacity(n * width);
+        // Every element is overwritten below (bad rows with zeros).
+        let mut out = self.buffers.take(n * width);
         let mut scratch = vec![0.0f32; oh * ow * ch];
-        let mut chw = vec![0.0f32; width];
         let mut owned = Vec::new();
         let mut rng = ChaCha8Rng::from_seed(self.key);
         let mut bad: Vec<(usize, String)> = Vec::new();
-        for (r, id) in ids.iter().enumerate() {
+        for ((r, id), dst) in ids.iter().enumerate().zip(out.chunks_exact_mut(width)) {
             let bytes: Option<&[u8]> = if col.is_null(r) {
                 None
             } else {
@@ -599,7 +628,7 @@ impl Transform for ImageStage {
                 Ok(d) => d,
                 Err(e) => {
                     bad.push((r, e));
-                    out.extend(std::iter::repeat_n(0.0, width));
+                    dst.fill(0.0);
                     continue;
                 }
             };
@@ -607,10 +636,7 @@ impl Transform for ImageStage {
             rng.set_word_pos(0);
             let (g, c) = self.draw(&mut rng, h, w);
             if g.exact && c == NO_COLOUR {
-                // Into a per-batch image buffer (cache-resident), then one sequential copy:
-                // cheaper than zero-filling the whole output first.
-                self.crop_normalize(src, h, w, &g, &mut chw);
-                out.extend_from_slice(&chw);
+                self.crop_normalize(src, h, w, &g, dst);
                 continue;
             }
             self.sample(src, h, w, &g, &mut scratch);
@@ -618,12 +644,11 @@ impl Transform for ImageStage {
             // HWC (0–255) → normalized CHW.
             for k in 0..ch {
                 let (s, b) = (self.scale[k], self.bias[k]);
-                let plane = &mut chw[k * oh * ow..(k + 1) * oh * ow];
+                let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
                 for (i, v) in plane.iter_mut().enumerate() {
                     *v = scratch[i * ch + k] * s + b;
                 }
             }
-            out.extend_from_slice(&chw);
         }
         if let Some((r, e)) = bad.first()
             && self.on_error == OnError::Fail
@@ -643,7 +668,7 @@ impl Transform for ImageStage {
             });
         }
         let field = Arc::new(Field::new_list_field(DataType::Float32, false));
-        let values = Float32Array::new(ScalarBuffer::from(out), None);
+        let values = Float32Array::new(self.buffers.into_buffer(out), None);
         let list = FixedSizeListArray::try_new(field, width as i32, Arc::new(values), None)
             .map_err(|e| Error::Arrow {
                 context: self.stage.to_string(),
@@ -845,46 +870,56 @@ mod tests {
 
     #[test]
     fn one_pass_crop_equals_the_general_path() {
-        let shape = [5, 7, 3];
+        // Small, and wider than the one-pass conversion's chunk (rows of 140 output pixels
+        // are converted in 3 chunks, straight and mirrored).
+        one_pass_matches([5, 7, 3], [4, 6], 3, 1);
+        one_pass_matches([3, 150, 3], [2, 140], 3, 5);
+        one_pass_matches([3, 150, 1], [2, 140], 3, 5);
+    }
+
+    fn one_pass_matches(shape: [usize; 3], size: [usize; 2], padding: usize, step: usize) {
+        let [h, w, ch] = shape;
         let input = batch(shape, 1, |_, y, x, c| (y * 31 + x * 7 + c * 3) as u8);
         let st = build_stage(
             shape,
             &input,
             vec![
-                ImageOp::RandomCrop {
-                    size: [4, 6],
-                    padding: 3,
-                },
+                ImageOp::RandomCrop { size, padding },
                 ImageOp::Normalize {
-                    mean: vec![0.1, 0.2, 0.3],
-                    std: vec![0.3, 0.2, 0.1],
+                    mean: vec![0.1, 0.2, 0.3][..ch].to_vec(),
+                    std: vec![0.3, 0.2, 0.1][..ch].to_vec(),
                 },
             ],
             OnError::Fail,
             ImageFormat::Raw,
         );
-        let src: Vec<u8> = (0..5 * 7 * 3).map(|i| (i * 5 % 256) as u8).collect();
-        for top in -3i64..=4 {
-            for left in -3i64..=4 {
+        let src: Vec<u8> = (0..h * w * ch).map(|i| (i * 5 % 256) as u8).collect();
+        let n = size[0] * size[1];
+        let p = padding as i64;
+        for top in (-p..=(h as i64 + p - size[0] as i64)).step_by(step) {
+            for left in (-p..=(w as i64 + p - size[1] as i64)).step_by(step) {
                 for (fh, fv) in [(false, false), (true, false), (false, true), (true, true)] {
                     let g = Geometry {
                         top: top as f64,
                         left: left as f64,
-                        height: 4.0,
-                        width: 6.0,
+                        height: size[0] as f64,
+                        width: size[1] as f64,
                         flip_h: fh,
                         flip_v: fv,
                         exact: true,
                     };
-                    let mut fast = vec![0f32; 72];
-                    st.crop_normalize(&src, 5, 7, &g, &mut fast);
-                    let mut scratch = vec![0f32; 72];
-                    st.sample(&src, 5, 7, &g, &mut scratch);
-                    let slow: Vec<f32> = (0..3)
-                        .flat_map(|k| (0..24).map(move |i| (k, i)))
-                        .map(|(k, i)| scratch[i * 3 + k] * st.scale[k] + st.bias[k])
+                    let mut fast = vec![0f32; n * ch];
+                    st.crop_normalize(&src, h, w, &g, &mut fast);
+                    let mut scratch = vec![0f32; n * ch];
+                    st.sample(&src, h, w, &g, &mut scratch);
+                    let slow: Vec<f32> = (0..ch)
+                        .flat_map(|k| (0..n).map(move |i| (k, i)))
+                        .map(|(k, i)| scratch[i * ch + k] * st.scale[k] + st.bias[k])
                         .collect();
-                    assert_eq!(fast, slow, "top {top} left {left} flips {fh} {fv}");
+                    assert_eq!(
+                        fast, slow,
+                        "{shape:?} top {top} left {left} flips {fh} {fv}"
+                    );
                 }
             }
         }

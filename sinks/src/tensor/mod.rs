@@ -20,7 +20,13 @@
 //! tensor sharing it (`blob.rs` explains the soundness argument). Everything else — casts,
 //! booleans, padded lists, masked nulls — is copied once into memory libtorch owns. On CUDA
 //! the host tensor is pinned and copied to the device with `non_blocking`, on the loader's
-//! thread, so the transfer overlaps the running step.
+//! thread, so the host goes on preparing the next batch while the transfer runs. The pinned
+//! staging memory comes from libtorch's caching host allocator — a pool of page-locked
+//! blocks allocated once and reused after the copy that used a block has completed (an
+//! event, not a device sync). The copy is issued on the thread's current CUDA stream (the
+//! default stream unless the caller sets one), so it is ordered before the training step
+//! that uses the tensor; with the legacy default stream, copy and compute do not overlap on
+//! the device — a side stream would need stream handles tch does not expose.
 //!
 //! **Stalls.** The stream measures how long the consumer waited for each batch (from asking
 //! to receiving): [`LoaderStats`].

@@ -143,15 +143,33 @@ fn shuffled_run_killed_and_resumed_in_a_fresh_process_continues_exactly() {
     );
 }
 
-/// Peak RSS of terminated children, in bytes (Linux reports KiB): the kernel's figure, not
-/// one the program reports about itself.
+/// Runs `cmd` to completion and returns its output with *its own* peak RSS in bytes (Linux
+/// reports KiB): the kernel's figure for this one child (`wait4`), not one the program reports
+/// about itself — and not `RUSAGE_CHILDREN`, which would also count the children that other
+/// tests of this binary run at the same time.
 #[allow(unsafe_code)]
-fn children_max_rss() -> u64 {
+fn run_with_peak_rss(mut cmd: std::process::Command, dir: &Path) -> (std::process::Output, u64) {
+    use std::os::unix::process::ExitStatusExt;
+    let (out_path, err_path) = (dir.join("child.stdout"), dir.join("child.stderr"));
+    let child = cmd
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage fills the struct we own.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
-    assert_eq!(rc, 0);
-    usage.ru_maxrss as u64 * 1024
+    // SAFETY: reaps our own child (std never waits on it: `child` is only dropped, which
+    // neither waits nor kills); `status` and `usage` are ours to fill.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(rc, pid, "wait4: {}", std::io::Error::last_os_error());
+    drop(child);
+    let output = std::process::Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout: std::fs::read(&out_path).unwrap(),
+        stderr: std::fs::read(&err_path).unwrap(),
+    };
+    (output, usage.ru_maxrss as u64 * 1024)
 }
 
 #[test]
@@ -174,26 +192,23 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
     let run = |yaml: String| {
         std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
         let _ = std::fs::remove_file(dir.path().join("out.parquet"));
-        std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-            .args(["run", "job.yaml"])
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"));
+        cmd.args(["run", "job.yaml"])
             .current_dir(dir.path())
             .env_remove("RUST_LOG")
             // mimalloc returns freed pages at once, so RSS tracks live memory rather than
             // the allocator's reuse cache (which depends on timing).
-            .env("MIMALLOC_PURGE_DELAY", "0")
-            .output()
-            .unwrap()
+            .env("MIMALLOC_PURGE_DELAY", "0");
+        run_with_peak_rss(cmd, dir.path())
     };
     // The same job without a shuffle first: the process's own footprint (binary, allocator,
-    // queues, Parquet reader and writer). Peak RSS of children is a running maximum, so
-    // after the second run it is max(baseline, shuffled).
-    assert_ok(&run(job("")));
-    let baseline = children_max_rss();
-    let out = run(job(&format!(
+    // queues, Parquet reader and writer).
+    let (out, baseline) = run(job(""));
+    assert_ok(&out);
+    let (out, rss) = run(job(&format!(
         "- {{type: shuffle, buffer_rows: 160000, max_memory: {cap_mib} MiB, seed: 3, batch_rows: 1000}}\n"
     )));
     assert_ok(&out);
-    let rss = children_max_rss();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("spilled"),

@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# Installs the Python peers `sluice bench` compares against — PyTorch 2.13.0 (DataLoader),
-# numpy and pyarrow — into a private venv, target/services/venv-peers. Benchmarks only:
-# Sluice itself never needs Python.
+# Installs the Python peers `sluice bench` compares against into a private venv,
+# target/services/venv-peers. Benchmarks only: Sluice itself never needs Python.
 #
-#   scripts/python-peers.sh          install if missing, print the venv's python
-#   source scripts/python-peers.sh   same, and export SLUICE_BENCH_PYTHON
+#   scripts/python-peers.sh                 numpy + pyarrow (the numpy peer), print the python
+#   scripts/python-peers.sh --with-torch    also PyTorch 2.13.0 (the DataLoader peer)
+#   source scripts/python-peers.sh [--with-torch]   same, and export SLUICE_BENCH_PYTHON
 #
-# Idempotent (a stamp records the versions). ~2.7 GB download (PyPI's torch wheel for x86_64
-# Linux is the CUDA build; it runs on CPU), ~2 minutes.
+# numpy + pyarrow: ~60 MB, seconds. torch: PyPI's x86_64 Linux wheel is the CUDA build and
+# pulls ~2.7 GB of NVIDIA wheels (~4.7 GB installed, ~2 minutes) — which is why the test
+# suite (scripts/test.sh) installs only the light peers, and the DataLoader row of
+# `sluice bench` says how to get it when torch is missing.
+# Idempotent (a stamp records what was installed). pip's temporary files go under
+# target/services/tmp, not /tmp, which is often a small tmpfs.
 
 _sluice_python_peers() {
-    local root venv stamp want
+    local root venv stamp want tmp
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     venv="$root/target/services/venv-peers"
-    want="torch==2.13.0 numpy pyarrow"
+    want="numpy pyarrow"
+    if [[ "${1:-}" == "--with-torch" ]]; then
+        want="$want torch==2.13.0"
+    elif [[ -n "${1:-}" ]]; then
+        echo "[python-peers] unknown option $1 (expected --with-torch)" >&2
+        return 1
+    fi
     stamp="$venv/.sluice-peers"
-    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    # A venv that already has more than asked for (torch) is kept.
+    if [[ -f "$stamp" ]] && { [[ "$(cat "$stamp")" == "$want" ]] \
+        || [[ "$(cat "$stamp")" == "numpy pyarrow torch==2.13.0" ]]; }; then
         echo "$venv/bin/python"
         return 0
     fi
@@ -23,16 +35,21 @@ _sluice_python_peers() {
     command -v python3 >/dev/null || { echo "[python-peers] python3 is needed" >&2; return 1; }
     rm -rf "$venv"
     python3 -m venv "$venv" >&2 || { echo "[python-peers] python3 -m venv failed (apt install python3-venv)" >&2; return 1; }
+    tmp="$root/target/services/tmp"
+    mkdir -p "$tmp" || return 1
     # shellcheck disable=SC2086
-    "$venv/bin/pip" install --disable-pip-version-check --quiet --no-cache-dir $want >&2 \
-        || { echo "[python-peers] pip install failed" >&2; return 1; }
-    "$venv/bin/python" -c "import torch, numpy, pyarrow" >&2 \
+    TMPDIR="$tmp" "$venv/bin/pip" install --disable-pip-version-check --quiet --no-cache-dir $want >&2 \
+        || { echo "[python-peers] pip install $want failed" >&2; rm -rf "$tmp"; return 1; }
+    rm -rf "$tmp"
+    local imports="import numpy, pyarrow"
+    [[ "$want" == *torch* ]] && imports="$imports, torch"
+    "$venv/bin/python" -c "$imports" >&2 \
         || { echo "[python-peers] the installed packages do not import" >&2; return 1; }
     echo "$want" > "$stamp" || return 1
     echo "$venv/bin/python"
 }
 
-if _sluice_peers_python="$(_sluice_python_peers)"; then
+if _sluice_peers_python="$(_sluice_python_peers "$@")"; then
     if [[ "${BASH_SOURCE[0]}" != "$0" ]]; then
         export SLUICE_BENCH_PYTHON="$_sluice_peers_python"
     else

@@ -4,7 +4,8 @@
 # is built from source and needs OpenSSL headers, installed here with apt-get if missing),
 # scripts/libtorch.sh installs a CPU libtorch for tch (from PyPI wheels), scripts/mpi.sh
 # OpenMPI (apt-get) for the `mpi` backend,
-# scripts/python-peers.sh the Python peers `sluice bench` compares with (torch, numpy, pyarrow),
+# scripts/python-peers.sh the numpy peer `sluice bench` compares with (numpy, pyarrow; the
+# 2.7 GB torch for the DataLoader peer is opt-in: scripts/python-peers.sh --with-torch),
 # scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
 # the integration tests use, and stops them at the end.
 #
@@ -39,9 +40,9 @@ step "OpenMPI (the mpi all-reduce backend; tests/train_mpi.rs runs mpirun -np 2)
 # shellcheck source=scripts/mpi.sh
 source scripts/mpi.sh
 FEATURES=(--features mpi)
-step "Python peers for the bench test (PyTorch DataLoader, numpy, pyarrow in target/services/venv-peers)"
+step "Python peers for the bench test (numpy, pyarrow in target/services/venv-peers)"
 # shellcheck source=scripts/python-peers.sh
-source scripts/python-peers.sh
+source scripts/python-peers.sh ""
 echo "SLUICE_BENCH_PYTHON=$SLUICE_BENCH_PYTHON"
 
 # Two cores: one intra-op thread per process keeps concurrent tests from oversubscribing.
@@ -66,9 +67,9 @@ if [[ -z "$ALREADY_RUNNING" ]]; then SERVICES_STARTED=1; fi
 step "unit, integration, CLI, example and bench-smoke tests"
 # --all-targets: libraries, binaries, tests/, examples/ (built and run by tests/example.rs)
 # and benches (each run once, as a smoke test).
-cargo test --workspace --all-targets --locked "${FEATURES[@]}"
+cargo test --workspace --all-targets --locked --no-fail-fast "${FEATURES[@]}"
 
 step "doc tests"
-cargo test --workspace --doc --locked "${FEATURES[@]}"
+cargo test --workspace --doc --locked --no-fail-fast "${FEATURES[@]}"
 
 step "all tests passed"

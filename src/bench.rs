@@ -1,6 +1,7 @@
 //! `sluice bench images|tabular`: a standard workload end to end, in the same run as the raw
-//! Parquet decode of the same files (the ceiling) and, when a Python with torch is found, the
-//! idiomatic PyTorch `DataLoader` and a vectorised numpy loader on identical data and work.
+//! Parquet decode of the same files (the ceiling) and, when a Python with the packages is
+//! found, a vectorised numpy loader (numpy, pyarrow) and the idiomatic PyTorch `DataLoader`
+//! (torch) on identical data and work.
 //!
 //! Each variant runs in a child process (this binary, `sluice bench-child`, or the Python
 //! script) so that its peak RSS is its own; the best of `--repeat` runs counts.
@@ -295,8 +296,9 @@ pub(crate) struct BenchArgs {
     /// Sluice's CPU threads (`runtime.threads`).
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Python with torch, numpy and pyarrow for the peers [default: $SLUICE_BENCH_PYTHON,
-    /// else python3 if it has them]. `none` skips them.
+    /// Python for the peers: numpy + pyarrow for the numpy peer, torch too for the DataLoader
+    /// [default: $SLUICE_BENCH_PYTHON, else python3]. A peer whose packages are missing is
+    /// skipped with the reason; `none` skips both.
     #[arg(long)]
     python: Option<String>,
     /// Also write the results as JSON.
@@ -334,23 +336,59 @@ struct Results {
     bottleneck: Option<Bottleneck>,
 }
 
-fn python(args: &BenchArgs) -> Result<String, String> {
-    let candidate = match args.python.as_deref() {
-        Some("none") => return Err("--python none".into()),
-        Some(p) => p.to_string(),
-        None => std::env::var("SLUICE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into()),
-    };
-    let ok = Command::new(&candidate)
-        .args(["-c", "import torch, numpy, pyarrow"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        Ok(candidate)
-    } else {
-        Err(format!(
-            "{candidate} cannot import torch, numpy and pyarrow (scripts/python-peers.sh installs them; pass --python)"
-        ))
+/// The Python the peers run with, and why a peer cannot run there (`None`: it can).
+#[derive(Debug)]
+struct Peers {
+    python: String,
+    numpy: Option<String>,
+    dataloader: Option<String>,
+}
+
+impl Peers {
+    fn find(args: &BenchArgs) -> Self {
+        let python = match args.python.as_deref() {
+            Some(p) => p.to_string(),
+            None => std::env::var("SLUICE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into()),
+        };
+        if python == "none" {
+            let why = Some("--python none".to_string());
+            return Self {
+                python,
+                numpy: why.clone(),
+                dataloader: why,
+            };
+        }
+        let imports = |modules: &str| {
+            Command::new(&python)
+                .args(["-c", &format!("import {modules}")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        };
+        let numpy = (!imports("numpy, pyarrow")).then(|| {
+            format!("{python} cannot import numpy and pyarrow (scripts/python-peers.sh installs them; pass --python)")
+        });
+        let dataloader = if numpy.is_some() {
+            numpy.clone()
+        } else {
+            (!imports("torch")).then(|| {
+                format!("{python} cannot import torch (scripts/python-peers.sh --with-torch installs it, ~2.7 GB; pass --python)")
+            })
+        };
+        Self {
+            python,
+            numpy,
+            dataloader,
+        }
+    }
+
+    /// Why `variant` (a Python peer) cannot run, if it cannot.
+    fn missing(&self, variant: &str) -> Option<&String> {
+        match variant {
+            "numpy" => self.numpy.as_ref(),
+            "dataloader" => self.dataloader.as_ref(),
+            _ => None,
+        }
     }
 }
 
@@ -391,7 +429,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sluice"));
-    let py = python(args);
+    let peers = Peers::find(args);
     let script = dir.path().join("peers.py");
     if std::fs::write(&script, include_str!("../benches/python/peers.py")).is_err() {
         eprintln!("error: cannot write {}", script.display());
@@ -423,7 +461,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         let python_variant = matches!(variant, "dataloader" | "numpy");
         let mut best: Option<Measured> = None;
         let mut skipped = None;
-        if python_variant && let Err(why) = &py {
+        if let Some(why) = peers.missing(variant) {
             skipped = Some(why.clone());
         }
         for _ in 0..args.repeat.max(1) {
@@ -431,7 +469,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
                 break;
             }
             let cmd = if python_variant {
-                let mut c = Command::new(py.as_deref().unwrap_or("python3"));
+                let mut c = Command::new(&peers.python);
                 c.arg(&script)
                     .args(["--data", &data.display().to_string()])
                     .args(["--workload", w.name(), "--variant", variant])
@@ -535,9 +573,10 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         }
     }
     // A peer may be missing (no Python with torch); a variant that ran and failed is an error.
-    let failed = results.variants.iter().any(|r| {
-        r.measured.is_none() && !(matches!(r.variant, "dataloader" | "numpy") && py.is_err())
-    });
+    let failed = results
+        .variants
+        .iter()
+        .any(|r| r.measured.is_none() && peers.missing(r.variant).is_none());
     if failed {
         ExitCode::FAILURE
     } else {

@@ -128,7 +128,7 @@ enum Command {
         observe: Observe,
     },
     /// Benchmark a standard workload (`images` or `tabular`) against the raw Parquet decode
-    /// and, with a Python that has torch, the PyTorch DataLoader and numpy on the same data.
+    /// and, with a Python that has them, numpy and the PyTorch DataLoader on the same data.
     Bench(bench::BenchArgs),
     /// One variant of `sluice bench` (run by it in a child process).
     #[command(hide = true)]

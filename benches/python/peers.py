@@ -6,7 +6,8 @@ the way PyTorch users write it.
   (torchvision-style: pad + random crop, horizontal flip, normalize; or standardize + Gaussian
   noise), `shuffle=True`, `num_workers=2`, default collate into batches.
 - `numpy`: one process, row groups read with pyarrow, a 10k-row (images) / 100k-row (tabular)
-  shuffle buffer, the transforms vectorised over whole batches in numpy, `torch.from_numpy`.
+  shuffle buffer, the transforms vectorised over whole batches in numpy, `torch.from_numpy`
+  (zero-copy) when torch is installed, else the contiguous numpy batch itself.
 
 Prints one JSON line: rows, seconds, peak RSS (MiB; main process plus the largest worker
 times the number of workers — an upper estimate of the sum).
@@ -23,7 +24,11 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
+
+try:  # the DataLoader peer needs torch; the numpy peer hands out numpy arrays without it
+    import torch
+except ImportError:
+    torch = None
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
 STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
@@ -49,7 +54,11 @@ def load_column(data, workload):
     return np.concatenate(xs), np.concatenate(ys)
 
 
-class Images(torch.utils.data.Dataset):
+def as_tensor(a):
+    return torch.from_numpy(a) if torch is not None else a
+
+
+class Images:
     def __init__(self, data):
         self.x, self.y = load_column(data, "images")
         self.mean = torch.tensor(MEAN).view(3, 1, 1)
@@ -69,7 +78,7 @@ class Images(torch.utils.data.Dataset):
         return img, int(self.y[i])
 
 
-class Tabular(torch.utils.data.Dataset):
+class Tabular:
     def __init__(self, data):
         self.x, self.y = load_column(data, "tabular")
 
@@ -116,11 +125,11 @@ def numpy_variant(data, workload, batch, buffer_rows):
                 flip = rng.random(n) < 0.5
                 out[flip] = out[flip, :, ::-1]
                 out = (out - MEAN) / STD
-                t = torch.from_numpy(np.ascontiguousarray(out.transpose(0, 3, 1, 2)))
+                t = as_tensor(np.ascontiguousarray(out.transpose(0, 3, 1, 2)))
             else:
                 out = (xb - 0.5) / 0.29 + 0.1 * rng.standard_normal(xb.shape, dtype=np.float32)
-                t = torch.from_numpy(out.astype(np.float32, copy=False))
-            torch.from_numpy(y[s : s + batch])
+                t = as_tensor(out.astype(np.float32, copy=False))
+            as_tensor(y[s : s + batch])
             rows += t.shape[0]
 
     order = rng.permutation(sum(pq.ParquetFile(f).num_row_groups for f in files(data)))
@@ -154,7 +163,10 @@ def main():
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--buffer-rows", type=int, required=True)
     a = p.parse_args()
-    torch.set_num_threads(1)
+    if torch is not None:
+        torch.set_num_threads(1)
+    elif a.variant == "dataloader":
+        raise SystemExit("torch is not installed (scripts/python-peers.sh --with-torch)")
     start = time.perf_counter()
     if a.variant == "dataloader":
         rows = dataloader(a.data, a.workload, a.batch)

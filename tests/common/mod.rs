@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{FixedSizeBinaryArray, Float32Array, Int64Array, RecordBatch};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
@@ -206,4 +206,30 @@ pub fn decode_train_checkpoint(bytes: &[u8]) -> Option<TrainCheckpoint> {
 #[cfg(feature = "torch")]
 pub fn read_train_checkpoint(path: &Path) -> Option<TrainCheckpoint> {
     decode_train_checkpoint(&std::fs::read(path).ok()?)
+}
+
+/// `files` files of `rows` rows each (row groups of 1,000): id, x = id, and `blob_bytes`
+/// bytes per row.
+pub fn dataset(dir: &Path, files: usize, rows: usize, blob_bytes: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in 0..files {
+        let start = (f * rows) as i64;
+        let ids: Vec<i64> = (start..start + rows as i64).collect();
+        let blob = FixedSizeBinaryArray::try_from_iter(
+            ids.iter().map(|i| vec![(*i % 251) as u8; blob_bytes]),
+        )
+        .unwrap();
+        let rb = RecordBatch::try_from_iter([
+            ("id", arc(Int64Array::from(ids.clone()))),
+            (
+                "x",
+                arc(Float32Array::from_iter_values(
+                    ids.iter().map(|i| *i as f32),
+                )),
+            ),
+            ("blob", arc(blob)),
+        ])
+        .unwrap();
+        write_parquet(&dir.join(format!("part-{f}.parquet")), &[rb], 1000);
+    }
 }

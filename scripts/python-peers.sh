@@ -14,20 +14,20 @@
 # target/services/tmp, not /tmp, which is often a small tmpfs.
 
 _sluice_python_peers() {
-    local root venv stamp want tmp
+    local root venv stamp light full want have tmp
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     venv="$root/target/services/venv-peers"
-    want="numpy pyarrow"
-    if [[ "${1:-}" == "--with-torch" ]]; then
-        want="$want torch==2.13.0"
-    elif [[ -n "${1:-}" ]]; then
-        echo "[python-peers] unknown option $1 (expected --with-torch)" >&2
-        return 1
-    fi
+    light="numpy pyarrow"
+    full="$light torch==2.13.0"
+    case "${1:-}" in
+        "") want="$light" ;;
+        --with-torch) want="$full" ;;
+        *) echo "[python-peers] unknown option $1 (expected --with-torch)" >&2; return 1 ;;
+    esac
     stamp="$venv/.sluice-peers"
-    # A venv that already has more than asked for (torch) is kept.
-    if [[ -f "$stamp" ]] && { [[ "$(cat "$stamp")" == "$want" ]] \
-        || [[ "$(cat "$stamp")" == "numpy pyarrow torch==2.13.0" ]]; }; then
+    have="$(cat "$stamp" 2>/dev/null)"
+    # What was asked for, or more (a venv with torch also serves the light peers), is kept.
+    if [[ "$have" == "$want" || "$have" == "$full" ]]; then
         echo "$venv/bin/python"
         return 0
     fi

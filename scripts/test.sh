@@ -41,6 +41,7 @@ step "OpenMPI (the mpi all-reduce backend; tests/train_mpi.rs runs mpirun -np 2)
 source scripts/mpi.sh
 FEATURES=(--features mpi)
 step "Python peers for the bench test (numpy, pyarrow in target/services/venv-peers)"
+# A sourced script sees this script's arguments as its own: "" asks for the light peers.
 # shellcheck source=scripts/python-peers.sh
 source scripts/python-peers.sh ""
 echo "SLUICE_BENCH_PYTHON=$SLUICE_BENCH_PYTHON"

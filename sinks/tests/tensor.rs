@@ -399,3 +399,20 @@ fn zero_copy_shares_the_arrow_buffer_and_keeps_it_alive() {
     drop(view);
     assert_eq!(buffer.strong_count(), 1, "released with the last tensor");
 }
+
+#[test]
+fn devices_parse_and_a_bad_one_says_what_is_accepted() {
+    use sluice_sinks::tensor::parse_device;
+    assert_eq!(parse_device("cpu").unwrap(), Device::Cpu);
+    assert_eq!(parse_device("cuda").unwrap(), Device::Cuda(0));
+    assert_eq!(parse_device("cuda:1").unwrap(), Device::Cuda(1));
+    // `auto` is CUDA only where a device is present (never on this CPU-only machine's CI).
+    assert_eq!(parse_device("auto").unwrap(), Device::cuda_if_available());
+    for bad in ["gpu", "cuda:x", "cuda:", ""] {
+        let err = parse_device(bad).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("device `{bad}`: use auto, cpu, cuda or cuda:N")),
+            "{bad}: {err}"
+        );
+    }
+}

@@ -6,6 +6,7 @@ mod augment;
 mod expr;
 pub(crate) mod image;
 mod kernels;
+mod pixels;
 pub(crate) mod rebatch;
 pub(crate) mod shuffle;
 mod tokens;

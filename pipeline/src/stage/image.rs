@@ -350,6 +350,18 @@ impl ImageStage {
     /// as the normalized 0. Each source row is read once, contiguously.
     fn crop_normalize(&self, src: &[u8], h: usize, w: usize, g: &Geometry, dst: &mut [f32]) {
         let ch = self.shape[2];
+        if ch == 3 {
+            let win = pixels::Window {
+                top: g.top as i64,
+                left: g.left as i64,
+                flip_h: g.flip_h,
+                flip_v: g.flip_v,
+            };
+            let scale = [self.scale[0], self.scale[1], self.scale[2]];
+            let bias = [self.bias[0], self.bias[1], self.bias[2]];
+            pixels::rgb_crop(src, h, w, self.out_hw, &win, scale, bias, dst);
+            return;
+        }
         let [oh, ow] = self.out_hw;
         let plane = oh * ow;
         let (top, left) = (g.top as i64, g.left as i64);
@@ -379,35 +391,19 @@ impl ImageStage {
             let first = (left + x0 as i64) as usize;
             let sy = sy as usize;
             let px = &src[(sy * w + first) * ch..(sy * w + first + (x1 - x0)) * ch];
-            if ch == 3 {
-                let (d0, rest) = dst.split_at_mut(plane);
-                let (d1, d2) = rest.split_at_mut(plane);
-                pixels::rgb_row(
-                    px,
-                    g.flip_h,
-                    [self.scale[0], self.scale[1], self.scale[2]],
-                    [self.bias[0], self.bias[1], self.bias[2]],
-                    [
-                        &mut d0[o + lo..o + hi],
-                        &mut d1[o + lo..o + hi],
-                        &mut d2[o + lo..o + hi],
-                    ],
-                );
-            } else {
-                for k in 0..ch {
-                    let (s, b) = (self.scale[k], self.bias[k]);
-                    let row = &mut dst[k * plane + o + lo..k * plane + o + hi];
-                    let pixels = px.iter().skip(k).step_by(ch);
-                    if g.flip_h {
-                        row.iter_mut()
-                            .rev()
-                            .zip(pixels)
-                            .for_each(|(o, p)| *o = *p as f32 * s + b);
-                    } else {
-                        row.iter_mut()
-                            .zip(pixels)
-                            .for_each(|(o, p)| *o = *p as f32 * s + b);
-                    }
+            for k in 0..ch {
+                let (s, b) = (self.scale[k], self.bias[k]);
+                let row = &mut dst[k * plane + o + lo..k * plane + o + hi];
+                let pixels = px.iter().skip(k).step_by(ch);
+                if g.flip_h {
+                    row.iter_mut()
+                        .rev()
+                        .zip(pixels)
+                        .for_each(|(o, p)| *o = *p as f32 * s + b);
+                } else {
+                    row.iter_mut()
+                        .zip(pixels)
+                        .for_each(|(o, p)| *o = *p as f32 * s + b);
                 }
             }
         }

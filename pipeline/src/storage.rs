@@ -200,10 +200,14 @@ fn normalize(p: &Path) -> PathBuf {
     out
 }
 
+/// Local disk. Writes are durable when they return: the staged file is fsynced before it is
+/// renamed into place, and so is its directory after. A checkpoint (and the Kafka offsets
+/// committed because of it), a dead-letter file or an output file must survive a power loss,
+/// not only a crash of the process.
 fn local_store() -> Arc<dyn ObjectStore> {
     static STORE: OnceLock<Arc<dyn ObjectStore>> = OnceLock::new();
     STORE
-        .get_or_init(|| Arc::new(LocalFileSystem::new()))
+        .get_or_init(|| Arc::new(LocalFileSystem::new().with_fsync(true)))
         .clone()
 }
 

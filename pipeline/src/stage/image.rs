@@ -350,13 +350,13 @@ impl ImageStage {
     /// as the normalized 0. Each source row is read once, contiguously.
     fn crop_normalize(&self, src: &[u8], h: usize, w: usize, g: &Geometry, dst: &mut [f32]) {
         let ch = self.shape[2];
+        let win = pixels::Window {
+            top: g.top as i64,
+            left: g.left as i64,
+            flip_h: g.flip_h,
+            flip_v: g.flip_v,
+        };
         if ch == 3 {
-            let win = pixels::Window {
-                top: g.top as i64,
-                left: g.left as i64,
-                flip_h: g.flip_h,
-                flip_v: g.flip_v,
-            };
             let scale = [self.scale[0], self.scale[1], self.scale[2]];
             let bias = [self.bias[0], self.bias[1], self.bias[2]];
             pixels::rgb_crop(src, h, w, self.out_hw, &win, scale, bias, dst);
@@ -364,33 +364,21 @@ impl ImageStage {
         }
         let [oh, ow] = self.out_hw;
         let plane = oh * ow;
-        let (top, left) = (g.top as i64, g.left as i64);
-        // Output columns whose source column is inside the image: [x0, x1) before flipping.
-        let x0 = (-left).clamp(0, ow as i64) as usize;
-        let x1 = ((w as i64 - left).clamp(0, ow as i64) as usize).max(x0);
-        let (lo, hi) = if g.flip_h {
-            (ow - x1, ow - x0)
-        } else {
-            (x0, x1)
-        };
+        let pixels::Columns { lo, hi, first } = win.columns(w, ow);
         for y in 0..oh {
-            let yy = if g.flip_v { oh - 1 - y } else { y };
-            let sy = top + yy as i64;
             let o = y * ow;
-            if sy < 0 || sy >= h as i64 || lo == hi {
+            let Some(sy) = win.source_row(y, h, oh).filter(|_| lo < hi) else {
                 for k in 0..ch {
                     dst[k * plane + o..k * plane + o + ow].fill(self.bias[k]);
                 }
                 continue;
-            }
+            };
             for k in 0..ch {
                 let row = &mut dst[k * plane + o..k * plane + o + ow];
                 row[..lo].fill(self.bias[k]);
                 row[hi..].fill(self.bias[k]);
             }
-            let first = (left + x0 as i64) as usize;
-            let sy = sy as usize;
-            let px = &src[(sy * w + first) * ch..(sy * w + first + (x1 - x0)) * ch];
+            let px = &src[(sy * w + first) * ch..(sy * w + first + (hi - lo)) * ch];
             for k in 0..ch {
                 let (s, b) = (self.scale[k], self.bias[k]);
                 let row = &mut dst[k * plane + o + lo..k * plane + o + hi];

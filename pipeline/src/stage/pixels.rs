@@ -42,6 +42,43 @@ pub(crate) struct Window {
     pub flip_v: bool,
 }
 
+/// The columns of every output row of a [`Window`] that come from the image: output columns
+/// `lo..hi` (after the horizontal flip) are source pixels `first..first + (hi - lo)` of the
+/// row; the rest is padding.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Columns {
+    pub lo: usize,
+    pub hi: usize,
+    pub first: usize,
+}
+
+impl Window {
+    /// The part of each output row (`ow` wide) inside an image `w` pixels wide.
+    pub(crate) fn columns(&self, w: usize, ow: usize) -> Columns {
+        // Output columns whose source column is inside the image: [x0, x1) before flipping.
+        let x0 = (-self.left).clamp(0, ow as i64) as usize;
+        let x1 = ((w as i64 - self.left).clamp(0, ow as i64) as usize).max(x0);
+        let (lo, hi) = if self.flip_h {
+            (ow - x1, ow - x0)
+        } else {
+            (x0, x1)
+        };
+        Columns {
+            lo,
+            hi,
+            first: (self.left + x0 as i64).max(0) as usize,
+        }
+    }
+
+    /// The source row of output row `y` (of `oh`), or `None` when it is padding.
+    pub(crate) fn source_row(&self, y: usize, h: usize, oh: usize) -> Option<usize> {
+        let yy = if self.flip_v { oh - 1 - y } else { y };
+        usize::try_from(self.top + yy as i64)
+            .ok()
+            .filter(|&sy| sy < h)
+    }
+}
+
 /// A whole RGB image (`h`×`w`, HWC `u8`) through `win` into normalized CHW `f32` (`out`
 /// = [height, width] of the output); padding is written as the normalized 0 (`bias`).
 /// On x86-64 with AVX2 the whole image runs in one AVX2 function (rows and padding fills
@@ -90,36 +127,25 @@ fn crop(
         dst.len() == 3 * plane && src.len() == 3 * h * w,
         "rgb_crop: sizes"
     );
-    let (top, left) = (win.top, win.left);
-    // Output columns whose source column is inside the image: [x0, x1) before flipping.
-    let x0 = (-left).clamp(0, ow as i64) as usize;
-    let x1 = ((w as i64 - left).clamp(0, ow as i64) as usize).max(x0);
-    let (lo, hi) = if win.flip_h {
-        (ow - x1, ow - x0)
-    } else {
-        (x0, x1)
-    };
+    let Columns { lo, hi, first } = win.columns(w, ow);
     let (d0, rest) = dst.split_at_mut(plane);
     let (d1, d2) = rest.split_at_mut(plane);
     let mut planes = [d0, d1, d2];
     for y in 0..oh {
-        let yy = if win.flip_v { oh - 1 - y } else { y };
-        let sy = top + yy as i64;
         let o = y * ow;
         let [r0, r1, r2] = planes.each_mut().map(|p| &mut p[o..o + ow]);
-        if sy < 0 || sy >= h as i64 || lo == hi {
+        let Some(sy) = win.source_row(y, h, oh).filter(|_| lo < hi) else {
             r0.fill(bias[0]);
             r1.fill(bias[1]);
             r2.fill(bias[2]);
             continue;
-        }
+        };
         for (r, b) in [&mut *r0, &mut *r1, &mut *r2].into_iter().zip(bias) {
             r[..lo].fill(b);
             r[hi..].fill(b);
         }
-        let first = (left + x0 as i64) as usize;
-        let at = (sy as usize * w + first) * 3;
-        let px = &src[at..at + (x1 - x0) * 3];
+        let at = (sy * w + first) * 3;
+        let px = &src[at..at + (hi - lo) * 3];
         row(
             px,
             win.flip_h,

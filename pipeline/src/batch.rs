@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{Array, BooleanArray, RecordBatch};
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use serde::{Deserialize, Serialize};
 
 /// Where a run of rows came from.
@@ -312,12 +312,20 @@ impl Batch {
     }
 
     /// Bytes of Arrow memory this batch's rows occupy (what queue budgets count). For a
-    /// zero-copy slice this is the slice's share, not the whole shared buffer.
+    /// zero-copy slice this is the slice's share, not the whole shared buffer; for a view
+    /// array (a shuffle's window handed on without copying) the views plus the bytes they
+    /// point at, not every buffer they point into (the window is the shuffle's memory).
     pub fn memory_size(&self) -> usize {
         self.data
             .columns()
             .iter()
             .map(|c| {
+                if let Some(v) = c.as_binary_view_opt() {
+                    return view_bytes(v.views(), v.nulls());
+                }
+                if let Some(v) = c.as_string_view_opt() {
+                    return view_bytes(v.views(), v.nulls());
+                }
                 c.to_data()
                     .get_slice_memory_size()
                     .unwrap_or_else(|_| c.get_array_memory_size())
@@ -333,6 +341,16 @@ impl Batch {
             mark: self.mark.map(|m| m.advance(offset as u64)),
         }
     }
+}
+
+/// 16 bytes per view, the bytes of values too long to sit in their view, the null bitmap.
+fn view_bytes(views: &[u128], nulls: Option<&arrow::buffer::NullBuffer>) -> usize {
+    let outside: usize = views
+        .iter()
+        .map(|v| *v as u32 as usize)
+        .filter(|len| *len > 12)
+        .sum();
+    views.len() * 16 + outside + nulls.map_or(0, |_| views.len().div_ceil(8))
 }
 
 #[cfg(test)]
@@ -357,6 +375,23 @@ mod tests {
         let b = Batch::new(data, Lineage::new(origin(0), 0, 1000, 0));
         assert_eq!(b.memory_size(), 8000);
         assert_eq!(b.slice(10, 100).memory_size(), 800);
+    }
+
+    #[test]
+    fn memory_size_of_views_counts_the_bytes_they_point_at() {
+        use arrow::array::BinaryViewArray;
+        // 1000 values of 100 bytes in one buffer, and 10 short ones stored in their views.
+        let long: Vec<Vec<u8>> = (0..1000).map(|i| vec![i as u8; 100]).collect();
+        let arr = BinaryViewArray::from_iter_values(long.iter().map(|v| v.as_slice()));
+        let short = BinaryViewArray::from_iter_values((0..10u8).map(|i| vec![i; 12]));
+        let data = RecordBatch::try_from_iter([("x", Arc::new(arr) as _)]).unwrap();
+        let b = Batch::new(data, Lineage::new(origin(0), 0, 1000, 0));
+        assert_eq!(b.memory_size(), 1000 * (16 + 100));
+        // A slice still points into the whole buffer; it counts only its own values.
+        assert_eq!(b.slice(0, 10).memory_size(), 10 * (16 + 100));
+        let data = RecordBatch::try_from_iter([("x", Arc::new(short) as _)]).unwrap();
+        let b = Batch::new(data, Lineage::new(origin(0), 0, 10, 0));
+        assert_eq!(b.memory_size(), 10 * 16);
     }
 
     #[test]

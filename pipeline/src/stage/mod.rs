@@ -367,6 +367,7 @@ pub(crate) fn build(
                     seed: c.seed,
                     batch_rows: c.batch_rows,
                     across_ranks: c.across_ranks,
+                    views: Vec::new(),
                 }),
                 input.clone(),
             ))

@@ -6,6 +6,25 @@
 //! as one `u8 → f32` conversion, one multiply and one add (never a fused multiply-add), so
 //! their output is bit-identical and a run's batches do not depend on the CPU they ran on.
 
+/// Asks the CPU to start loading `bytes` into its caches (a hint: no effect on results).
+/// The image stage calls it for the next image while it converts the current one, so the
+/// source pixels — rows scattered over a shuffle window, usually not cached — arrive in
+/// time instead of stalling the conversion.
+#[inline]
+pub(crate) fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        #[allow(unsafe_code)]
+        // SAFETY: a prefetch never faults and does not change memory; the address is valid.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast())
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// Pixels per pass of the portable conversion (a stack buffer of 3 × this many).
 const CHUNK: usize = 64;
 

@@ -18,6 +18,11 @@
 //!   rank whose epoch ended keeps answering (with nothing) until every rank's has: unequal
 //!   inputs cannot deadlock.
 //!
+//! Columns listed in [`ShuffleSpec::views`] (byte columns the next stage only reads, see
+//! [`fuse_gathers`](crate::exec)) leave as `BinaryView` arrays pointing into the window's
+//! buffers instead of being copied row by row: a window of images is gathered by moving
+//! 16-byte views, and the pixels are read once, by the stage that converts them.
+//!
 //! Every permutation is drawn from ChaCha8 keyed by (seed, epoch, window, rank), so output
 //! depends on nothing but the input rows and the configuration, and a run resumed from a
 //! [`Mark`] (window start + rows already emitted) continues exactly.
@@ -53,6 +58,8 @@ pub(crate) struct ShuffleSpec {
     pub(crate) seed: u64,
     pub(crate) batch_rows: usize,
     pub(crate) across_ranks: bool,
+    /// Byte columns emitted as `BinaryView` over the window's buffers (no copy).
+    pub(crate) views: Vec<usize>,
 }
 
 /// Counters a shuffle reports.
@@ -275,6 +282,13 @@ impl Shuffler {
             if let Some((emitter, mark, emitted)) = &mut self.out {
                 let want = self.spec.batch_rows;
                 if let Some((data, rows)) = emitter.next(&self.stage, want, &self.origins)? {
+                    // Spilled rows were read back (copied) already: wrap them the same way.
+                    let data = match emitter {
+                        Emitter::Memory { .. } => data,
+                        Emitter::Spilled { .. } => {
+                            views(&data, &self.spec.views).map_err(|e| arrow_err(&self.stage, e))?
+                        }
+                    };
                     let n = data.num_rows() as u64;
                     let b = Batch::new(data, self.origins.lineage(rows.into_iter())).with_mark(
                         Some(Mark {
@@ -387,6 +401,17 @@ impl Shuffler {
         (data, lineage)
     }
 
+    /// `pieces` with the [`ShuffleSpec::views`] columns as views over the same buffers.
+    fn viewed(&self, pieces: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        if self.spec.views.is_empty() {
+            return Ok(pieces);
+        }
+        pieces
+            .iter()
+            .map(|p| views(p, &self.spec.views).map_err(|e| arrow_err(&self.stage, e)))
+            .collect()
+    }
+
     /// Where the output of the current window restarts: its first input row, or (a rank
     /// with no rows of its own in an exchange round) just past the last row taken in.
     fn window_mark(&self, own_rows: bool) -> Mark {
@@ -406,6 +431,7 @@ impl Shuffler {
         let start = self.window_mark(true);
         let mut emitter = if self.runs.is_empty() {
             let (pieces, lineage) = self.window_rows();
+            let pieces = self.viewed(pieces)?;
             let order = shuffled(&pieces, &mut self.rng(epoch, self.window, 0));
             Emitter::Memory {
                 pieces,
@@ -575,6 +601,7 @@ impl Shuffler {
             pieces.push(rb);
             lineage.push(rows);
         }
+        let pieces = self.viewed(pieces)?;
         let order = shuffled(&pieces, &mut self.rng(epoch, self.window, 1));
         let mut emitter = Emitter::Memory {
             pieces,
@@ -586,6 +613,63 @@ impl Shuffler {
         self.out = Some((emitter, start, skipped));
         Ok(true)
     }
+}
+
+/// `rb` with each of `columns` (binary, large binary or fixed-size binary) as a `BinaryView`
+/// array over the same value buffer: one 16-byte view per row, no bytes copied (a buffer of
+/// 4 GiB or more is copied: views address at most 4 GiB).
+pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result<RecordBatch> {
+    use arrow::array::{Array, BinaryViewArray, BinaryViewBuilder};
+    if columns.is_empty() {
+        return Ok(rb.clone());
+    }
+    let mut fields: Vec<Field> = rb
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut arrays = rb.columns().to_vec();
+    for &i in columns {
+        let a = &arrays[i];
+        let viewed: ArrayRef = match a.data_type() {
+            DataType::BinaryView => continue,
+            DataType::Binary => Arc::new(BinaryViewArray::from(a.as_binary::<i32>())),
+            DataType::LargeBinary => Arc::new(BinaryViewArray::from(a.as_binary::<i64>())),
+            DataType::FixedSizeBinary(_) => {
+                let a = a.as_fixed_size_binary();
+                let size = a.value_size();
+                if a.values().len() >= u32::MAX as usize {
+                    arrow::compute::cast(a, &DataType::BinaryView)?
+                } else {
+                    let mut b = BinaryViewBuilder::with_capacity(a.len());
+                    let block = b.append_block(a.values().clone());
+                    for r in 0..a.len() {
+                        if a.is_null(r) {
+                            b.append_null();
+                        } else {
+                            b.try_append_view(block, (r * size) as u32, size as u32)?;
+                        }
+                    }
+                    Arc::new(b.finish())
+                }
+            }
+            other => {
+                return Err(arrow::error::ArrowError::InvalidArgumentError(format!(
+                    "column {i} is {other}, not bytes"
+                )));
+            }
+        };
+        fields[i] = fields[i].clone().with_data_type(DataType::BinaryView);
+        arrays[i] = viewed;
+    }
+    RecordBatch::try_new(
+        Arc::new(Schema::new_with_metadata(
+            fields,
+            rb.schema().metadata().clone(),
+        )),
+        arrays,
+    )
 }
 
 /// Every `(piece, row)` of `pieces`, in a uniformly random order drawn from `rng`.
@@ -844,4 +928,73 @@ fn pick_run(runs: &[Run], left: u64, rng: &mut ChaCha8Rng) -> usize {
         x -= r.rows;
     }
     runs.len() - 1
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Array, BinaryArray, FixedSizeBinaryArray, Int64Array, LargeBinaryArray};
+
+    use super::*;
+
+    /// Each column turned into views holds the same values and nulls, over the same buffer.
+    #[test]
+    fn views_point_at_the_same_bytes() {
+        let fixed = FixedSizeBinaryArray::try_from_sparse_iter_with_size(
+            (0..20u8).map(|i| (i % 7 != 3).then(|| vec![i; 48])),
+            48,
+        )
+        .unwrap();
+        let values: Vec<Option<Vec<u8>>> = (0..20u8)
+            .map(|i| (i % 5 != 2).then(|| vec![i; 10 + i as usize]))
+            .collect();
+        let binary = BinaryArray::from_iter(values.iter().map(|v| v.as_deref()));
+        let large = LargeBinaryArray::from_iter(values.iter().map(|v| v.as_deref()));
+        let ids = Int64Array::from_iter_values(0..20);
+        let rb = RecordBatch::try_from_iter([
+            ("fixed", Arc::new(fixed) as ArrayRef),
+            ("id", Arc::new(ids) as ArrayRef),
+            ("binary", Arc::new(binary) as ArrayRef),
+            ("large", Arc::new(large) as ArrayRef),
+        ])
+        .unwrap();
+        // A slice, as the shuffle's window pieces usually are.
+        let rb = rb.slice(3, 12);
+        let v = views(&rb, &[0, 2, 3]).unwrap();
+        assert_eq!(v.column(1), rb.column(1));
+        for c in [0, 2, 3] {
+            assert_eq!(v.schema().field(c).data_type(), &DataType::BinaryView);
+            let got = v.column(c).as_binary_view();
+            let data = rb.column(c).to_data();
+            assert_eq!(got.nulls(), rb.column(c).nulls(), "column {c}");
+            for r in 0..rb.num_rows() {
+                let want: Option<&[u8]> = match rb.column(c).data_type() {
+                    DataType::FixedSizeBinary(_) => {
+                        let a = rb.column(c).as_fixed_size_binary();
+                        a.is_valid(r).then(|| a.value(r))
+                    }
+                    DataType::Binary => {
+                        let a = rb.column(c).as_binary::<i32>();
+                        a.is_valid(r).then(|| a.value(r))
+                    }
+                    _ => {
+                        let a = rb.column(c).as_binary::<i64>();
+                        a.is_valid(r).then(|| a.value(r))
+                    }
+                };
+                assert_eq!(
+                    got.is_valid(r).then(|| got.value(r)),
+                    want,
+                    "column {c} row {r}"
+                );
+            }
+            // No bytes were copied: the views point into the input's value buffer.
+            let buffer = &data.buffers()[data.buffers().len() - 1];
+            assert_eq!(got.data_buffers().len(), 1);
+            assert_eq!(
+                got.data_buffers()[0].as_ptr(),
+                buffer.as_ptr(),
+                "column {c}"
+            );
+        }
+    }
 }

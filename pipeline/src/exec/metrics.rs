@@ -119,6 +119,8 @@ pub struct PipelineMetrics {
     pub batches_out: AtomicU64,
     /// Arrow bytes delivered to the consumer of the stream.
     pub bytes_out: AtomicU64,
+    /// Threads of the CPU pool the stages (and tensor conversion, sink encoding) run on.
+    pub pool_threads: AtomicU64,
 }
 
 impl PipelineMetrics {

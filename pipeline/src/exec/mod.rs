@@ -297,6 +297,9 @@ impl Pipeline {
     ) -> Result<PreparedPipeline> {
         self.check_stage_order()?;
         let pool = CpuPool::new(self.config.runtime.threads)?;
+        metrics
+            .pool_threads
+            .store(pool.threads() as u64, Ordering::Relaxed);
         let mut source = self.open_source(metrics.clone(), acker.clone()).await?;
         let resume_mark = self.resume.as_ref().and_then(|s| s.parquet);
         let shuffle = self.config.stages.iter().find_map(|s| match &s.value {

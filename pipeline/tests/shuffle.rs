@@ -457,3 +457,51 @@ async fn stage_orders_that_would_break_resume_are_refused_with_the_reason() {
         "{e}"
     );
 }
+
+/// A bad image in a column the shuffle hands over as views (binary, one row a byte short)
+/// fails the run naming its file and row, as without views. (`on_error: skip` is refused
+/// after a shuffle: dropped rows would make positions unreplayable.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_image_handed_over_as_views_is_reported_with_its_row() {
+    use arrow::array::BinaryArray;
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<i64> = (0..60).collect();
+    let img = BinaryArray::from_iter_values(rows.iter().map(|i| {
+        let n = if *i == 37 { 47 } else { 48 };
+        vec![*i as u8; n]
+    }));
+    let rb = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(rows)) as _),
+        ("img", Arc::new(img) as _),
+    ])
+    .unwrap();
+    let file = std::fs::File::create(dir.path().join("bad.parquet")).unwrap();
+    let mut w = ArrowWriter::try_new(file, rb.schema(), None).unwrap();
+    w.write(&rb).unwrap();
+    w.close().unwrap();
+    let yaml = format!(
+        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 16}}\n\
+         stages:\n\
+         - {{type: shuffle, buffer_rows: 50, seed: 3, batch_rows: 8}}\n\
+         - {{type: batch, size: 8}}\n\
+         - {{type: image, column: img, shape: [4, 4, 3], on_error: fail, ops: [{{horizontal_flip: {{}}}}]}}\n",
+        dir.path().display()
+    );
+    assert!(
+        shuffle_notes(&yaml)
+            .await
+            .iter()
+            .any(|n| n.contains("as views"))
+    );
+    let mut s = Pipeline::from_yaml(&yaml).unwrap().stream();
+    let mut error = None;
+    while let Some(b) = s.next().await {
+        if let Err(e) = b {
+            error = Some(e.to_string());
+            break;
+        }
+    }
+    let e = error.expect("the bad image must fail the run");
+    assert!(e.contains("47 bytes"), "{e}");
+    assert!(e.contains("bad.parquet") && e.contains("row 37"), "{e}");
+}

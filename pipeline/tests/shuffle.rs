@@ -232,30 +232,41 @@ proptest! {
         same(&joined[..], &reference[..])?;
     }
 
-    /// (d) equal batch counts on every rank, for every policy; `redistribute` leaves out
-    /// fewer than `world_size` rows per epoch and duplicates none.
+    /// (d) equal batch counts on every rank in every epoch, for every policy; `redistribute`
+    /// leaves out fewer than `world_size` rows per epoch and duplicates none within one.
     #[test]
     fn ranks_get_equal_batch_counts(c in cases(), world in 2usize..4, policy in prop_oneof![Just("redistribute"), Just("drop_last"), Just("pad")]) {
         let dir = tempfile::tempdir().unwrap();
         let total = write_dataset(dir.path(), &c.groups);
-        let c = Case { filter: false, epochs: 1, ..c };
+        let c = Case { filter: false, ..c };
         let rt = rt();
         let mut counts = Vec::new();
-        let mut all = Vec::new();
+        let mut all: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
         for rank in 0..world {
+            let epochs = format!("epochs: {}}}", c.epochs);
             let y = yaml(dir.path(), &c, 2, &format!(", rank: {rank}, world_size: {world}"), false)
-                .replace("epochs: 1}", &format!("epochs: 1, shard: {policy}}}"));
+                .replace(&epochs, &format!("epochs: {}, shard: {policy}}}", c.epochs));
             let out = rt.block_on(run(Pipeline::from_yaml(&y).unwrap(), None)).0;
-            counts.push(out.len());
-            all.extend(ids(&out));
+            // Batches per epoch (a batch never holds two), and the ids of each epoch.
+            let mut per_epoch: BTreeMap<u64, usize> = BTreeMap::new();
+            for b in &out {
+                let spans = b.lineage.spans();
+                prop_assert!(spans.iter().all(|s| s.epoch == spans[0].epoch));
+                *per_epoch.entry(spans[0].epoch).or_default() += 1;
+                all.entry(spans[0].epoch).or_default().extend(ids(std::slice::from_ref(b)));
+            }
+            counts.push(per_epoch);
         }
         prop_assert!(counts.iter().all(|n| *n == counts[0]), "{:?}", counts);
         if policy == "redistribute" {
-            let mut sorted = all.clone();
-            sorted.sort_unstable();
-            sorted.dedup();
-            prop_assert_eq!(sorted.len(), all.len());
-            prop_assert!(total - (all.len() as u64) < world as u64);
+            prop_assert_eq!(all.len() as u64, c.epochs);
+            for (_, mut got) in all {
+                let n = got.len();
+                got.sort_unstable();
+                got.dedup();
+                prop_assert_eq!(got.len(), n);
+                prop_assert!(total - (n as u64) < world as u64);
+            }
         }
     }
 

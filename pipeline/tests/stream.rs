@@ -81,11 +81,25 @@ async fn every_kept_row_exactly_once_in_order_with_lineage() {
     for b in &batches {
         assert_eq!(b.lineage.num_rows() as usize, b.num_rows());
     }
-    assert!(
-        batches[..batches.len() - 1]
+    // Full batches of 50, except each epoch's last; no batch holds two epochs.
+    let epoch_of = |b: &Batch| {
+        let spans = b.lineage.spans();
+        assert!(spans.iter().all(|s| s.epoch == spans[0].epoch));
+        spans[0].epoch
+    };
+    let per_epoch = expected.len();
+    for e in 0..2u64 {
+        let sizes: Vec<usize> = batches
             .iter()
-            .all(|b| b.num_rows() == 50)
-    );
+            .filter(|b| epoch_of(b) == e)
+            .map(Batch::num_rows)
+            .collect();
+        let mut want = vec![50; per_epoch / 50];
+        if per_epoch % 50 > 0 {
+            want.push(per_epoch % 50);
+        }
+        assert_eq!(sizes, want, "epoch {e}");
+    }
     // Lineage points at the rows: row r of the file has id of the r-th row in the file.
     let file_ids: Vec<i64> = ids(&raw);
     for b in &batches {

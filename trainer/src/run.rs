@@ -427,6 +427,10 @@ pub(crate) fn worker(
     if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
         p.epochs = e;
     }
+    let epochs = match &config.source.value {
+        SourceConfig::Parquet(p) => p.epochs.max(1),
+        SourceConfig::Kafka(_) => 1,
+    };
     let mut pipeline = Pipeline::from_config(config, job.base_dir.clone()).with_collective(data);
     if let Some((meta, _)) = &resumed {
         pipeline = pipeline.resume_from(meta.pipeline.get(rank).cloned().unwrap_or_default());
@@ -471,15 +475,19 @@ pub(crate) fn worker(
 
     // Steps in the run: from `steps`, else from the rows each rank will see.
     let planned = match (job.batch_size(), source_rows) {
-        // `source_rows` counts the whole plan (all epochs, also when resuming); batches run
-        // across epoch boundaries.
+        // `source_rows` counts the whole plan (all epochs, each the same number of rows, also
+        // when resuming); a batch never spans epochs, so each epoch ends with its own short
+        // (or, with drop_last, dropped) batch.
         (Some((size, drop_last)), Some(rows)) if size > 0 => {
-            let size = size as u64;
-            Some(if drop_last {
-                rows / size
-            } else {
-                rows.div_ceil(size)
-            })
+            let (size, per_epoch) = (size as u64, rows / epochs);
+            Some(
+                epochs
+                    * if drop_last {
+                        per_epoch / size
+                    } else {
+                        per_epoch.div_ceil(size)
+                    },
+            )
         }
         _ => None,
     };

@@ -834,6 +834,14 @@ async fn rebatch_task(
     metrics: Option<Arc<StageMetrics>>,
 ) {
     let mut rebatcher = Some(rebatcher);
+    // Rows `drop_last` dropped at the ends of epochs.
+    let mut dropped = 0u64;
+    let removed = |dropped: &mut u64, d: usize| {
+        *dropped += d as u64;
+        if let Some(m) = &metrics {
+            m.rows_removed.fetch_add(d as u64, Ordering::Relaxed);
+        }
+    };
     let count = |out: &[Batch]| {
         if let Some(m) = &metrics {
             m.batches_out.fetch_add(out.len() as u64, Ordering::Relaxed);
@@ -864,17 +872,21 @@ async fn rebatch_task(
                     r
                 })
                 .and_then(|r| r)
+                .map(|(out, d)| {
+                    removed(&mut dropped, d);
+                    out
+                })
             }
             Some(Err(e)) => Err(e),
             None => {
-                let finished = rb.finish().map(|(tail, dropped)| {
-                    if let Some(m) = &metrics {
-                        m.rows_removed.fetch_add(dropped as u64, Ordering::Relaxed);
-                        if dropped > 0 {
-                            m.note(format!(
-                                "drop_last: dropped the final {dropped} rows (fewer than one batch)"
-                            ));
-                        }
+                let finished = rb.finish().map(|(tail, d)| {
+                    removed(&mut dropped, d);
+                    if let Some(m) = &metrics
+                        && dropped > 0
+                    {
+                        m.note(format!(
+                            "drop_last: dropped {dropped} rows in all (each epoch's last rows, fewer than one batch)"
+                        ));
                     }
                     tail.into_iter().collect::<Vec<_>>()
                 });

@@ -1,4 +1,9 @@
 //! The `batch` stage: fixed-size output batches from whatever sizes arrive.
+//!
+//! A batch never spans epochs: the last rows of an epoch form a short batch (or, with
+//! `drop_last`, are dropped and counted), like a PyTorch `DataLoader` iterated once per epoch.
+//! Every rank's share of an epoch has the same number of rows, so every rank gets the same
+//! number of batches in every epoch.
 
 use std::collections::VecDeque;
 
@@ -18,6 +23,8 @@ pub(crate) struct Rebatcher {
     schema: SchemaRef,
     pending: VecDeque<Batch>,
     rows: usize,
+    /// Epoch of the pending rows.
+    epoch: Option<u64>,
 }
 
 impl Rebatcher {
@@ -29,20 +36,29 @@ impl Rebatcher {
             schema,
             pending: VecDeque::new(),
             rows: 0,
+            epoch: None,
         }
     }
 
-    /// Adds a batch; returns the full batches now available.
-    pub(crate) fn push(&mut self, batch: Batch) -> Result<Vec<Batch>> {
-        if batch.num_rows() > 0 {
-            self.rows += batch.num_rows();
-            self.pending.push_back(batch);
-        }
+    /// Adds a batch; returns the batches now complete (full ones, and the short last batch of
+    /// an epoch that ended) and how many rows `drop_last` dropped at an epoch's end.
+    pub(crate) fn push(&mut self, batch: Batch) -> Result<(Vec<Batch>, usize)> {
         let mut out = Vec::new();
-        while self.rows >= self.size {
-            out.push(self.take(self.size)?);
+        let mut dropped = 0;
+        for (epoch, part) in by_epoch(batch) {
+            if self.rows > 0 && self.epoch != epoch {
+                let (tail, d) = self.finish()?;
+                out.extend(tail);
+                dropped += d;
+            }
+            self.epoch = epoch;
+            self.rows += part.num_rows();
+            self.pending.push_back(part);
+            while self.rows >= self.size {
+                out.push(self.take(self.size)?);
+            }
         }
-        Ok(out)
+        Ok((out, dropped))
     }
 
     /// At end of input: the short tail (unless `drop_last`), and how many rows were dropped.
@@ -100,6 +116,33 @@ impl Rebatcher {
     }
 }
 
+/// `batch` cut where its rows' epoch changes (in practice a batch holds one epoch: sources
+/// and shuffle windows never mix them), with each part's epoch; no empty parts.
+fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
+    let spans = batch.lineage.spans();
+    let first = spans.first().map(|s| s.epoch);
+    if spans.iter().all(|s| Some(s.epoch) == first) {
+        return if batch.num_rows() > 0 {
+            vec![(first, batch)]
+        } else {
+            Vec::new()
+        };
+    }
+    let mut parts = Vec::new();
+    let (mut start, mut at, mut epoch) = (0usize, 0usize, first);
+    for s in spans {
+        if Some(s.epoch) != epoch {
+            parts.push((epoch, batch.slice(start, at - start)));
+            start = at;
+            epoch = Some(s.epoch);
+        }
+        at += s.len as usize;
+    }
+    parts.push((epoch, batch.slice(start, batch.num_rows() - start)));
+    parts.retain(|(_, b)| b.num_rows() > 0);
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,7 +178,7 @@ mod tests {
         let mut r = Rebatcher::new(stage(), 4, false, schema);
         let mut out = Vec::new();
         for (s, n) in [(0, 3), (3, 3), (6, 5)] {
-            out.extend(r.push(input(s, n)).unwrap());
+            out.extend(r.push(input(s, n)).unwrap().0);
         }
         let (tail, dropped) = r.finish().unwrap();
         out.extend(tail);
@@ -170,9 +213,66 @@ mod tests {
     fn drop_last_reports_dropped_rows() {
         let schema = input(0, 1).data.schema();
         let mut r = Rebatcher::new(stage(), 4, true, schema);
-        assert_eq!(r.push(input(0, 6)).unwrap().len(), 1);
+        assert_eq!(r.push(input(0, 6)).unwrap().0.len(), 1);
         let (tail, dropped) = r.finish().unwrap();
         assert!(tail.is_none());
         assert_eq!(dropped, 2);
+    }
+
+    /// `n` rows from `start` read in `epoch`.
+    fn in_epoch(start: i64, n: i64, epoch: u64) -> Batch {
+        let b = input(start, n);
+        let origin = b.lineage.spans()[0].origin.clone();
+        Batch::new(b.data, Lineage::new(origin, start as u64, n as u64, epoch))
+    }
+
+    fn epochs_of(b: &Batch) -> Vec<u64> {
+        b.lineage.spans().iter().map(|s| s.epoch).collect()
+    }
+
+    #[test]
+    fn an_epoch_ends_with_a_short_batch_and_never_shares_one() {
+        let schema = input(0, 1).data.schema();
+        let mut r = Rebatcher::new(stage(), 4, false, schema.clone());
+        let mut out = Vec::new();
+        // Epoch 0: 6 rows, epoch 1: 5 rows, arriving in pieces that straddle nothing.
+        for b in [in_epoch(0, 3, 0), in_epoch(3, 3, 0), in_epoch(0, 5, 1)] {
+            let (batches, dropped) = r.push(b).unwrap();
+            assert_eq!(dropped, 0);
+            out.extend(batches);
+        }
+        out.extend(r.finish().unwrap().0);
+        let sizes: Vec<usize> = out.iter().map(Batch::num_rows).collect();
+        assert_eq!(sizes, vec![4, 2, 4, 1]);
+        let epochs: Vec<Vec<u64>> = out.iter().map(epochs_of).collect();
+        assert_eq!(epochs, vec![vec![0], vec![0], vec![1], vec![1]]);
+
+        // drop_last drops each epoch's tail and says how many rows.
+        let mut r = Rebatcher::new(stage(), 4, true, schema.clone());
+        let (a, d0) = r.push(in_epoch(0, 6, 0)).unwrap();
+        let (b, d1) = r.push(in_epoch(0, 5, 1)).unwrap();
+        let (tail, d2) = r.finish().unwrap();
+        assert_eq!((a.len(), b.len(), tail.is_none()), (1, 1, true));
+        assert_eq!((d0, d1, d2), (0, 2, 1));
+
+        // One input batch holding two epochs is cut between them.
+        let two = Batch::new(
+            arrow::compute::concat_batches(
+                &schema,
+                [&in_epoch(0, 3, 0).data, &in_epoch(0, 3, 1).data],
+            )
+            .unwrap(),
+            {
+                let mut l = in_epoch(0, 3, 0).lineage;
+                l.extend(&in_epoch(0, 3, 1).lineage);
+                l
+            },
+        );
+        let mut r = Rebatcher::new(stage(), 4, false, schema);
+        let (out, _) = r.push(two).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].num_rows(), epochs_of(&out[0])), (3, vec![0]));
+        let tail = r.finish().unwrap().0.unwrap();
+        assert_eq!((tail.num_rows(), epochs_of(&tail)), (3, vec![1]));
     }
 }

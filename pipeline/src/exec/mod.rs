@@ -375,7 +375,7 @@ impl Pipeline {
             });
             schema = out;
         }
-        for (i, note) in fuse_gathers(&self.config.stages, &mut slots)? {
+        for (i, note) in fuse_gathers(&self.config.stages, &mut slots, &schema)? {
             stage_metrics[i].note(note);
         }
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
@@ -700,12 +700,13 @@ impl PreparedPipeline {
 /// (see [`stage::shuffle`]) and the stages in between are rebuilt for that schema. The image
 /// stage reads each row's bytes once, to convert them; nothing after it sees the difference
 /// (its output schema is checked to be unchanged), and the values are identical.
-/// Returns a note for each shuffle it changed.
+/// `output` is the schema after the last stage. Returns a note for each shuffle it changed.
 fn fuse_gathers(
     configs: &[Located<StageConfig>],
     slots: &mut [StageSlot],
+    output: &SchemaRef,
 ) -> Result<Vec<(usize, String)>> {
-    use arrow::datatypes::{DataType, Schema};
+    use arrow::datatypes::DataType;
     let mut notes = Vec::new();
     for i in 0..slots.len() {
         let BuiltStage::Shuffle(spec) = &slots[i].built else {
@@ -736,14 +737,10 @@ fn fuse_gathers(
         ) {
             continue;
         }
-        let mut fields: Vec<_> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
-        fields[col] = fields[col].clone().with_data_type(DataType::BinaryView);
-        let physical: SchemaRef =
-            Arc::new(Schema::new_with_metadata(fields, input.metadata().clone()));
-        let (_, logical_out) =
-            stage::build(&consumer.stage, &configs[k].value, &consumer.input, None)?;
+        let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(input, &[col]));
+        let logical_out = slots.get(k + 1).map_or(output, |s| &s.input);
         let (image, out) = stage::build(&consumer.stage, &configs[k].value, &physical, None)?;
-        if out != logical_out {
+        if &out != logical_out {
             continue;
         }
         let mut spec = spec.clone();

@@ -120,16 +120,8 @@ impl Rebatcher {
 /// and shuffle windows never mix them), with each part's epoch; no empty parts.
 fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
     let spans = batch.lineage.spans();
-    let first = spans.first().map(|s| s.epoch);
-    if spans.iter().all(|s| Some(s.epoch) == first) {
-        return if batch.num_rows() > 0 {
-            vec![(first, batch)]
-        } else {
-            Vec::new()
-        };
-    }
     let mut parts = Vec::new();
-    let (mut start, mut at, mut epoch) = (0usize, 0usize, first);
+    let (mut start, mut at, mut epoch) = (0usize, 0usize, spans.first().map(|s| s.epoch));
     for s in spans {
         if Some(s.epoch) != epoch {
             parts.push((epoch, batch.slice(start, at - start)));
@@ -138,7 +130,15 @@ fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
         }
         at += s.len as usize;
     }
-    parts.push((epoch, batch.slice(start, batch.num_rows() - start)));
+    let rest = batch.num_rows() - start;
+    parts.push((
+        epoch,
+        if start == 0 {
+            batch
+        } else {
+            batch.slice(start, rest)
+        },
+    ));
     parts.retain(|(_, b)| b.num_rows() > 0);
     parts
 }

@@ -615,6 +615,16 @@ impl Shuffler {
     }
 }
 
+/// `schema` with each of `columns` typed `BinaryView`: the schema of what [`views`] returns,
+/// and what the plan gives the stages after a shuffle that emits views.
+pub(crate) fn view_schema(schema: &Schema, columns: &[usize]) -> Schema {
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for &i in columns {
+        fields[i] = fields[i].clone().with_data_type(DataType::BinaryView);
+    }
+    Schema::new_with_metadata(fields, schema.metadata().clone())
+}
+
 /// `rb` with each of `columns` (binary, large binary or fixed-size binary) as a `BinaryView`
 /// array over the same value buffer: one 16-byte view per row, no bytes copied (a buffer of
 /// 4 GiB or more is copied: views address at most 4 GiB).
@@ -623,12 +633,6 @@ pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result
     if columns.is_empty() {
         return Ok(rb.clone());
     }
-    let mut fields: Vec<Field> = rb
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
     let mut arrays = rb.columns().to_vec();
     for &i in columns {
         let a = &arrays[i];
@@ -660,16 +664,9 @@ pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result
                 )));
             }
         };
-        fields[i] = fields[i].clone().with_data_type(DataType::BinaryView);
         arrays[i] = viewed;
     }
-    RecordBatch::try_new(
-        Arc::new(Schema::new_with_metadata(
-            fields,
-            rb.schema().metadata().clone(),
-        )),
-        arrays,
-    )
+    RecordBatch::try_new(Arc::new(view_schema(&rb.schema(), columns)), arrays)
 }
 
 /// Every `(piece, row)` of `pieces`, in a uniformly random order drawn from `rng`.

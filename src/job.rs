@@ -231,7 +231,21 @@ impl Job {
                 rows_before,
             });
         }
-        let prepared = pipeline.prepare().await?;
+        let prepared = match pipeline.prepare().await {
+            Err(sluice_pipeline::Error::Resume(message)) if checkpoint.is_some() => {
+                let url = checkpoint
+                    .as_ref()
+                    .map(|c| c.location.url.to_string())
+                    .unwrap_or_default();
+                return Err(JobError::Checkpoint {
+                    url,
+                    message: format!(
+                        "cannot resume from it: {message}: to start over, delete this checkpoint and the output written so far"
+                    ),
+                });
+            }
+            r => r?,
+        };
         Ok(PreparedJob {
             prepared,
             sink_config,

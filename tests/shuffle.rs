@@ -102,7 +102,24 @@ fn shuffled_run_killed_and_resumed_in_a_fresh_process_continues_exactly() {
         "{at_kill}"
     );
 
-    // Run 2: a fresh process, 3 epochs, resumed.
+    // A resume under another shuffle seed would continue at other rows: refused, saying
+    // what changed, and the checkpoint is left as it was.
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        job(3, "out").replace("seed: 9", "seed: 10"),
+    )
+    .unwrap();
+    let out = run_in(dir.path(), &["run", "job.yaml", "--resume"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("state/cp.json: cannot resume from it: ")
+            && stderr.contains("stages[1] (shuffle): seed 9 then, seed 10 now"),
+        "{stderr}"
+    );
+    assert_eq!(read_cp().unwrap(), at_kill);
+
+    // Run 2: a fresh process, 3 epochs (an epoch count may change), resumed.
     std::fs::write(dir.path().join("job.yaml"), job(3, "out")).unwrap();
     assert_ok(&run_in(dir.path(), &["run", "job.yaml", "--resume"]));
     let resumed = parts_in_order(&dir.path().join("out"));

@@ -6,7 +6,7 @@
 //! [`SourceState`] to store in a checkpoint and, for Kafka consumer groups, stores the offsets
 //! with the group. Positions are derived from lineage, so they are exact per partition.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -102,6 +102,158 @@ pub struct SourceState {
     /// functions of the seed and row identity, so this is all that is needed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parquet: Option<Mark>,
+    /// What `parquet` is relative to: the files and the order-deciding settings. Resuming a
+    /// pipeline whose plan differs is refused (see [`PlanStamp`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStamp>,
+}
+
+/// What the positions of a Parquet pipeline ([`Mark`]: epoch, unit, row, shuffle window) are
+/// relative to: the files, and the settings that decide which rows come in which order. A
+/// position restored into a pipeline with another plan would point at other rows (rows lost
+/// or repeated), so [`crate::Pipeline::prepare`] refuses it and says what changed.
+///
+/// Settings that do not move rows are left out, so they can change between runs: threads,
+/// queues, prefetch, storage options and where the files live, the number of epochs, batch
+/// size, and stages after the last `shuffle` that keep every row (augmentation, `select`, …).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanStamp {
+    /// The files, once every footer has been read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataStamp>,
+    /// The order-deciding settings by what they belong to (`rank`, `source`,
+    /// `stages[0] (shuffle)`): the value when short, else a hash of it.
+    #[serde(default)]
+    pub order: BTreeMap<String, String>,
+}
+
+/// The files a Parquet pipeline reads: how many, their rows, and a hash of their paths
+/// (relative to the directory they share, so a copy elsewhere matches) and row-group sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataStamp {
+    /// Files.
+    pub files: u64,
+    /// Rows in one epoch (all ranks).
+    pub rows: u64,
+    /// Hash of the relative paths and row-group sizes, in reading order.
+    pub hash: String,
+}
+
+impl PlanStamp {
+    /// What differs between the plan a state was taken under (`self`) and the plan of the
+    /// pipeline resuming it (`now`), in words; empty when the positions still mean the same
+    /// rows. Files are compared only when both sides know them.
+    pub fn differences(&self, now: &PlanStamp) -> Vec<String> {
+        let mut out = Vec::new();
+        if let (Some(a), Some(b)) = (&self.data, &now.data)
+            && a != b
+        {
+            out.push(if (a.files, a.rows) == (b.files, b.rows) {
+                format!(
+                    "the files: as many ({}, {} rows) but with other paths or row groups",
+                    a.files, a.rows
+                )
+            } else {
+                format!(
+                    "the files: {} file(s) with {} rows then, {} file(s) with {} rows now",
+                    a.files, a.rows, b.files, b.rows
+                )
+            });
+        }
+        let keys: BTreeSet<&String> = self.order.keys().chain(now.order.keys()).collect();
+        for k in keys {
+            match (self.order.get(k), now.order.get(k)) {
+                (Some(a), Some(b)) if a == b => {}
+                (Some(a), Some(b)) if !is_hash(a) && !is_hash(b) => {
+                    let (a, b) = changed_parts(a, b);
+                    out.push(format!("{k}: {a} then, {b} now"));
+                }
+                (Some(_), Some(_)) => out.push(format!("{k}: its settings changed")),
+                (Some(_), None) => out.push(format!("{k}: there then, not now")),
+                (None, Some(_)) => out.push(format!("{k}: not there then")),
+                (None, None) => {}
+            }
+        }
+        out
+    }
+}
+
+/// The `, `-separated parts of two settings texts that differ (the whole texts when their
+/// parts do not line up).
+fn changed_parts(a: &str, b: &str) -> (String, String) {
+    let (pa, pb): (Vec<&str>, Vec<&str>) = (a.split(", ").collect(), b.split(", ").collect());
+    if pa.len() != pb.len() {
+        return (a.to_string(), b.to_string());
+    }
+    let (da, db): (Vec<&str>, Vec<&str>) = pa.iter().zip(&pb).filter(|(x, y)| x != y).unzip();
+    (da.join(", "), db.join(", "))
+}
+
+const HASH_PREFIX: &str = "fnv:";
+
+fn is_hash(v: &str) -> bool {
+    v.starts_with(HASH_PREFIX)
+}
+
+/// FNV-1a, 64 bits: stable across platforms and Rust releases (unlike `std`'s hasher), for
+/// augmentation identities and plan stamps.
+pub(crate) fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The FNV-1a offset basis.
+pub(crate) const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// A short, stable hash of a setting's text, as stored in [`PlanStamp::order`].
+pub(crate) fn setting_hash(text: &str) -> String {
+    format!("{HASH_PREFIX}{:016x}", fnv1a(text.as_bytes(), FNV_BASIS))
+}
+
+/// Where an [`Acknowledger`] gets the plan its states are relative to: the settings, known
+/// when the pipeline is prepared, and the files, known once every footer is read (looked up
+/// until then, then kept).
+pub(crate) struct PlanSource {
+    order: BTreeMap<String, String>,
+    data: OnceLock<DataStamp>,
+    probe: Box<dyn Fn() -> Option<DataStamp> + Send + Sync>,
+}
+
+impl std::fmt::Debug for PlanSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanSource")
+            .field("order", &self.order)
+            .field("data", &self.data.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PlanSource {
+    pub(crate) fn new(
+        order: BTreeMap<String, String>,
+        probe: impl Fn() -> Option<DataStamp> + Send + Sync + 'static,
+    ) -> Self {
+        PlanSource {
+            order,
+            data: OnceLock::new(),
+            probe: Box::new(probe),
+        }
+    }
+
+    /// The plan as far as it is known now.
+    pub(crate) fn stamp(&self) -> PlanStamp {
+        let data = match self.data.get() {
+            Some(d) => Some(d.clone()),
+            None => (self.probe)().map(|d| self.data.get_or_init(|| d).clone()),
+        };
+        PlanStamp {
+            data,
+            order: self.order.clone(),
+        }
+    }
 }
 
 /// Stores offsets with a Kafka consumer group (set by a `group` source once it is open).
@@ -116,6 +268,9 @@ pub struct Acknowledger {
     written: Mutex<KafkaPositions>,
     mark: Mutex<Option<Mark>>,
     store: OnceLock<Arc<dyn OffsetStore>>,
+    plan: OnceLock<Arc<PlanSource>>,
+    /// The plan of the state this one was restored from, until the pipeline sets its own.
+    resumed_plan: Option<PlanStamp>,
 }
 
 impl Acknowledger {
@@ -125,7 +280,18 @@ impl Acknowledger {
             written: Mutex::new(resume.and_then(|s| s.kafka.clone()).unwrap_or_default()),
             mark: Mutex::new(resume.and_then(|s| s.parquet)),
             store: OnceLock::new(),
+            plan: OnceLock::new(),
+            resumed_plan: resume.and_then(|s| s.plan.clone()),
         }
+    }
+
+    /// Sets what the states this acknowledger returns are relative to (once).
+    pub(crate) fn set_plan(&self, plan: Arc<PlanSource>) {
+        let _ = self.plan.set(plan);
+    }
+
+    pub(crate) fn plan(&self) -> Option<Arc<PlanSource>> {
+        self.plan.get().cloned()
     }
 
     pub(crate) fn set_store(&self, store: Arc<dyn OffsetStore>) {
@@ -157,6 +323,10 @@ impl Acknowledger {
         SourceState {
             kafka: (!positions.0.is_empty()).then_some(positions),
             parquet: self.mark.lock().ok().and_then(|m| *m),
+            plan: match self.plan.get() {
+                Some(p) => Some(p.stamp()),
+                None => self.resumed_plan.clone(),
+            },
         }
     }
 
@@ -180,6 +350,93 @@ impl Acknowledger {
 mod tests {
     use super::*;
     use crate::batch::LineageSpan;
+
+    #[test]
+    fn plan_differences_name_what_changed() {
+        let stamp = |data: Option<(u64, u64, &str)>, order: &[(&str, &str)]| PlanStamp {
+            data: data.map(|(files, rows, hash)| DataStamp {
+                files,
+                rows,
+                hash: hash.into(),
+            }),
+            order: order
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let hashed = setting_hash("Filter(..)");
+        let then = stamp(
+            Some((3, 100, "a")),
+            &[
+                ("rank", "0 of 2"),
+                ("stages[0] (filter)", &hashed),
+                (
+                    "stages[1] (shuffle)",
+                    "buffer_rows 10, max_memory 1 MiB, seed 1",
+                ),
+            ],
+        );
+        assert!(then.differences(&then.clone()).is_empty());
+        // Files unknown on one side are not compared.
+        let mut unknown = then.clone();
+        unknown.data = None;
+        assert!(then.differences(&unknown).is_empty());
+        let now = stamp(
+            Some((3, 100, "b")),
+            &[
+                ("rank", "1 of 2"),
+                ("stages[0] (filter)", &setting_hash("Filter(...)")),
+                (
+                    "stages[1] (shuffle)",
+                    "buffer_rows 10, max_memory 1 MiB, seed 2",
+                ),
+                ("stages[2] (filter)", &hashed),
+            ],
+        );
+        assert_eq!(
+            then.differences(&now),
+            [
+                "the files: as many (3, 100 rows) but with other paths or row groups",
+                "rank: 0 of 2 then, 1 of 2 now",
+                "stages[0] (filter): its settings changed",
+                "stages[1] (shuffle): seed 1 then, seed 2 now",
+                "stages[2] (filter): not there then",
+            ]
+        );
+        assert_eq!(
+            now.differences(&stamp(Some((4, 120, "b")), &[])),
+            [
+                "the files: 3 file(s) with 100 rows then, 4 file(s) with 120 rows now",
+                "rank: there then, not now",
+                "stages[0] (filter): there then, not now",
+                "stages[1] (shuffle): there then, not now",
+                "stages[2] (filter): there then, not now",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_restored_plan_is_kept_until_the_pipeline_sets_its_own() {
+        let plan = PlanStamp {
+            data: None,
+            order: [("rank".to_string(), "0 of 1".to_string())].into(),
+        };
+        let acker = Acknowledger::new(Some(&SourceState {
+            plan: Some(plan.clone()),
+            ..SourceState::default()
+        }));
+        assert_eq!(acker.state().plan, Some(plan));
+        acker.set_plan(Arc::new(PlanSource::new(BTreeMap::new(), || {
+            Some(DataStamp {
+                files: 1,
+                rows: 2,
+                hash: "h".into(),
+            })
+        })));
+        let now = acker.state().plan.unwrap();
+        assert!(now.order.is_empty());
+        assert_eq!(now.data.unwrap().rows, 2);
+    }
 
     #[test]
     fn positions_follow_lineage_and_partial_messages() {
@@ -242,6 +499,7 @@ mod tests {
         let json = serde_json::to_string(&SourceState {
             kafka: Some(p.clone()),
             parquet: None,
+            plan: None,
         })
         .unwrap();
         let back: SourceState = serde_json::from_str(&json).unwrap();

@@ -15,6 +15,7 @@ pub mod metrics;
 mod pool;
 pub(crate) mod recycle;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use crate::source::Source;
 use crate::source::kafka::KafkaSource;
 use crate::source::parquet::ParquetSource;
 use crate::stage::{self, BuiltStage, ColumnStats, ComputedStats, Transform};
-use crate::state::{Acknowledger, SourceState};
+use crate::state::{Acknowledger, PlanSource, SourceState, setting_hash};
 
 /// A pipeline description, ready to be checked or run.
 ///
@@ -238,6 +239,59 @@ impl Pipeline {
         }
     }
 
+    /// The settings that decide which rows come in which order (see [`crate::PlanStamp`]): rank and
+    /// world size; the shard policy; every `shuffle`'s window, memory cap and seeds; every
+    /// stage before the last shuffle (they shape its windows and its spills: with one, the
+    /// source's projection and batch size too); and every stage that drops rows.
+    fn order_settings(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let (rank, world) = self.rank_and_world();
+        out.insert("rank".to_string(), format!("{rank} of {world}"));
+        let stages = &self.config.stages;
+        let last_shuffle = stages
+            .iter()
+            .rposition(|s| matches!(s.value, StageConfig::Shuffle(_)));
+        if let SourceConfig::Parquet(p) = &self.config.source.value {
+            let text = match last_shuffle {
+                Some(_) => format!("{:?}", (p.shard, &p.columns, p.batch_rows)),
+                None => format!("{:?}", p.shard),
+            };
+            out.insert("source".to_string(), setting_hash(&text));
+        }
+        for (i, s) in stages.iter().enumerate() {
+            let text = match &s.value {
+                StageConfig::Shuffle(c) => {
+                    // Short enough to keep as text: a refusal can say which setting moved.
+                    let mut text = format!(
+                        "buffer_rows {}, max_memory {}, seed {}",
+                        c.buffer_rows, c.max_memory, c.seed
+                    );
+                    if !c.row_groups {
+                        text.push_str(", row_groups false");
+                    }
+                    if c.across_ranks {
+                        text.push_str(", across_ranks true");
+                    }
+                    out.insert(format!("stages[{i}] ({})", s.value.kind()), text);
+                    None
+                }
+                StageConfig::Filter(_) => Some(format!("{:?}", s.value)),
+                StageConfig::Image(c) if c.on_error == crate::config::OnError::Skip => {
+                    Some(format!("{:?}", s.value))
+                }
+                v if last_shuffle.is_some_and(|l| i < l) => Some(format!("{v:?}")),
+                _ => None,
+            };
+            if let Some(text) = text {
+                out.insert(
+                    format!("stages[{i}] ({})", s.value.kind()),
+                    setting_hash(&text),
+                );
+            }
+        }
+        out
+    }
+
     fn stage_ref(&self, index: usize) -> StageRef {
         let s = &self.config.stages[index];
         StageRef {
@@ -315,10 +369,30 @@ impl Pipeline {
             let (rank, world) = self.rank_and_world();
             let order = shuffle.as_ref().filter(|s| s.row_groups).map(|s| s.seed);
             p.configure(order, rank, world, resume_mark);
-            if order.is_some() || world > 1 {
-                // The plan (permutation, shares) needs every footer: read them now.
+            let then = self.resume.as_ref().and_then(|s| s.plan.as_ref());
+            if order.is_some() || world > 1 || then.is_some_and(|t| t.data.is_some()) {
+                // The plan (permutation, shares) needs every footer, and so does checking
+                // the files a resumed state was taken over: read them now.
                 p.open_all().await?;
             }
+            let files = p.clone();
+            let plan = Arc::new(PlanSource::new(self.order_settings(), move || {
+                files.data_stamp()
+            }));
+            if let Some(then) = then {
+                let changed = then.differences(&plan.stamp());
+                if !changed.is_empty() {
+                    return Err(Error::Resume(format!(
+                        "the state was taken over other files or settings, so its position would point at other rows (rows lost or repeated). What changed: {}. Resume with the files and settings that wrote it, or start over without it",
+                        changed.join("; ")
+                    )));
+                }
+            } else if resume_mark.is_some() {
+                tracing::warn!(
+                    "the resumed state does not record the files and settings it was taken under (written by an older Sluice): they cannot be checked"
+                );
+            }
+            acker.set_plan(plan);
         }
         let mut schema = source.schema().clone();
         let mut slots: Vec<StageSlot> = Vec::new();
@@ -1142,7 +1216,12 @@ impl Stream for BatchStream {
             match &mut self.state {
                 State::Preparing(fut) => match fut.poll_unpin(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(prepared)) => self.state = State::Running(prepared.start()),
+                    Poll::Ready(Ok(prepared)) => {
+                        if let Some(plan) = prepared.acker.plan() {
+                            self.delivered.set_plan(plan);
+                        }
+                        self.state = State::Running(prepared.start());
+                    }
                     Poll::Ready(Err(e)) => {
                         self.state = State::Done;
                         return Poll::Ready(Some(Err(e)));

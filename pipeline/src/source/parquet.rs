@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
 use crate::exec::metrics::PipelineMetrics;
+use crate::state::{DataStamp, FNV_BASIS, fnv1a};
 use crate::storage::{ListedObject, ObjectStream, stream_objects};
 
 /// One opened file: its location and decoded footer.
@@ -281,6 +282,41 @@ impl ParquetSource {
     /// Number of files, once all are open.
     pub(crate) fn num_files(&self) -> Option<usize> {
         self.files.totals().map(|(n, _)| n)
+    }
+
+    /// The files, once every footer has been read (see [`DataStamp`]): paths relative to
+    /// the directory all of them share, with the rows of each row group, in reading order.
+    pub(crate) fn data_stamp(&self) -> Option<DataStamp> {
+        let st = self.files.state.try_lock().ok()?;
+        if st.pending.is_some() || st.failed {
+            return None;
+        }
+        let urls: Vec<&str> = st.opened.iter().map(|f| &*f.object.location.url).collect();
+        let first = urls.first()?;
+        let mut shared = first.rfind('/').map_or(0, |i| i + 1);
+        for u in &urls[1..] {
+            let common = first
+                .bytes()
+                .zip(u.bytes())
+                .take(shared)
+                .take_while(|(a, b)| a == b)
+                .count();
+            shared = first[..common].rfind('/').map_or(0, |i| i + 1);
+        }
+        let (mut hash, mut rows) = (FNV_BASIS, 0u64);
+        for (f, url) in st.opened.iter().zip(&urls) {
+            hash = fnv1a(&url.as_bytes()[shared..], hash);
+            for rg in f.metadata.metadata().row_groups() {
+                hash = fnv1a(&rg.num_rows().to_le_bytes(), hash);
+                rows += rg.num_rows() as u64;
+            }
+            hash = fnv1a(b"/", hash);
+        }
+        Some(DataStamp {
+            files: urls.len() as u64,
+            rows,
+            hash: format!("{hash:016x}"),
+        })
     }
 
     /// Rows this rank produces over all epochs, once all files are open (for several ranks,

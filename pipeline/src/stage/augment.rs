@@ -16,6 +16,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::batch::{Batch, Lineage, Origin};
 use crate::error::{Error, Result, StageRef};
+use crate::state::{FNV_BASIS, fnv1a};
 
 /// What an augmentation does to each value.
 #[derive(Debug, Clone, Copy)]
@@ -54,29 +55,20 @@ pub(crate) fn splitmix64(mut x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// FNV-1a, 64 bit: a fixed, platform-independent hash (std's hasher may change between Rust
-/// releases, which would change every augmentation).
-fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
+/// A row's origin hashed with FNV-1a ([`fnv1a`]): fixed and platform-independent (std's
+/// hasher may change between Rust releases, which would change every augmentation).
 fn origin_hash(o: &Origin) -> u64 {
-    const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
     match o {
         // The object's file name (not its directory or store), so a dataset copied from a
         // local disk to S3 or another machine gets the same augmentation. The row position
         // counts from the start of the object: the row group does not enter the identity.
         Origin::Object { url, .. } => {
             let name = url.rsplit('/').next().unwrap_or(url);
-            fnv1a(name.as_bytes(), fnv1a(b"object", BASIS))
+            fnv1a(name.as_bytes(), fnv1a(b"object", FNV_BASIS))
         }
         Origin::Kafka { topic, partition } => fnv1a(
             &partition.to_le_bytes(),
-            fnv1a(topic.as_bytes(), fnv1a(b"kafka", BASIS)),
+            fnv1a(topic.as_bytes(), fnv1a(b"kafka", FNV_BASIS)),
         ),
         Origin::KafkaMessage {
             topic,
@@ -87,7 +79,7 @@ fn origin_hash(o: &Origin) -> u64 {
             &offset.to_le_bytes(),
             fnv1a(
                 &partition.to_le_bytes(),
-                fnv1a(topic.as_bytes(), fnv1a(b"kafka-message", BASIS)),
+                fnv1a(topic.as_bytes(), fnv1a(b"kafka-message", FNV_BASIS)),
             ),
         ),
     }

@@ -1,11 +1,11 @@
-//! A shuffle window ten times larger than its memory cap spills to disk, and the process's
-//! peak RSS — measured by the kernel — stays within the cap plus a stated overhead over the
-//! same job without the shuffle.
+//! Peak RSS, measured by the kernel: a shuffle window ten times larger than its memory cap
+//! spills to disk and stays within the cap plus a stated overhead over the same job without
+//! the shuffle; the Parquet source's row groups in flight stay within `prefetch_bytes`.
 //!
-//! This is its own test binary on purpose: the tests of one binary run concurrently, and
-//! sibling tests that start `sluice` processes of their own change this one's thread timing
-//! on a 2-core machine, and with it how much freed memory the allocator's per-thread heaps
-//! hold at the peak. (Measured on the development machine: alone, the no-shuffle job peaks
+//! This is its own test binary on purpose, and its tests take turns (`ONE_AT_A_TIME`): tests
+//! that start `sluice` processes of their own change each other's thread timing on a 2-core
+//! machine, and with it how much freed memory the allocator's per-thread heaps hold at the
+//! peak. (Measured on the development machine: alone, the no-shuffle job peaks
 //! at 184–188 MiB over five runs; beside tests/shuffle.rs's kill-and-resume test, 191–227 MiB.)
 #![allow(clippy::unwrap_used)]
 
@@ -13,7 +13,9 @@ mod common;
 
 use std::path::Path;
 
-use arrow::array::AsArray;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, AsArray, FixedSizeBinaryArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use common::*;
 
@@ -48,6 +50,38 @@ fn run_with_peak_rss(mut cmd: std::process::Command, dir: &Path) -> (std::proces
 
 const MIB: u64 = 1024 * 1024;
 
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `sluice run job.yaml` in `dir` three times with `yaml`; returns the last output and
+/// the three peaks.
+fn peaks(dir: &Path, yaml: &str) -> (std::process::Output, Vec<u64>) {
+    std::fs::write(dir.join("job.yaml"), yaml).unwrap();
+    let mut peaks = Vec::new();
+    let mut last = None;
+    for _ in 0..3 {
+        let _ = std::fs::remove_file(dir.join("out.parquet"));
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"));
+        cmd.args(["run", "job.yaml", "--no-report"])
+            .current_dir(dir)
+            .env_remove("RUST_LOG")
+            // mimalloc returns freed pages at once, so RSS tracks live memory rather than
+            // the allocator's reuse cache (which depends on timing).
+            .env("MIMALLOC_PURGE_DELAY", "0");
+        let (out, rss) = run_with_peak_rss(cmd, dir);
+        assert_ok(&out);
+        peaks.push(rss);
+        last = Some(out);
+    }
+    (last.unwrap(), peaks)
+}
+
+fn mib(v: &[u64]) -> String {
+    v.iter()
+        .map(|b| format!("{:.1}", *b as f64 / MIB as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[test]
 fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
     let dir = tempfile::tempdir().unwrap();
@@ -68,26 +102,8 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
     // Each job runs three times; the least peak of each is compared. A shuffle that held
     // its window in memory would add ~150 MiB to every run, so taking the least removes
     // timing noise, not the failure this test is for.
-    let run = |yaml: String| {
-        std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
-        let mut peaks = Vec::new();
-        let mut last = None;
-        for _ in 0..3 {
-            let _ = std::fs::remove_file(dir.path().join("out.parquet"));
-            let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"));
-            cmd.args(["run", "job.yaml", "--no-report"])
-                .current_dir(dir.path())
-                .env_remove("RUST_LOG")
-                // mimalloc returns freed pages at once, so RSS tracks live memory rather
-                // than the allocator's reuse cache (which depends on timing).
-                .env("MIMALLOC_PURGE_DELAY", "0");
-            let (out, rss) = run_with_peak_rss(cmd, dir.path());
-            assert_ok(&out);
-            peaks.push(rss);
-            last = Some(out);
-        }
-        (last.unwrap(), peaks)
-    };
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let run = |yaml: String| peaks(dir.path(), &yaml);
     // The same job without a shuffle first: the process's own footprint (binary and
     // libtorch mapped, allocator, queues, Parquet reader and writer).
     let (_, baseline) = run(job(""));
@@ -116,12 +132,6 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
     );
     // The shuffle's own memory: its cap plus 32 MiB (merge chunks — about half the cap —,
     // output batches in flight, allocator slack).
-    let mib = |v: &[u64]| {
-        v.iter()
-            .map(|b| format!("{:.1}", *b as f64 / MIB as f64))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     let (base, rss) = (
         *baseline.iter().min().unwrap(),
         *shuffled.iter().min().unwrap(),
@@ -140,5 +150,92 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
         extra / MIB,
         mib(&shuffled),
         mib(&baseline)
+    );
+}
+
+/// Row groups that decode to ~40 MiB, four of them: with `prefetch: 4` and a budget that fits
+/// them all, all four are read ahead at once; with a 32 MiB budget they are read one at a
+/// time, and the process holds about one row group beyond its footprint.
+#[test]
+fn large_row_groups_are_read_ahead_within_prefetch_bytes() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let rows = 160_000usize;
+    // One small file written here (1,000 rows of 1 KiB); the large one is written by a
+    // `sluice` process repeating it 160 times, so this process stays small: a child's peak
+    // RSS as the kernel reports it starts at its parent's RSS.
+    let mut x = 0x5eed_u64;
+    let bytes: Vec<u8> = (0..1_000 * 1024 / 8)
+        .flat_map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x.to_le_bytes()
+        })
+        .collect();
+    let rb = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..1_000)) as ArrayRef,
+        ),
+        (
+            "blob",
+            Arc::new(FixedSizeBinaryArray::try_from_iter(bytes.chunks(1024)).unwrap()) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    write_parquet(&dir.path().join("small.parquet"), &[rb], 1_000);
+    std::fs::write(
+        dir.path().join("expand.yaml"),
+        "source: {type: parquet, path: small.parquet, epochs: 160}\n\
+         sink: {type: parquet, path: data.parquet, row_group_size: 40000, compression: none}\n",
+    )
+    .unwrap();
+    assert_ok(&run_in_for(
+        dir.path(),
+        &["run", "expand.yaml", "--no-report"],
+        std::time::Duration::from_secs(120),
+    ));
+    let job = |file: &str, budget: &str| {
+        format!(
+            "source: {{type: parquet, path: {file}, batch_rows: 1000, prefetch: 4, prefetch_bytes: {budget}}}\n\
+             stages:\n\
+             - {{type: select, columns: [id]}}\n\
+             sink: {{type: parquet, path: out.parquet}}\n\
+             runtime: {{threads: 2, queue_bytes: 2 MiB}}\n"
+        )
+    };
+    let least = |v: &[u64]| *v.iter().min().unwrap();
+    // The process's own footprint: the same job over one small row group.
+    let (_, base) = peaks(dir.path(), &job("small.parquet", "32 MiB"));
+    let (out, bounded) = peaks(dir.path(), &job("data.parquet", "32 MiB"));
+    let (_, ahead) = peaks(dir.path(), &job("data.parquet", "1 GiB"));
+    assert_eq!(
+        read_parquet(&dir.path().join("out.parquet"))
+            .iter()
+            .map(|b| b.num_rows())
+            .sum::<usize>(),
+        rows,
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    eprintln!(
+        "peak RSS (MiB): footprint {}; 40 MiB row groups within 32 MiB: {}; within 1 GiB: {}",
+        mib(&base),
+        mib(&bounded),
+        mib(&ahead)
+    );
+    // One row group is ~40 MiB fetched and ~40 MiB decoded.
+    let (base, bounded, ahead) = (least(&base), least(&bounded), least(&ahead));
+    assert!(
+        bounded.saturating_sub(base) < 130 * MIB,
+        "one row group at a time added {} MiB",
+        (bounded - base) / MIB
+    );
+    assert!(
+        ahead.saturating_sub(bounded) > 80 * MIB,
+        "reading all four ahead should take far more memory than one: {} vs {} MiB",
+        ahead / MIB,
+        bounded / MIB
     );
 }

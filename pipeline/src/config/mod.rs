@@ -257,10 +257,14 @@ pub struct ParquetSourceConfig {
     /// Maximum rows per decoded batch. Default: 8192.
     #[serde(default = "default_batch_rows")]
     pub batch_rows: usize,
-    /// Row groups fetched and decoded ahead, across files (bounds memory to about this many
-    /// decoded row groups). Default: 4.
+    /// Row groups fetched and decoded ahead, across files. Default: 4.
     #[serde(default = "default_prefetch")]
     pub prefetch: usize,
+    /// Memory the row groups in flight may take (`256 MiB`), estimated from the footers as
+    /// the bytes fetched plus the bytes decoded: fewer than `prefetch` row groups are read
+    /// ahead when they are large, and one larger than this is read alone. Default: 256 MiB.
+    #[serde(default = "default_prefetch_bytes")]
+    pub prefetch_bytes: ByteSize,
     /// Passes over the files. Default: 1.
     #[serde(default = "default_epochs")]
     pub epochs: u64,
@@ -293,6 +297,9 @@ fn default_batch_rows() -> usize {
 }
 fn default_prefetch() -> usize {
     4
+}
+fn default_prefetch_bytes() -> ByteSize {
+    ByteSize::mib(256)
 }
 fn default_epochs() -> u64 {
     1

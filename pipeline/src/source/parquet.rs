@@ -363,29 +363,48 @@ impl ParquetSource {
             .flatten();
         let batch_rows = this.config.batch_rows;
         let schema = this.schema.clone();
+        // The memory budget of the row groups in flight, in KiB: each unit takes its estimate
+        // (capped at the whole budget, so a huge row group still goes, alone) before it is
+        // fetched, in plan order, and gives it back once its batches are queued.
+        let budget_kib = (this.config.prefetch_bytes.as_u64() / 1024).clamp(1, u32::MAX as u64);
+        let budget = Arc::new(tokio::sync::Semaphore::new(budget_kib as usize));
         let mut decoded = units
+            .then(move |unit| {
+                let budget = budget.clone();
+                async move {
+                    let unit = unit?;
+                    let want = (unit.2.estimated_bytes(unit.3) / 1024).clamp(1, budget_kib);
+                    let permit = budget
+                        .acquire_many_owned(want as u32)
+                        .await
+                        .map_err(|e| Error::Internal(format!("prefetch budget: {e}")))?;
+                    Ok::<_, Error>((unit, permit))
+                }
+            })
             .map(|unit| {
                 let pool = pool.clone();
                 let schema = schema.clone();
                 let metrics = metrics.clone();
                 async move {
-                    let (epoch, index, unit, first) = unit?;
-                    read_unit(
+                    let ((epoch, index, unit, first), permit) = unit?;
+                    let batches = read_unit(
                         &unit, index, first, epoch, batch_rows, &pool, &schema, &metrics,
                     )
-                    .await
+                    .await?;
+                    Ok::<_, Error>((batches, permit))
                 }
             })
             .buffered(this.config.prefetch)
             .boxed();
         while let Some(result) = decoded.next().await {
             match result {
-                Ok(batches) => {
+                Ok((batches, permit)) => {
                     for b in batches {
                         if !tx.send(Ok(b)).await {
                             return;
                         }
                     }
+                    drop(permit);
                 }
                 Err(e) => {
                     tx.send(Err(e)).await;
@@ -508,6 +527,35 @@ pub(crate) struct Unit {
 }
 
 impl Unit {
+    /// Memory reading this unit from row `first` takes, from the footer: its projected
+    /// column chunks as fetched (compressed) plus its rows decoded (the uncompressed size, or
+    /// the values' Arrow width when larger).
+    fn estimated_bytes(&self, first: u64) -> u64 {
+        let meta = self.file.metadata.metadata().row_group(self.rg);
+        let (mut fetched, mut decoded) = (0u64, 0u64);
+        for (i, c) in meta.columns().iter().enumerate() {
+            if self.file.mask.leaf_included(i) {
+                use parquet::basic::Type;
+                fetched += c.compressed_size().max(0) as u64;
+                // Dictionary-encoded pages are smaller than the values they decode to: at
+                // least as many bytes as the values take in Arrow.
+                let width = match c.column_type() {
+                    Type::BOOLEAN => 0,
+                    Type::INT32 | Type::FLOAT => 4,
+                    Type::INT64 | Type::DOUBLE => 8,
+                    Type::INT96 => 12,
+                    Type::FIXED_LEN_BYTE_ARRAY => c.column_descr().type_length().max(0) as u64,
+                    Type::BYTE_ARRAY => 4, // an offset per value, besides the bytes
+                };
+                let values = c.num_values().max(0) as u64 * width;
+                decoded += values.max(c.uncompressed_size().max(0) as u64);
+            }
+        }
+        let rows = (meta.num_rows().max(1)) as u64;
+        let taken = self.len.saturating_sub(first);
+        fetched + (decoded as u128 * taken as u128 / rows as u128) as u64
+    }
+
     fn cut(&self, offset: u64, len: u64) -> Unit {
         Unit {
             file: self.file.clone(),

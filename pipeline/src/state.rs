@@ -137,25 +137,39 @@ pub struct DataStamp {
     pub rows: u64,
     /// Hash of the relative paths and row-group sizes, in reading order.
     pub hash: String,
+    /// Only the files up to the position were stamped (a pipeline reading in listing order,
+    /// where files after the position do not move it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub prefix: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 impl PlanStamp {
     /// What differs between the plan a state was taken under (`self`) and the plan of the
     /// pipeline resuming it (`now`), in words; empty when the positions still mean the same
-    /// rows. Files are compared only when both sides know them.
+    /// rows. Files are compared only when both sides stamped them the same way.
     pub fn differences(&self, now: &PlanStamp) -> Vec<String> {
         let mut out = Vec::new();
         if let (Some(a), Some(b)) = (&self.data, &now.data)
+            && a.prefix == b.prefix
             && a != b
         {
+            let what = if a.prefix {
+                "the files up to the position"
+            } else {
+                "the files"
+            };
             out.push(if (a.files, a.rows) == (b.files, b.rows) {
                 format!(
-                    "the files: as many ({}, {} rows) but with other paths or row groups",
+                    "{what}: as many ({}, {} rows) but with other paths or row groups",
                     a.files, a.rows
                 )
             } else {
                 format!(
-                    "the files: {} file(s) with {} rows then, {} file(s) with {} rows now",
+                    "{what}: {} file(s) with {} rows then, {} file(s) with {} rows now",
                     a.files, a.rows, b.files, b.rows
                 )
             });
@@ -219,8 +233,11 @@ pub(crate) fn setting_hash(text: &str) -> String {
 pub(crate) struct PlanSource {
     order: BTreeMap<String, String>,
     data: OnceLock<DataStamp>,
-    probe: Box<dyn Fn() -> Option<DataStamp> + Send + Sync>,
+    probe: Box<DataProbe>,
 }
+
+/// Stamps the files a position is relative to, if they are known yet.
+type DataProbe = dyn Fn(Option<&Mark>) -> Option<DataStamp> + Send + Sync;
 
 impl std::fmt::Debug for PlanSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -234,7 +251,7 @@ impl std::fmt::Debug for PlanSource {
 impl PlanSource {
     pub(crate) fn new(
         order: BTreeMap<String, String>,
-        probe: impl Fn() -> Option<DataStamp> + Send + Sync + 'static,
+        probe: impl Fn(Option<&Mark>) -> Option<DataStamp> + Send + Sync + 'static,
     ) -> Self {
         PlanSource {
             order,
@@ -243,11 +260,15 @@ impl PlanSource {
         }
     }
 
-    /// The plan as far as it is known now.
-    pub(crate) fn stamp(&self) -> PlanStamp {
+    /// The plan of position `mark`, as far as it is known now (a stamp of every file is
+    /// kept once known; a prefix depends on the position).
+    pub(crate) fn stamp(&self, mark: Option<&Mark>) -> PlanStamp {
         let data = match self.data.get() {
             Some(d) => Some(d.clone()),
-            None => (self.probe)().map(|d| self.data.get_or_init(|| d).clone()),
+            None => (self.probe)(mark).map(|d| match d.prefix {
+                true => d,
+                false => self.data.get_or_init(|| d).clone(),
+            }),
         };
         PlanStamp {
             data,
@@ -320,11 +341,12 @@ impl Acknowledger {
     /// those rows are durable.
     pub fn state(&self) -> SourceState {
         let positions = self.written.lock().map(|w| w.clone()).unwrap_or_default();
+        let parquet = self.mark.lock().ok().and_then(|m| *m);
         SourceState {
             kafka: (!positions.0.is_empty()).then_some(positions),
-            parquet: self.mark.lock().ok().and_then(|m| *m),
+            parquet,
             plan: match self.plan.get() {
-                Some(p) => Some(p.stamp()),
+                Some(p) => Some(p.stamp(parquet.as_ref())),
                 None => self.resumed_plan.clone(),
             },
         }
@@ -358,6 +380,7 @@ mod tests {
                 files,
                 rows,
                 hash: hash.into(),
+                prefix: false,
             }),
             order: order
                 .iter()
@@ -426,11 +449,12 @@ mod tests {
             ..SourceState::default()
         }));
         assert_eq!(acker.state().plan, Some(plan));
-        acker.set_plan(Arc::new(PlanSource::new(BTreeMap::new(), || {
+        acker.set_plan(Arc::new(PlanSource::new(BTreeMap::new(), |_| {
             Some(DataStamp {
                 files: 1,
                 rows: 2,
                 hash: "h".into(),
+                prefix: false,
             })
         })));
         let now = acker.state().plan.unwrap();

@@ -667,3 +667,77 @@ fn resume_checks_the_files_and_settings_the_state_was_taken_under() {
         "{e}"
     );
 }
+
+/// Reading in listing order (no shuffle, one rank), a position depends only on the files up
+/// to the one it is in: a file added after it is read on resume, one added before it (or a
+/// file before it rewritten) is refused.
+#[test]
+fn resume_in_listing_order_checks_the_files_up_to_the_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let total = write_dataset(dir.path(), &[vec![30, 20], vec![25, 5], vec![40]]);
+    let yaml = format!(
+        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 7}}\n\
+         stages:\n- {{type: batch, size: 10}}\nruntime: {{threads: 2}}\n",
+        dir.path().display()
+    );
+    let rt = rt();
+    // 6 batches: 60 rows, inside the second file (rows 50..80).
+    let (head, state) = rt.block_on(run(Pipeline::from_yaml(&yaml).unwrap(), Some(6)));
+    let data = state.plan.as_ref().unwrap().data.clone().unwrap();
+    assert_eq!((data.files, data.rows, data.prefix), (2, 80, true));
+    let resume = |state: &SourceState| {
+        rt.block_on(async {
+            let mut s = Pipeline::from_yaml(&yaml)
+                .unwrap()
+                .resume_from(state.clone())
+                .stream();
+            let mut out = Vec::new();
+            while let Some(b) = s.next().await {
+                out.push(b.map_err(|e| e.to_string())?);
+            }
+            Ok::<_, String>(out)
+        })
+    };
+    // A file after the position: read on resume, after the rest.
+    let extra = tempfile::tempdir().unwrap();
+    write_dataset(extra.path(), &[vec![1], vec![1], vec![1], vec![4]]);
+    std::fs::copy(
+        extra.path().join("part-003.parquet"),
+        dir.path().join("part-003.parquet"),
+    )
+    .unwrap();
+    let tail = resume(&state).unwrap();
+    let mut joined = ids(&head);
+    joined.extend(ids(&tail));
+    let mut expected: Vec<i64> = (0..total as i64).collect();
+    expected.extend(3..7); // part-003's ids, as written alone
+    assert_eq!(joined, expected);
+    // A file before the position: refused.
+    std::fs::copy(
+        extra.path().join("part-003.parquet"),
+        dir.path().join("part-000a.parquet"),
+    )
+    .unwrap();
+    let e = resume(&state).unwrap_err();
+    assert!(
+        e.contains(
+            "the files up to the position: 2 file(s) with 80 rows then, 2 file(s) with 54 rows now"
+        ),
+        "{e}"
+    );
+    std::fs::remove_file(dir.path().join("part-000a.parquet")).unwrap();
+    // The first file rewritten with other row groups: refused.
+    write_dataset(extra.path(), &[vec![25, 25]]);
+    std::fs::copy(
+        extra.path().join("part-000.parquet"),
+        dir.path().join("part-000.parquet"),
+    )
+    .unwrap();
+    let e = resume(&state).unwrap_err();
+    assert!(
+        e.contains(
+            "the files up to the position: as many (2, 80 rows) but with other paths or row groups"
+        ),
+        "{e}"
+    );
+}

@@ -369,18 +369,21 @@ impl Pipeline {
             let (rank, world) = self.rank_and_world();
             let order = shuffle.as_ref().filter(|s| s.row_groups).map(|s| s.seed);
             p.configure(order, rank, world, resume_mark);
-            let then = self.resume.as_ref().and_then(|s| s.plan.as_ref());
-            if order.is_some() || world > 1 || then.is_some_and(|t| t.data.is_some()) {
-                // The plan (permutation, shares) needs every footer, and so does checking
-                // the files a resumed state was taken over: read them now.
+            if order.is_some() || world > 1 {
+                // The plan (permutation, shares) needs every footer: read them now.
                 p.open_all().await?;
             }
             let files = p.clone();
-            let plan = Arc::new(PlanSource::new(self.order_settings(), move || {
-                files.data_stamp()
+            let plan = Arc::new(PlanSource::new(self.order_settings(), move |mark| {
+                files.data_stamp(mark)
             }));
-            if let Some(then) = then {
-                let changed = then.differences(&plan.stamp());
+            if let Some(then) = self.resume.as_ref().and_then(|s| s.plan.as_ref()) {
+                let mut now = plan.stamp(resume_mark.as_ref());
+                if let Some(d) = then.data.as_ref().filter(|d| d.prefix) {
+                    // Stamped up to the position: stamp as many files now.
+                    now.data = Some(p.prefix_stamp(d.files).await?);
+                }
+                let changed = then.differences(&now);
                 if !changed.is_empty() {
                     return Err(Error::Resume(format!(
                         "the state was taken over other files or settings, so its position would point at other rows (rows lost or repeated). What changed: {}. Resume with the files and settings that wrote it, or start over without it",

@@ -48,6 +48,74 @@ pub(crate) struct ParquetFile {
 /// for later epochs and passes, so reading starts before a large listing ends.
 struct Files {
     state: tokio::sync::Mutex<FilesState>,
+    /// What has been opened so far, readable without waiting on the listing (for stamps).
+    seen: std::sync::Mutex<Seen>,
+}
+
+/// The files opened so far, in order, and a running stamp of each prefix of them.
+#[derive(Default)]
+struct Seen {
+    files: Vec<Arc<ParquetFile>>,
+    /// The listing ended without error: `files` is every file.
+    complete: bool,
+    /// `prefix[i]`: files `0..=i` stamped (extended lazily).
+    prefix: Vec<PrefixStamp>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PrefixStamp {
+    hash: u64,
+    rows: u64,
+    /// Row groups in files `0..=i`.
+    units: u64,
+}
+
+impl Seen {
+    /// Stamps every prefix of the files seen so far. Paths count from the first file's
+    /// directory (the part of each path after what it shares with that directory), so a copy
+    /// of the dataset elsewhere stamps the same.
+    fn stamp_prefixes(&mut self) {
+        let Some(first) = self.files.first() else {
+            return;
+        };
+        let first = &*first.object.location.url;
+        let base = &first[..first.rfind('/').map_or(0, |i| i + 1)];
+        while self.prefix.len() < self.files.len() {
+            let f = &self.files[self.prefix.len()];
+            let url = &*f.object.location.url;
+            let common = base
+                .bytes()
+                .zip(url.bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            let cut = url[..common].rfind('/').map_or(0, |i| i + 1);
+            let mut p = self.prefix.last().copied().unwrap_or(PrefixStamp {
+                hash: FNV_BASIS,
+                rows: 0,
+                units: 0,
+            });
+            p.hash = fnv1a(&url.as_bytes()[cut..], p.hash);
+            for rg in f.metadata.metadata().row_groups() {
+                p.hash = fnv1a(&rg.num_rows().to_le_bytes(), p.hash);
+                p.rows += rg.num_rows() as u64;
+                p.units += 1;
+            }
+            p.hash = fnv1a(b"/", p.hash);
+            self.prefix.push(p);
+        }
+    }
+
+    /// The stamp of the first `n` files (`n` ≥ 1, at most those seen).
+    fn stamp(&mut self, n: usize, prefix: bool) -> Option<DataStamp> {
+        self.stamp_prefixes();
+        let p = self.prefix.get(n.checked_sub(1)?)?;
+        Some(DataStamp {
+            files: n as u64,
+            rows: p.rows,
+            hash: format!("{:016x}", p.hash),
+            prefix,
+        })
+    }
 }
 
 struct FilesState {
@@ -74,13 +142,23 @@ impl Files {
                 return Ok(None);
             };
             match pending.next().await {
-                Some(Ok(f)) => st.opened.push(f),
+                Some(Ok(f)) => {
+                    if let Ok(mut seen) = self.seen.lock() {
+                        seen.files.push(f.clone());
+                    }
+                    st.opened.push(f);
+                }
                 Some(Err(e)) => {
                     st.pending = None;
                     st.failed = true;
                     return Err(e);
                 }
-                None => st.pending = None,
+                None => {
+                    st.pending = None;
+                    if let Ok(mut seen) = self.seen.lock() {
+                        seen.complete = true;
+                    }
+                }
             }
         }
         Ok(st.opened.get(i).cloned())
@@ -246,6 +324,10 @@ impl ParquetSource {
             .boxed();
         Ok(ParquetSource {
             files: Arc::new(Files {
+                seen: std::sync::Mutex::new(Seen {
+                    files: vec![first.clone()],
+                    ..Seen::default()
+                }),
                 state: tokio::sync::Mutex::new(FilesState {
                     opened: vec![first],
                     pending: Some(checked),
@@ -284,39 +366,43 @@ impl ParquetSource {
         self.files.totals().map(|(n, _)| n)
     }
 
-    /// The files, once every footer has been read (see [`DataStamp`]): paths relative to
-    /// the directory all of them share, with the rows of each row group, in reading order.
-    pub(crate) fn data_stamp(&self) -> Option<DataStamp> {
-        let st = self.files.state.try_lock().ok()?;
-        if st.pending.is_some() || st.failed {
+    /// The files a position (`mark`) is relative to (see [`DataStamp`]). Reading in listing
+    /// order (no row-group permutation, one rank), a position depends only on the files up to
+    /// the one it is in: those are stamped, as a prefix, and files after it may come or go.
+    /// Otherwise the plan depends on every file: stamped once every footer has been read.
+    pub(crate) fn data_stamp(&self, mark: Option<&Mark>) -> Option<DataStamp> {
+        let mut seen = self.files.seen.lock().ok()?;
+        if self.order.is_none() && self.world == 1 {
+            let unit = mark?.unit;
+            seen.stamp_prefixes();
+            let n = seen.prefix.partition_point(|p| p.units <= unit) + 1;
+            let n = n.min(seen.prefix.len());
+            return seen.stamp(n, true);
+        }
+        if !seen.complete {
             return None;
         }
-        let urls: Vec<&str> = st.opened.iter().map(|f| &*f.object.location.url).collect();
-        let first = urls.first()?;
-        let mut shared = first.rfind('/').map_or(0, |i| i + 1);
-        for u in &urls[1..] {
-            let common = first
-                .bytes()
-                .zip(u.bytes())
-                .take(shared)
-                .take_while(|(a, b)| a == b)
-                .count();
-            shared = first[..common].rfind('/').map_or(0, |i| i + 1);
+        let n = seen.files.len();
+        seen.stamp(n, false)
+    }
+
+    /// The stamp of the first `n` files, opening them as needed (fewer when there are fewer).
+    pub(crate) async fn prefix_stamp(&self, n: u64) -> Result<DataStamp> {
+        let mut have = 0usize;
+        while (have as u64) < n && self.files.get(have).await?.is_some() {
+            have += 1;
         }
-        let (mut hash, mut rows) = (FNV_BASIS, 0u64);
-        for (f, url) in st.opened.iter().zip(&urls) {
-            hash = fnv1a(&url.as_bytes()[shared..], hash);
-            for rg in f.metadata.metadata().row_groups() {
-                hash = fnv1a(&rg.num_rows().to_le_bytes(), hash);
-                rows += rg.num_rows() as u64;
-            }
-            hash = fnv1a(b"/", hash);
-        }
-        Some(DataStamp {
-            files: urls.len() as u64,
-            rows,
-            hash: format!("{hash:016x}"),
-        })
+        let mut seen = self
+            .files
+            .seen
+            .lock()
+            .map_err(|_| Error::Internal("file stamps poisoned".into()))?;
+        Ok(seen.stamp(have, true).unwrap_or(DataStamp {
+            files: 0,
+            rows: 0,
+            hash: format!("{FNV_BASIS:016x}"),
+            prefix: true,
+        }))
     }
 
     /// Rows this rank produces over all epochs, once all files are open (for several ranks,

@@ -339,6 +339,21 @@ pub struct RunReport {
     pub rows_per_second: f64,
     /// Decoded MB (10^6 bytes) per second.
     pub mb_per_second: f64,
+    /// The process's peak resident memory so far, in bytes (Linux: `VmHWM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// This process's peak resident memory in bytes, as the kernel counts it for its address
+/// space (`VmHWM` in `/proc/self/status`; `None` where there is none). Unlike a parent's
+/// `wait4` figure, it does not start at the RSS of the process that spawned it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
 }
 
 impl PreparedJob {
@@ -520,6 +535,7 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
         .collect();
     RunReport {
         elapsed_seconds: secs,
+        peak_rss_bytes: peak_rss_bytes(),
         files: g(&m.source.files),
         row_groups: g(&m.source.row_groups),
         rows_read: g(&m.source.rows),

@@ -14,7 +14,9 @@ mod job;
 pub mod observe;
 pub mod report;
 
-pub use job::{Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport};
+pub use job::{
+    Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport, peak_rss_bytes,
+};
 pub use sluice_pipeline as pipeline;
 pub use sluice_sinks as sinks;
 #[cfg(feature = "torch")]

@@ -518,8 +518,13 @@ fn print_summary(config: &Path, r: &RunReport) {
             .unwrap_or_default()
     );
     println!(
-        "  elapsed  {:.3} s: {:.0} rows/s, {:.1} MB/s (decoded Arrow bytes)",
-        r.elapsed_seconds, r.rows_per_second, r.mb_per_second
+        "  elapsed  {:.3} s: {:.0} rows/s, {:.1} MB/s (decoded Arrow bytes){}",
+        r.elapsed_seconds,
+        r.rows_per_second,
+        r.mb_per_second,
+        r.peak_rss_bytes
+            .map(|b| format!("; peak RSS {:.1} MiB", b as f64 / (1024.0 * 1024.0)))
+            .unwrap_or_default()
     );
 }
 

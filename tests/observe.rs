@@ -181,9 +181,17 @@ trainer:
         scrape(port).filter(|m| m.contains_key("sluice_train_eval_accuracy"))
     });
     let steps = first["sluice_train_steps_total"];
-    let second = wait_for("50 more steps", Duration::from_secs(120), || {
-        scrape(port).filter(|m| m["sluice_train_steps_total"] >= steps + 50.0)
-    });
+    // The throughput plot needs several samples (one every 200 ms) with the stages running:
+    // a fast run can do 50 steps within two.
+    let second = wait_for(
+        "50 more steps and 2 s of samples",
+        Duration::from_secs(120),
+        || {
+            scrape(port).filter(|m| {
+                m["sluice_train_steps_total"] >= steps + 50.0 && m["sluice_uptime_seconds"] >= 2.0
+            })
+        },
+    );
     assert_documented_present(&second, &["always", "train", "train with `eval`"]);
     assert_moved(
         &first,

@@ -451,10 +451,10 @@ impl ParquetSource {
         let schema = this.schema.clone();
         // The memory budget of the row groups in flight, in KiB: each unit takes its estimate
         // (capped at the whole budget, so a huge row group still goes, alone) before it is
-        // fetched, in plan order, and gives it back once its batches are queued.
+        // started, in plan order, and gives it back once its batches are queued.
         let budget_kib = (this.config.prefetch_bytes.as_u64() / 1024).clamp(1, u32::MAX as u64);
         let budget = Arc::new(tokio::sync::Semaphore::new(budget_kib as usize));
-        let mut decoded = units
+        let mut reading = units
             .then(move |unit| {
                 let budget = budget.clone();
                 async move {
@@ -468,35 +468,56 @@ impl ParquetSource {
                 }
             })
             .map(|unit| {
-                let pool = pool.clone();
-                let schema = schema.clone();
-                let metrics = metrics.clone();
-                async move {
-                    let ((epoch, index, unit, first), permit) = unit?;
-                    let batches = read_unit(
-                        &unit, index, first, epoch, batch_rows, &pool, &schema, &metrics,
-                    )
-                    .await?;
-                    Ok::<_, Error>((batches, permit))
-                }
-            })
-            .buffered(this.config.prefetch)
-            .boxed();
-        while let Some(result) = decoded.next().await {
-            match result {
-                Ok((batches, permit)) => {
-                    for b in batches {
-                        if !tx.send(Ok(b)).await {
-                            return;
+                // Each unit is fetched and decoded by a task of its own, up to `prefetch` at
+                // once, its batches handed over in chunks as they are decoded.
+                let read = unit.map(|((epoch, index, unit, first), permit)| {
+                    let (tx, rx) = tokio::sync::mpsc::channel(1);
+                    let (pool, schema, metrics) = (pool.clone(), schema.clone(), metrics.clone());
+                    tokio::spawn(async move {
+                        let read = UnitRead {
+                            index,
+                            first,
+                            epoch,
+                            batch_rows,
+                            pool,
+                            schema,
+                            metrics,
+                        };
+                        if let Err(e) = read.run(&unit, &tx).await {
+                            let _ = tx.send(Err(e)).await;
                         }
-                    }
-                    drop(permit);
-                }
+                    });
+                    (rx, permit)
+                });
+                futures::future::ready(read)
+            })
+            // The unit being handed over counts: `prefetch` in all.
+            .buffered(this.config.prefetch.saturating_sub(1).max(1))
+            .boxed();
+        while let Some(result) = reading.next().await {
+            let (mut chunks, permit) = match result {
+                Ok(r) => r,
                 Err(e) => {
                     tx.send(Err(e)).await;
                     return;
                 }
+            };
+            while let Some(chunk) = chunks.recv().await {
+                match chunk {
+                    Ok(batches) => {
+                        for b in batches {
+                            if !tx.send(Ok(b)).await {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tx.send(Err(e)).await;
+                        return;
+                    }
+                }
             }
+            drop(permit);
         }
     }
 
@@ -615,7 +636,7 @@ pub(crate) struct Unit {
 impl Unit {
     /// Memory reading this unit from row `first` takes, from the footer: its projected
     /// column chunks as fetched (compressed) plus its rows decoded (the uncompressed size, or
-    /// the values' Arrow width when larger).
+    /// the values' Arrow width when larger), of which at most two chunks are held at a time.
     fn estimated_bytes(&self, first: u64) -> u64 {
         let meta = self.file.metadata.metadata().row_group(self.rg);
         let (mut fetched, mut decoded) = (0u64, 0u64);
@@ -639,7 +660,9 @@ impl Unit {
         }
         let rows = (meta.num_rows().max(1)) as u64;
         let taken = self.len.saturating_sub(first);
-        fetched + (decoded as u128 * taken as u128 / rows as u128) as u64
+        // Decoded rows are handed over a chunk at a time: at most two chunks are held.
+        let decoded = (decoded as u128 * taken as u128 / rows as u128) as u64;
+        fetched + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
     }
 
     fn cut(&self, offset: u64, len: u64) -> Unit {
@@ -714,118 +737,153 @@ pub(crate) fn shard(all: Vec<Unit>, rank: usize, world: usize, policy: ShardPoli
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn read_unit(
-    unit: &Unit,
+/// Decoded rows handed over at a time (at least one batch): what a unit in flight holds
+/// besides its fetched column chunks, twice (one chunk queued, one being decoded).
+const DECODE_CHUNK_BYTES: usize = 8 << 20;
+
+/// How one unit is read: where it sits in the plan and what to read it with.
+struct UnitRead {
     index: u64,
     first: u64,
     epoch: u64,
     batch_rows: usize,
-    pool: &CpuPool,
-    schema: &SchemaRef,
-    metrics: &PipelineMetrics,
-) -> Result<Vec<Batch>> {
-    let file = &unit.file;
-    let rg = unit.rg;
-    let url = &file.object.location.url;
-    let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
-    let skip = unit.start + first;
-    let take = unit.len - first;
-    let reader = ObjectReader::new(&file.object.location, file.object.size);
-    let mut builder =
-        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
-            .with_projection(file.mask.clone())
-            .with_row_groups(vec![rg])
-            .with_batch_size(batch_rows);
-    if skip > 0 || take < rg_rows {
-        let mut sel = Vec::new();
-        if skip > 0 {
-            sel.push(RowSelector::skip(skip as usize));
+    pool: CpuPool,
+    schema: SchemaRef,
+    metrics: Arc<PipelineMetrics>,
+}
+
+impl UnitRead {
+    /// Fetches the unit's projected column chunks, then decodes them on the CPU pool a chunk
+    /// of batches at a time into `out`, in order. Returns early (`Ok`) when `out` is gone.
+    async fn run(
+        &self,
+        unit: &Unit,
+        out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,
+    ) -> Result<()> {
+        let file = &unit.file;
+        let rg = unit.rg;
+        let url = &file.object.location.url;
+        let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
+        let skip = unit.start + self.first;
+        let take = unit.len - self.first;
+        let reader = ObjectReader::new(&file.object.location, file.object.size);
+        let mut builder =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
+                .with_projection(file.mask.clone())
+                .with_row_groups(vec![rg])
+                .with_batch_size(self.batch_rows);
+        if skip > 0 || take < rg_rows {
+            let mut sel = Vec::new();
+            if skip > 0 {
+                sel.push(RowSelector::skip(skip as usize));
+            }
+            sel.push(RowSelector::select(take as usize));
+            builder = builder.with_row_selection(RowSelection::from(sel));
         }
-        sel.push(RowSelector::select(take as usize));
-        builder = builder.with_row_selection(RowSelection::from(sel));
-    }
-    let mut stream = builder
-        .build()
-        .map_err(|e| Error::parquet(url, Some(rg), e))?;
-    let decoder = stream
-        .next_row_group()
-        .await
-        .map_err(|e| Error::parquet(url, Some(rg), e))?
-        .ok_or_else(|| Error::Internal(format!("{url}: row group {rg} missing")))?;
-    let compressed: i64 = {
-        let meta = file.metadata.metadata().row_group(rg);
-        meta.columns()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| file.mask.leaf_included(*i))
-            .map(|(_, c)| c.compressed_size())
-            .sum()
-    };
-    let record_batches = pool
-        .run(move || decoder.collect::<Result<Vec<_>, _>>())
-        .await?
-        .map_err(|e| {
-            Error::parquet(
+        let mut stream = builder
+            .build()
+            .map_err(|e| Error::parquet(url, Some(rg), e))?;
+        let mut decoder = stream
+            .next_row_group()
+            .await
+            .map_err(|e| Error::parquet(url, Some(rg), e))?
+            .ok_or_else(|| Error::Internal(format!("{url}: row group {rg} missing")))?;
+        let compressed: i64 = {
+            let meta = file.metadata.metadata().row_group(rg);
+            meta.columns()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| file.mask.leaf_included(*i))
+                .map(|(_, c)| c.compressed_size())
+                .sum()
+        };
+        let origin = Origin::Object {
+            url: url.clone(),
+            row_group: rg as u32,
+        };
+        let mut first_in_file = file.row_group_starts[rg] + skip;
+        let mut row = self.first;
+        let (mut bytes, mut rows) = (0u64, 0u64);
+        loop {
+            let (back, decoded) = self
+                .pool
+                .run(move || {
+                    let mut chunk = Vec::new();
+                    let mut size = 0;
+                    while size < DECODE_CHUNK_BYTES {
+                        match decoder.next() {
+                            Some(Ok(rb)) => {
+                                size += rb.get_array_memory_size();
+                                chunk.push(rb);
+                            }
+                            Some(Err(e)) => return (decoder, Err(e)),
+                            None => break,
+                        }
+                    }
+                    (decoder, Ok(chunk))
+                })
+                .await?;
+            decoder = back;
+            let decoded = decoded.map_err(|e| {
+                Error::parquet(
+                    url,
+                    Some(rg),
+                    parquet::errors::ParquetError::ArrowError(e.to_string()),
+                )
+            })?;
+            if decoded.is_empty() {
+                break;
+            }
+            let mut chunk = Vec::with_capacity(decoded.len());
+            for rb in decoded {
+                let rb = rb
+                    .project(&file.reorder)
+                    .and_then(|rb| RecordBatch::try_new(self.schema.clone(), rb.columns().to_vec()))
+                    .map_err(|e| Error::Arrow {
+                        context: format!("{url}: row group {rg}"),
+                        source: e,
+                    })?;
+                let n = rb.num_rows() as u64;
+                bytes += rb.get_array_memory_size() as u64;
+                rows += n;
+                let mark = Mark {
+                    epoch: self.epoch,
+                    unit: self.index,
+                    row,
+                    skip: 0,
+                    shuffle: None,
+                };
+                chunk.push(
+                    Batch::new(
+                        rb,
+                        Lineage::new(origin.clone(), first_in_file, n, self.epoch),
+                    )
+                    .with_mark(Some(mark)),
+                );
+                first_in_file += n;
+                row += n;
+            }
+            if out.send(Ok(chunk)).await.is_err() {
+                return Ok(());
+            }
+        }
+        if rows != take {
+            return Err(Error::parquet(
                 url,
                 Some(rg),
-                parquet::errors::ParquetError::ArrowError(e.to_string()),
-            )
-        })?;
-    let origin = Origin::Object {
-        url: url.clone(),
-        row_group: rg as u32,
-    };
-    let mut first_in_file = file.row_group_starts[rg] + skip;
-    let mut row = first;
-    let mut out = Vec::with_capacity(record_batches.len());
-    let mut bytes = 0u64;
-    let mut rows = 0u64;
-    for rb in record_batches {
-        let rb = rb
-            .project(&file.reorder)
-            .and_then(|rb| RecordBatch::try_new(schema.clone(), rb.columns().to_vec()))
-            .map_err(|e| Error::Arrow {
-                context: format!("{url}: row group {rg}"),
-                source: e,
-            })?;
-        let n = rb.num_rows() as u64;
-        bytes += rb.get_array_memory_size() as u64;
-        rows += n;
-        let mark = Mark {
-            epoch,
-            unit: index,
-            row,
-            skip: 0,
-            shuffle: None,
-        };
-        out.push(
-            Batch::new(rb, Lineage::new(origin.clone(), first_in_file, n, epoch))
-                .with_mark(Some(mark)),
-        );
-        first_in_file += n;
-        row += n;
+                parquet::errors::ParquetError::General(format!(
+                    "decoded {rows} rows where the footer promises {take}"
+                )),
+            ));
+        }
+        let m = &self.metrics.source;
+        m.row_groups.fetch_add(1, Ordering::Relaxed);
+        m.rows.fetch_add(rows, Ordering::Relaxed);
+        m.bytes_decoded.fetch_add(bytes, Ordering::Relaxed);
+        m.bytes_read
+            .fetch_add(compressed.max(0) as u64, Ordering::Relaxed);
+        Ok(())
     }
-    if rows != take {
-        return Err(Error::parquet(
-            url,
-            Some(rg),
-            parquet::errors::ParquetError::General(format!(
-                "decoded {rows} rows where the footer promises {take}"
-            )),
-        ));
-    }
-    metrics.source.row_groups.fetch_add(1, Ordering::Relaxed);
-    metrics.source.rows.fetch_add(rows, Ordering::Relaxed);
-    metrics
-        .source
-        .bytes_decoded
-        .fetch_add(bytes, Ordering::Relaxed);
-    metrics
-        .source
-        .bytes_read
-        .fetch_add(compressed.max(0) as u64, Ordering::Relaxed);
-    Ok(out)
 }
 
 /// Computes the root columns to read (file order), how to reorder them into the requested

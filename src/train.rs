@@ -160,7 +160,11 @@ pub(crate) async fn train(
         write_report(&dir, &r);
     }
     if let Some(path) = summary_json {
-        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        let mut value = serde_json::to_value(&report).unwrap_or_default();
+        if let (Some(map), Some(rss)) = (value.as_object_mut(), sluice::peak_rss_bytes()) {
+            map.insert("peak_rss_bytes".into(), rss.into());
+        }
+        let text = serde_json::to_string_pretty(&value).unwrap_or_default();
         if let Err(e) = std::fs::write(path, text) {
             eprintln!("error: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
@@ -233,5 +237,14 @@ fn print_summary(config: &Path, r: &TrainReport) {
     if let Some(c) = &r.checkpoint {
         println!("  checkpoint {c}");
     }
-    println!("  time     {:.1} s", r.seconds);
+    println!(
+        "  time     {:.1} s{}",
+        r.seconds,
+        sluice::peak_rss_bytes()
+            .map(|b| format!(
+                ", peak RSS {:.0} MiB (this process)",
+                b as f64 / (1024.0 * 1024.0)
+            ))
+            .unwrap_or_default()
+    );
 }

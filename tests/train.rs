@@ -36,6 +36,9 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
     assert_eq!(eval["rows"], 360, "the whole test split, each row once");
     let acc = eval["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.95, "test accuracy {acc}");
+    // The process's own peak (VmHWM): libtorch, two workers' models, the pipelines.
+    let rss = r["peak_rss_bytes"].as_u64().unwrap();
+    assert!((50 << 20..4 << 30).contains(&rss), "peak RSS {rss} bytes");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         stdout.contains("eval     accuracy") && stdout.contains("stall"),

@@ -126,6 +126,9 @@ impl Pipeline {
     /// Continues from a checkpointed state (see [`Acknowledger::commit`], or
     /// [`BatchStream::snapshot`]): a `static` Kafka source starts each partition exactly where
     /// the state says; a Parquet pipeline continues at the exact row, shuffle window included.
+    /// A Parquet state records the files and the order-deciding settings it was taken under
+    /// ([`crate::PlanStamp`]); if they changed, preparing fails with [`Error::Resume`] naming
+    /// what changed, rather than continuing at other rows.
     pub fn resume_from(mut self, state: SourceState) -> Self {
         self.resume = Some(state);
         self

@@ -364,7 +364,7 @@ pub async fn list_objects(specs: &[String], base_dir: &Path) -> Result<Vec<Liste
 /// A stream of listed objects.
 pub type ObjectStream = futures::stream::BoxStream<'static, Result<ListedObject>>;
 
-/// Like [`list_objects_with`], but yields objects while listing goes on, so reading can start
+/// Like [`list_objects`], but yields objects while listing goes on, so reading can start
 /// before a large prefix is fully listed. Order: specs in the given order; within a spec, by
 /// key (object stores list in key order; local directories are sorted first). Duplicates
 /// across specs are skipped. A spec that matches nothing is an error.

@@ -175,6 +175,15 @@ impl PlanStamp {
             });
         }
         let keys: BTreeSet<&String> = self.order.keys().chain(now.order.keys()).collect();
+        // Stages in pipeline order (`stages[2]` before `stages[10]`), after the rest.
+        let mut keys: Vec<&String> = keys.into_iter().collect();
+        keys.sort_by_key(|k| {
+            let index = k
+                .strip_prefix("stages[")
+                .and_then(|r| r.split(']').next())
+                .and_then(|i| i.parse::<usize>().ok());
+            (index.is_some(), index, k.as_str())
+        });
         for k in keys {
             match (self.order.get(k), now.order.get(k)) {
                 (Some(a), Some(b)) if a == b => {}
@@ -424,6 +433,21 @@ mod tests {
                 "stages[0] (filter): its settings changed",
                 "stages[1] (shuffle): seed 1 then, seed 2 now",
                 "stages[2] (filter): not there then",
+            ]
+        );
+        let wide = stamp(
+            None,
+            &[("stages[10] (filter)", "a"), ("stages[2] (filter)", "a")],
+        );
+        let wider = stamp(
+            None,
+            &[("stages[10] (filter)", "b"), ("stages[2] (filter)", "b")],
+        );
+        assert_eq!(
+            wide.differences(&wider),
+            [
+                "stages[2] (filter): a then, b now",
+                "stages[10] (filter): a then, b now"
             ]
         );
         assert_eq!(

@@ -427,10 +427,7 @@ pub(crate) fn worker(
     if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
         p.epochs = e;
     }
-    let epochs = match &config.source.value {
-        SourceConfig::Parquet(p) => p.epochs.max(1),
-        SourceConfig::Kafka(_) => 1,
-    };
+    let epochs = config.source.value.epochs();
     let mut pipeline = Pipeline::from_config(config, job.base_dir.clone()).with_collective(data);
     if let Some((meta, _)) = &resumed {
         pipeline = pipeline.resume_from(meta.pipeline.get(rank).cloned().unwrap_or_default());

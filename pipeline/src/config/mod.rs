@@ -218,6 +218,14 @@ impl SourceConfig {
             SourceConfig::Kafka(_) => "kafka",
         }
     }
+
+    /// Passes over the data: a Parquet source's `epochs` (at least 1); a Kafka stream is one.
+    pub fn epochs(&self) -> u64 {
+        match self {
+            SourceConfig::Parquet(p) => p.epochs.max(1),
+            SourceConfig::Kafka(_) => 1,
+        }
+    }
 }
 
 impl Component for SourceConfig {

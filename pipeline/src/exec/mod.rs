@@ -459,11 +459,7 @@ impl Pipeline {
             stage_metrics[i].note(note);
         }
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
-            let epochs = match &self.config.source.value {
-                SourceConfig::Parquet(p) => p.epochs.max(1),
-                SourceConfig::Kafka(_) => 1,
-            };
-            let per_epoch = rows / epochs;
+            let per_epoch = rows / self.config.source.value.epochs();
             if (sh.buffer_rows as u64) * 100 < per_epoch {
                 let i = self
                     .config

@@ -118,7 +118,8 @@ pub struct SourceState {
 /// size, and stages after the last `shuffle` that keep every row (augmentation, `select`, …).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanStamp {
-    /// The files, once every footer has been read.
+    /// The files: all of them once every footer has been read, or (reading in listing order)
+    /// those up to the position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataStamp>,
     /// The order-deciding settings by what they belong to (`rank`, `source`,
@@ -128,7 +129,7 @@ pub struct PlanStamp {
 }
 
 /// The files a Parquet pipeline reads: how many, their rows, and a hash of their paths
-/// (relative to the directory they share, so a copy elsewhere matches) and row-group sizes.
+/// (relative to the first file's directory, so a copy elsewhere matches) and row-group sizes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataStamp {
     /// Files.

@@ -90,6 +90,25 @@ pub(crate) fn channel(capacity_bytes: u64, stats: Arc<QueueStats>) -> (Sender, R
 }
 
 impl Sender {
+    /// Enqueues `batches` in order, or passes the error on. Returns `false` when the sender
+    /// should stop: the receiver is gone, or it was given an error.
+    pub(crate) async fn send_all(&self, batches: Result<Vec<Batch>>) -> bool {
+        match batches {
+            Ok(batches) => {
+                for b in batches {
+                    if !self.send(Ok(b)).await {
+                        return false;
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                self.send(Err(e)).await;
+                false
+            }
+        }
+    }
+
     /// Waits for room, then enqueues. Returns `false` when the receiver is gone.
     pub(crate) async fn send(&self, batch: Result<Batch>) -> bool {
         let bytes = batch.as_ref().map(|b| b.memory_size()).unwrap_or(0);

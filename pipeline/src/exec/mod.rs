@@ -262,7 +262,7 @@ impl Pipeline {
             out.insert("source".to_string(), setting_hash(&text));
         }
         for (i, s) in stages.iter().enumerate() {
-            let text = match &s.value {
+            let value = match &s.value {
                 StageConfig::Shuffle(c) => {
                     // Short enough to keep as text: a refusal can say which setting moved.
                     let mut text = format!(
@@ -275,22 +275,16 @@ impl Pipeline {
                     if c.across_ranks {
                         text.push_str(", across_ranks true");
                     }
-                    out.insert(format!("stages[{i}] ({})", s.value.kind()), text);
-                    None
+                    text
                 }
-                StageConfig::Filter(_) => Some(format!("{:?}", s.value)),
+                StageConfig::Filter(_) => setting_hash(&format!("{:?}", s.value)),
                 StageConfig::Image(c) if c.on_error == crate::config::OnError::Skip => {
-                    Some(format!("{:?}", s.value))
+                    setting_hash(&format!("{:?}", s.value))
                 }
-                v if last_shuffle.is_some_and(|l| i < l) => Some(format!("{v:?}")),
-                _ => None,
+                v if last_shuffle.is_some_and(|l| i < l) => setting_hash(&format!("{v:?}")),
+                _ => continue,
             };
-            if let Some(text) = text {
-                out.insert(
-                    format!("stages[{i}] ({})", s.value.kind()),
-                    setting_hash(&text),
-                );
-            }
+            out.insert(format!("stages[{i}] ({})", s.value.kind()), value);
         }
         out
     }
@@ -963,35 +957,18 @@ async fn rebatch_task(
                     }
                     tail.into_iter().collect::<Vec<_>>()
                 });
-                match finished {
-                    Ok(out) => {
-                        count(&out);
-                        for b in out {
-                            if !tx.send(Ok(b)).await {
-                                return;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tx.send(Err(e)).await;
-                    }
+                if let Ok(out) = &finished {
+                    count(out);
                 }
+                tx.send_all(finished).await;
                 return;
             }
         };
-        match result {
-            Ok(out) => {
-                count(&out);
-                for b in out {
-                    if !tx.send(Ok(b)).await {
-                        return;
-                    }
-                }
-            }
-            Err(e) => {
-                tx.send(Err(e)).await;
-                return;
-            }
+        if let Ok(out) = &result {
+            count(out);
+        }
+        if !tx.send_all(result).await {
+            return;
         }
     }
 }

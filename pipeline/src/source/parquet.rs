@@ -47,8 +47,9 @@ pub(crate) struct ParquetFile {
 /// Files of a source, opened (footer read, schema checked) lazily in listing order and kept
 /// for later epochs and passes, so reading starts before a large listing ends.
 struct Files {
+    /// The listing still to be opened; held while opening the next file.
     state: tokio::sync::Mutex<FilesState>,
-    /// What has been opened so far, readable without waiting on the listing (for stamps).
+    /// What has been opened so far, readable without waiting on the listing.
     seen: std::sync::Mutex<Seen>,
 }
 
@@ -119,7 +120,6 @@ impl Seen {
 }
 
 struct FilesState {
-    opened: Vec<Arc<ParquetFile>>,
     pending: Option<futures::stream::BoxStream<'static, Result<Arc<ParquetFile>>>>,
     failed: bool,
 }
@@ -131,10 +131,19 @@ impl std::fmt::Debug for Files {
 }
 
 impl Files {
+    fn seen(&self) -> Result<std::sync::MutexGuard<'_, Seen>> {
+        self.seen
+            .lock()
+            .map_err(|_| Error::Internal("the source's file list is poisoned".into()))
+    }
+
     /// File `i` in order, opening more as needed; `None` past the last one.
     async fn get(&self, i: usize) -> Result<Option<Arc<ParquetFile>>> {
         let mut st = self.state.lock().await;
-        while st.opened.len() <= i {
+        loop {
+            if let Some(f) = self.seen()?.files.get(i) {
+                return Ok(Some(f.clone()));
+            }
             let Some(pending) = st.pending.as_mut() else {
                 if st.failed {
                     return Err(Error::Internal("listing the source failed earlier".into()));
@@ -142,12 +151,7 @@ impl Files {
                 return Ok(None);
             };
             match pending.next().await {
-                Some(Ok(f)) => {
-                    if let Ok(mut seen) = self.seen.lock() {
-                        seen.files.push(f.clone());
-                    }
-                    st.opened.push(f);
-                }
+                Some(Ok(f)) => self.seen()?.files.push(f),
                 Some(Err(e)) => {
                     st.pending = None;
                     st.failed = true;
@@ -155,13 +159,10 @@ impl Files {
                 }
                 None => {
                     st.pending = None;
-                    if let Ok(mut seen) = self.seen.lock() {
-                        seen.complete = true;
-                    }
+                    self.seen()?.complete = true;
                 }
             }
         }
-        Ok(st.opened.get(i).cloned())
     }
 
     /// Opens every file (for planning and validation).
@@ -170,21 +171,21 @@ impl Files {
         while self.get(i).await?.is_some() {
             i += 1;
         }
-        Ok(self.state.lock().await.opened.clone())
+        Ok(self.seen()?.files.clone())
     }
 
     /// (files, rows per epoch) once every file is open.
     fn totals(&self) -> Option<(usize, u64)> {
-        let st = self.state.try_lock().ok()?;
-        if st.pending.is_some() || st.failed {
+        let seen = self.seen.lock().ok()?;
+        if !seen.complete {
             return None;
         }
-        let rows = st
-            .opened
+        let rows = seen
+            .files
             .iter()
             .map(|f| f.metadata.metadata().file_metadata().num_rows() as u64)
             .sum();
-        Some((st.opened.len(), rows))
+        Some((seen.files.len(), rows))
     }
 }
 
@@ -325,11 +326,10 @@ impl ParquetSource {
         Ok(ParquetSource {
             files: Arc::new(Files {
                 seen: std::sync::Mutex::new(Seen {
-                    files: vec![first.clone()],
+                    files: vec![first],
                     ..Seen::default()
                 }),
                 state: tokio::sync::Mutex::new(FilesState {
-                    opened: vec![first],
                     pending: Some(checked),
                     failed: false,
                 }),
@@ -392,11 +392,7 @@ impl ParquetSource {
         while (have as u64) < n && self.files.get(have).await?.is_some() {
             have += 1;
         }
-        let mut seen = self
-            .files
-            .seen
-            .lock()
-            .map_err(|_| Error::Internal("file stamps poisoned".into()))?;
+        let mut seen = self.files.seen()?;
         Ok(seen.stamp(have, true).unwrap_or(DataStamp {
             files: 0,
             rows: 0,
@@ -503,18 +499,8 @@ impl ParquetSource {
                 }
             };
             while let Some(chunk) = chunks.recv().await {
-                match chunk {
-                    Ok(batches) => {
-                        for b in batches {
-                            if !tx.send(Ok(b)).await {
-                                return;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tx.send(Err(e)).await;
-                        return;
-                    }
+                if !tx.send_all(chunk).await {
+                    return;
                 }
             }
             drop(permit);
@@ -639,11 +625,10 @@ impl Unit {
     /// the values' Arrow width when larger), of which at most two chunks are held at a time.
     fn estimated_bytes(&self, first: u64) -> u64 {
         let meta = self.file.metadata.metadata().row_group(self.rg);
-        let (mut fetched, mut decoded) = (0u64, 0u64);
+        let mut decoded = 0u64;
         for (i, c) in meta.columns().iter().enumerate() {
             if self.file.mask.leaf_included(i) {
                 use parquet::basic::Type;
-                fetched += c.compressed_size().max(0) as u64;
                 // Dictionary-encoded pages are smaller than the values they decode to: at
                 // least as many bytes as the values take in Arrow.
                 let width = match c.column_type() {
@@ -662,7 +647,18 @@ impl Unit {
         let taken = self.len.saturating_sub(first);
         // Decoded rows are handed over a chunk at a time: at most two chunks are held.
         let decoded = (decoded as u128 * taken as u128 / rows as u128) as u64;
-        fetched + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
+        self.fetched_bytes() + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
+    }
+
+    /// Bytes fetched to read this unit: its row group's projected column chunks, compressed.
+    fn fetched_bytes(&self) -> u64 {
+        let meta = self.file.metadata.metadata().row_group(self.rg);
+        meta.columns()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.file.mask.leaf_included(*i))
+            .map(|(_, c)| c.compressed_size().max(0) as u64)
+            .sum()
     }
 
     fn cut(&self, offset: u64, len: u64) -> Unit {
@@ -788,15 +784,6 @@ impl UnitRead {
             .await
             .map_err(|e| Error::parquet(url, Some(rg), e))?
             .ok_or_else(|| Error::Internal(format!("{url}: row group {rg} missing")))?;
-        let compressed: i64 = {
-            let meta = file.metadata.metadata().row_group(rg);
-            meta.columns()
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| file.mask.leaf_included(*i))
-                .map(|(_, c)| c.compressed_size())
-                .sum()
-        };
         let origin = Origin::Object {
             url: url.clone(),
             row_group: rg as u32,
@@ -881,7 +868,7 @@ impl UnitRead {
         m.rows.fetch_add(rows, Ordering::Relaxed);
         m.bytes_decoded.fetch_add(bytes, Ordering::Relaxed);
         m.bytes_read
-            .fetch_add(compressed.max(0) as u64, Ordering::Relaxed);
+            .fetch_add(unit.fetched_bytes(), Ordering::Relaxed);
         Ok(())
     }
 }

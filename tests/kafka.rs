@@ -924,3 +924,184 @@ fn json_sink_publishes_one_keyed_message_per_row_and_duration_bounds_a_run() {
     assert!(started.elapsed() >= Duration::from_secs(2));
     assert!(started.elapsed() < Duration::from_secs(30));
 }
+
+/// Reads a pipeline to the end: each batch's ids and the state just past it.
+fn ids_and_states(
+    rt: &tokio::runtime::Runtime,
+    pipeline: Pipeline,
+) -> Vec<(Vec<i64>, sluice::pipeline::SourceState)> {
+    rt.block_on(async {
+        let mut s = pipeline.stream();
+        let mut out = Vec::new();
+        while let Some(b) = s.next().await {
+            let b = b.unwrap();
+            let ids = b
+                .data
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec();
+            out.push((ids, s.snapshot()));
+        }
+        out
+    })
+}
+
+/// A shuffled Kafka stream, interrupted after `k` batches and resumed from the state (through
+/// JSON, as a checkpoint stores it): every id exactly once, and the rest of the window being
+/// emitted comes out exactly as the uninterrupted run emitted it, although the partitions'
+/// rows arrive interleaved differently the second time.
+fn resume_a_shuffled_stream(
+    rt: &tokio::runtime::Runtime,
+    source: &str,
+    n: i64,
+    locate: &dyn Fn(i64) -> (i64, i64),
+    k: usize,
+) {
+    let yaml = format!(
+        "{source}stages:\n  - {{type: shuffle, buffer_rows: 1000, seed: 7, batch_rows: 100}}\n"
+    );
+    let full = ids_and_states(rt, Pipeline::from_yaml(&yaml).unwrap());
+    let all: Vec<i64> = full.iter().flat_map(|(ids, _)| ids.clone()).collect();
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every row exactly once");
+    // Shuffled: about half of the neighbours ascend (the input ascends within partitions).
+    let ascending = all.windows(2).filter(|w| w[0] < w[1]).count() as f64 / (n - 1) as f64;
+    assert!(
+        (0.4..0.6).contains(&ascending),
+        "{ascending} of neighbours ascend"
+    );
+    // Windows take rows as they arrive: the first output window holds, of each partition,
+    // its first rows (`locate`: id → partition, row position in it).
+    let mut firsts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for &id in &all[..1000] {
+        let (partition, position) = locate(id);
+        firsts.entry(partition).or_default().push(position);
+    }
+    for positions in firsts.values_mut() {
+        positions.sort_unstable();
+        assert_eq!(*positions, (0..positions.len() as i64).collect::<Vec<_>>());
+    }
+
+    let state = full[k - 1].1.clone();
+    let window = state.kafka_shuffle.clone().unwrap();
+    let delivered: usize = full[..k].iter().map(|(ids, _)| ids.len()).sum();
+    assert!(
+        window.rows == 1000 && window.emitted > 0 && window.emitted < 1000,
+        "the state is taken inside a window: {window:?}"
+    );
+    let state: sluice::pipeline::SourceState =
+        serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    let rest = ids_and_states(
+        rt,
+        Pipeline::from_yaml(&yaml)
+            .unwrap()
+            .resume_from(state.clone()),
+    );
+    let rest: Vec<i64> = rest.into_iter().flat_map(|(ids, _)| ids).collect();
+    let left = (window.rows - window.emitted) as usize;
+    assert_eq!(
+        rest[..left],
+        all[delivered..delivered + left],
+        "the window's remaining rows, in the same order"
+    );
+    let mut joined: Vec<i64> = all[..delivered].iter().chain(&rest).copied().collect();
+    assert_eq!(joined.len() as i64, n, "no row twice, none missing");
+    joined.sort_unstable();
+    assert_eq!(joined, (0..n).collect::<Vec<_>>());
+
+    // Another seed would emit the window in another order: refused, saying so.
+    let other = yaml.replace("seed: 7", "seed: 8");
+    let err = rt
+        .block_on(async {
+            let mut s = Pipeline::from_yaml(&other)
+                .unwrap()
+                .resume_from(state)
+                .stream();
+            s.next().await.unwrap()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("seed 7 then, seed 8 now"), "{err}");
+}
+
+#[test]
+fn a_shuffled_kafka_stream_resumes_inside_a_window_exactly() {
+    let rt = runtime();
+    let n = 6000i64;
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("shuffle-json", 4).await;
+        produce_json(&t, n, 4).await;
+        t
+    });
+    let source = json_source(&topic, "  batch_rows: 250\n");
+    resume_a_shuffled_stream(&rt, &source, n, &|id| (id % 4, id / 4), 25);
+}
+
+#[test]
+fn a_shuffled_stream_of_many_row_messages_resumes_where_a_window_splits_a_message() {
+    use arrow::array::Int64Array;
+    let rt = runtime();
+    // 700 messages of 7 rows over 3 partitions: windows of 1000 rows end inside messages.
+    let n = 4900i64;
+    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
+    ]));
+    let messages: Vec<(i32, Vec<u8>)> = (0..n / 7)
+        .map(|m| {
+            let rb = RecordBatch::try_new(
+                schema.clone(),
+                vec![std::sync::Arc::new(Int64Array::from_iter_values(
+                    m * 7..m * 7 + 7,
+                ))],
+            )
+            .unwrap();
+            let mut buf = Vec::new();
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut buf, &schema).unwrap();
+            w.write(&rb).unwrap();
+            w.finish().unwrap();
+            drop(w);
+            ((m % 3) as i32, buf)
+        })
+        .collect();
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("shuffle-ipc", 3).await;
+        assert_eq!(kafka::produce(&t, messages).await as i64, n / 7);
+        t
+    });
+    let source = format!(
+        "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: arrow_ipc\n  schema: {{id: int64}}\n  until: end\n",
+        kafka::brokers()
+    );
+    // After 2700 rows: inside the third window, which starts and ends inside messages.
+    let locate = |id: i64| ((id / 7) % 3, id / 21 * 7 + id % 7);
+    resume_a_shuffled_stream(&rt, &source, n, &locate, 27);
+}
+
+#[test]
+fn a_shuffle_of_a_kafka_stream_needs_static_assignment_and_no_exchange() {
+    let rt = runtime();
+    for (extra, stage, expected) in [
+        (
+            "  assignment: group\n  group_id: g\n",
+            "",
+            "needs `assignment: static`",
+        ),
+        (
+            "",
+            ", across_ranks: true",
+            "`across_ranks` needs a Parquet source",
+        ),
+    ] {
+        let yaml = format!(
+            "{}stages:\n  - {{type: shuffle, buffer_rows: 10{stage}}}\n",
+            json_source("t", extra)
+        );
+        let err = rt
+            .block_on(Pipeline::from_yaml(&yaml).unwrap().prepare())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+}

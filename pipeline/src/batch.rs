@@ -6,6 +6,8 @@ use std::sync::Arc;
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use serde::{Deserialize, Serialize};
 
+use crate::state::KafkaMark;
+
 /// Where a run of rows came from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Origin {
@@ -276,6 +278,8 @@ pub struct Batch {
     /// Resumable position of the first row (Parquet sources; `None` for Kafka, whose
     /// positions come from lineage).
     pub mark: Option<Mark>,
+    /// Past a shuffle of a Kafka stream: the window and position of the first row.
+    pub kafka_mark: Option<KafkaMark>,
 }
 
 impl Batch {
@@ -286,6 +290,7 @@ impl Batch {
             data,
             lineage,
             mark: None,
+            kafka_mark: None,
         }
     }
 
@@ -298,6 +303,14 @@ impl Batch {
     /// Sets the mark of the first row.
     pub fn with_mark(mut self, mark: Option<Mark>) -> Self {
         self.mark = mark;
+        self
+    }
+
+    /// Takes the position of `other`'s first row (both marks): for a batch made from
+    /// `other`'s rows, in order.
+    pub fn with_position_of(mut self, other: &Batch) -> Self {
+        self.mark = other.mark;
+        self.kafka_mark = other.kafka_mark.clone();
         self
     }
 
@@ -339,6 +352,10 @@ impl Batch {
             data: self.data.slice(offset, len),
             lineage: self.lineage.slice(offset as u64, len as u64),
             mark: self.mark.map(|m| m.advance(offset as u64)),
+            kafka_mark: self.kafka_mark.as_ref().map(|k| KafkaMark {
+                window: k.window.clone(),
+                emitted: k.emitted + offset as u64,
+            }),
         }
     }
 }

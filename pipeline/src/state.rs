@@ -31,40 +31,47 @@ fn is_zero(v: &u64) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KafkaPositions(pub BTreeMap<String, BTreeMap<i32, Position>>);
 
+/// The position just past the last row of a Kafka lineage span, if it is one.
+pub(crate) fn kafka_end(s: &crate::batch::LineageSpan) -> Option<(&str, i32, Position)> {
+    match &s.origin {
+        Origin::Kafka { topic, partition } => Some((
+            topic,
+            *partition,
+            Position {
+                offset: (s.first + s.len) as i64,
+                skip_rows: 0,
+            },
+        )),
+        Origin::KafkaMessage {
+            topic,
+            partition,
+            offset,
+            rows,
+        } => {
+            let done = s.first + s.len;
+            let pos = if done >= *rows {
+                Position {
+                    offset: offset + 1,
+                    skip_rows: 0,
+                }
+            } else {
+                Position {
+                    offset: *offset,
+                    skip_rows: done,
+                }
+            };
+            Some((topic, *partition, pos))
+        }
+        Origin::Object { .. } => None,
+    }
+}
+
 impl KafkaPositions {
     /// Advances positions past every Kafka row of `lineage`.
     pub fn observe(&mut self, lineage: &Lineage) {
         for s in lineage.spans() {
-            let (topic, partition, pos) = match &s.origin {
-                Origin::Kafka { topic, partition } => (
-                    topic,
-                    *partition,
-                    Position {
-                        offset: (s.first + s.len) as i64,
-                        skip_rows: 0,
-                    },
-                ),
-                Origin::KafkaMessage {
-                    topic,
-                    partition,
-                    offset,
-                    rows,
-                } => {
-                    let done = s.first + s.len;
-                    let pos = if done >= *rows {
-                        Position {
-                            offset: offset + 1,
-                            skip_rows: 0,
-                        }
-                    } else {
-                        Position {
-                            offset: *offset,
-                            skip_rows: done,
-                        }
-                    };
-                    (topic, *partition, pos)
-                }
-                Origin::Object { .. } => continue,
+            let Some((topic, partition, pos)) = kafka_end(s) else {
+                continue;
             };
             let slot = self
                 .0
@@ -89,14 +96,119 @@ impl KafkaPositions {
             .iter()
             .flat_map(|(t, ps)| ps.iter().map(move |(p, pos)| (t.as_str(), *p, *pos)))
     }
+
+    /// Sets the position of one partition.
+    pub fn set(&mut self, topic: &str, partition: i32, position: Position) {
+        self.0
+            .entry(topic.to_string())
+            .or_default()
+            .insert(partition, position);
+    }
+}
+
+/// Position of the first row of a Kafka lineage span, if it is one.
+pub(crate) fn kafka_start(span: &crate::batch::LineageSpan) -> Option<(&str, i32, Position)> {
+    match &span.origin {
+        Origin::Kafka { topic, partition } => Some((
+            topic,
+            *partition,
+            Position {
+                offset: span.first as i64,
+                skip_rows: 0,
+            },
+        )),
+        Origin::KafkaMessage {
+            topic,
+            partition,
+            offset,
+            ..
+        } => Some((
+            topic,
+            *partition,
+            Position {
+                offset: *offset,
+                skip_rows: span.first,
+            },
+        )),
+        Origin::Object { .. } => None,
+    }
+}
+
+/// A shuffle window over a Kafka stream: the rows it holds, as positions. Its rows of each
+/// partition are consecutive there (a window takes the stream's rows in arrival order, and
+/// each partition arrives in offset order), so they are the rows from `starts` up to
+/// `ends`; reading those again rebuilds the window exactly, whatever order the partitions
+/// arrive in (the window is permuted from its rows sorted by partition and position).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaWindow {
+    /// Index of the window since the stream began (it keys the window's permutation).
+    pub window: u64,
+    /// Rows it holds.
+    pub rows: u64,
+    /// Position of its first row in each partition it has rows of.
+    pub starts: KafkaPositions,
+    /// Just past every row taken into this window and the ones before it, per partition:
+    /// where the source continues after rebuilding the window.
+    pub ends: KafkaPositions,
+}
+
+/// Position in the output of a Kafka-fed shuffle: a window and how many of its (permuted)
+/// rows come before. Cheap to clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaMark {
+    /// The window being emitted.
+    pub window: Arc<KafkaWindow>,
+    /// Rows of it before this position.
+    pub emitted: u64,
+}
+
+/// The state of a Kafka-fed shuffle (see [`SourceState::kafka_shuffle`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaShuffleState {
+    /// Index of the window being emitted.
+    pub window: u64,
+    /// Rows it holds (0: none is being emitted; the next one is `window`).
+    pub rows: u64,
+    /// Rows of it already delivered.
+    pub emitted: u64,
+    /// Position of its first row in each partition it has rows of; its rows there end at
+    /// [`SourceState::kafka`].
+    #[serde(default)]
+    pub starts: KafkaPositions,
+}
+
+impl KafkaMark {
+    /// The state at this position.
+    pub(crate) fn state(&self) -> KafkaShuffleState {
+        if self.emitted >= self.window.rows {
+            return KafkaShuffleState {
+                window: self.window.window + 1,
+                rows: 0,
+                emitted: 0,
+                starts: KafkaPositions::default(),
+            };
+        }
+        KafkaShuffleState {
+            window: self.window.window,
+            rows: self.window.rows,
+            emitted: self.emitted,
+            starts: self.window.starts.clone(),
+        }
+    }
 }
 
 /// A resumable position of the pipeline's source.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceState {
-    /// Kafka partitions (static assignment resumes from here).
+    /// Kafka partitions (static assignment resumes from here). Past a `shuffle`: just past
+    /// every row taken into the window being emitted and the ones before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka: Option<KafkaPositions>,
+    /// Past a `shuffle` of a Kafka stream: the window being emitted (rebuilt on resume by
+    /// reading its rows again, from its `starts` up to `kafka`) and the rows of it already
+    /// delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_shuffle: Option<KafkaShuffleState>,
     /// Where a Parquet pipeline continues: epoch, unit, row, rows to skip and, past a
     /// shuffle, the window position. Shuffle windows and augmentation draws are pure
     /// functions of the seed and row identity, so this is all that is needed.
@@ -298,6 +410,8 @@ pub(crate) trait OffsetStore: Send + Sync + std::fmt::Debug {
 pub struct Acknowledger {
     written: Mutex<KafkaPositions>,
     mark: Mutex<Option<Mark>>,
+    /// Past a Kafka-fed shuffle: the window position just past the last observed batch.
+    window: Mutex<Option<KafkaShuffleState>>,
     store: OnceLock<Arc<dyn OffsetStore>>,
     plan: OnceLock<Arc<PlanSource>>,
     /// The plan of the state this one was restored from, until the pipeline sets its own.
@@ -310,6 +424,7 @@ impl Acknowledger {
         Acknowledger {
             written: Mutex::new(resume.and_then(|s| s.kafka.clone()).unwrap_or_default()),
             mark: Mutex::new(resume.and_then(|s| s.parquet)),
+            window: Mutex::new(resume.and_then(|s| s.kafka_shuffle.clone())),
             store: OnceLock::new(),
             plan: OnceLock::new(),
             resumed_plan: resume.and_then(|s| s.plan.clone()),
@@ -339,6 +454,18 @@ impl Acknowledger {
     /// Records that `batch` has been handed off: its Kafka rows (by lineage) and, for a
     /// Parquet pipeline, the position just past it. Batches must be observed in stream order.
     pub fn observe_batch(&self, batch: &Batch) {
+        if let Some(k) = &batch.kafka_mark {
+            // Past a shuffle the rows come permuted: the positions are the window's.
+            let end = KafkaMark {
+                window: k.window.clone(),
+                emitted: k.emitted + batch.num_rows() as u64,
+            };
+            if let (Ok(mut w), Ok(mut s)) = (self.written.lock(), self.window.lock()) {
+                *w = k.window.ends.clone();
+                *s = Some(end.state());
+            }
+            return;
+        }
         self.observe(&batch.lineage);
         if let Some(end) = batch.end_mark()
             && let Ok(mut m) = self.mark.lock()
@@ -354,6 +481,7 @@ impl Acknowledger {
         let parquet = self.mark.lock().ok().and_then(|m| *m);
         SourceState {
             kafka: (!positions.0.is_empty()).then_some(positions),
+            kafka_shuffle: self.window.lock().ok().and_then(|w| w.clone()),
             parquet,
             plan: match self.plan.get() {
                 Some(p) => Some(p.stamp(parquet.as_ref())),
@@ -366,7 +494,12 @@ impl Acknowledger {
     /// with the consumer group, if any. `final_commit` commits synchronously (end of run).
     pub fn store(&self, state: &SourceState, final_commit: bool) {
         if let (Some(store), Some(k)) = (self.store.get(), &state.kafka) {
-            store.store(k, final_commit);
+            // Rows of a shuffle window still being emitted are not consumed yet.
+            let mut k = k.clone();
+            for (t, p, start) in state.kafka_shuffle.iter().flat_map(|s| s.starts.iter()) {
+                k.set(t, p, start);
+            }
+            store.store(&k, final_commit);
         }
     }
 
@@ -547,6 +680,7 @@ mod tests {
         );
         let json = serde_json::to_string(&SourceState {
             kafka: Some(p.clone()),
+            kafka_shuffle: None,
             parquet: None,
             plan: None,
         })

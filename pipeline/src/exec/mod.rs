@@ -149,7 +149,8 @@ impl Pipeline {
     }
 
     /// Checks the order of stages for exact resume: filters before any `batch`/`shuffle`,
-    /// `shuffle` before `batch`, and a shuffle only over a Parquet source.
+    /// `shuffle` before `batch`, and a shuffle of a Kafka stream only with static assignment
+    /// and within the rank.
     fn check_stage_order(&self) -> Result<()> {
         let mut stateful: Option<StageRef> = None;
         let mut dropping: Option<StageRef> = None;
@@ -197,8 +198,13 @@ impl Pipeline {
                             "shuffle after {prev}: shuffle rows first, then batch them"
                         ));
                     }
-                    if let SourceConfig::Kafka(_) = &self.config.source.value {
-                        return fail("shuffle needs a Parquet source: a Kafka stream's positions cannot replay a shuffle window (not supported yet)".into());
+                    if let SourceConfig::Kafka(k) = &self.config.source.value {
+                        if c.across_ranks {
+                            return fail("`across_ranks` needs a Parquet source (ranks exchange equal windows of an epoch; a Kafka stream has neither): shuffle each rank's partitions locally".into());
+                        }
+                        if k.assignment == crate::config::Assignment::Group {
+                            return fail("a shuffle of a Kafka stream needs `assignment: static` on the source: a resumed run rebuilds the window being emitted by reading its partitions again, and a consumer group may have moved them to another member".into());
+                        }
                     }
                     if c.across_ranks && self.collective.is_none() && self.rank_and_world().1 > 1 {
                         return fail("`across_ranks` needs a collective between the ranks: run it under `sluice train` or give the pipeline one (`Pipeline::with_collective`)".into());
@@ -357,7 +363,12 @@ impl Pipeline {
             StageConfig::Shuffle(c) => Some(c.clone()),
             _ => None,
         });
-        if resume_mark.is_some_and(|m| m.shuffle.is_some()) && shuffle.is_none() {
+        let in_window = resume_mark.is_some_and(|m| m.shuffle.is_some())
+            || self
+                .resume
+                .as_ref()
+                .is_some_and(|s| s.kafka_shuffle.as_ref().is_some_and(|k| k.rows > 0));
+        if in_window && shuffle.is_none() {
             return Err(Error::Resume(
                 "the checkpoint was taken inside a shuffle stage, but this config has none; resume with the config that wrote it".into(),
             ));
@@ -391,6 +402,20 @@ impl Pipeline {
                 tracing::warn!(
                     "the resumed state does not record the files and settings it was taken under (written by an older Sluice): they cannot be checked"
                 );
+            }
+            acker.set_plan(plan);
+        } else if shuffle.is_some() {
+            // A Kafka stream's positions are offsets, valid under any settings; but a window
+            // being emitted is permuted by the shuffle's settings.
+            let plan = Arc::new(PlanSource::new(self.order_settings(), |_| None));
+            if let Some(then) = self.resume.as_ref().and_then(|s| s.plan.as_ref()) {
+                let changed = then.differences(&plan.stamp(None));
+                if !changed.is_empty() {
+                    return Err(Error::Resume(format!(
+                        "the state was taken under other settings, so the shuffle window it was taken in would come out in another order (rows lost or repeated). What changed: {}. Resume with the settings that wrote it, or start over without it",
+                        changed.join("; ")
+                    )));
+                }
             }
             acker.set_plan(plan);
         }
@@ -473,6 +498,7 @@ impl Pipeline {
         if let Some(rows) = source.total_rows() {
             metrics.source.rows_expected.store(rows, Ordering::Relaxed);
         }
+        let kafka_resume = matches!(source, Source::Kafka(_));
         Ok(PreparedPipeline {
             source,
             slots,
@@ -484,6 +510,7 @@ impl Pipeline {
             acker,
             collective: self.collective.clone(),
             resume: resume_mark,
+            kafka_resume: kafka_resume.then(|| self.resume.clone()).flatten(),
             frozen,
         })
     }
@@ -551,6 +578,7 @@ async fn compute_stats(
         acker: Arc::new(Acknowledger::new(None)),
         collective: None,
         resume: None,
+        kafka_resume: None,
         frozen: Vec::new(),
     };
     let mut indices = Vec::new();
@@ -600,6 +628,8 @@ pub struct PreparedPipeline {
     collective: Option<Arc<dyn Collective>>,
     /// Where a restored Parquet run continues (rows to skip, shuffle window).
     resume: Option<Mark>,
+    /// The state a Kafka pipeline resumes from (its shuffle rebuilds its window from it).
+    kafka_resume: Option<SourceState>,
     /// The stage configs with every computed statistic written in (see
     /// [`PreparedPipeline::frozen_stages`]).
     frozen: Vec<Located<StageConfig>>,
@@ -671,8 +701,10 @@ impl PreparedPipeline {
             acker: _,
             collective,
             resume,
+            kafka_resume,
             frozen: _,
         } = self;
+        let kafka = matches!(source, Source::Kafka(_));
         let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
         let mut tasks = JoinSet::new();
         let new_queue = |name: String| {
@@ -734,12 +766,15 @@ impl PreparedPipeline {
                     i += 1;
                 }
                 BuiltStage::Shuffle(spec) => {
-                    let shuffler = stage::shuffle::Shuffler::new(
+                    let mut shuffler = stage::shuffle::Shuffler::new(
                         slots[i].stage.clone(),
                         spec.clone(),
                         collective.clone(),
                         resume.filter(|m| m.shuffle.is_some()),
                     );
+                    if kafka {
+                        shuffler = shuffler.over_kafka(kafka_resume.as_ref());
+                    }
                     let (tx, next) = new_queue(format!("{}", slots[i].stage));
                     tasks.spawn(shuffle_task(
                         rx,

@@ -673,7 +673,7 @@ impl Transform for ImageStage {
             context: self.stage.to_string(),
             source: e,
         })?;
-        Ok(Batch::new(kept, lineage).with_mark(batch.mark))
+        Ok(Batch::new(kept, lineage).with_position_of(&batch))
     }
 }
 

@@ -218,7 +218,7 @@ impl super::Transform for Filter {
         let data =
             filter_record_batch(&batch.data, &mask).map_err(|e| arrow_err(&self.stage, e))?;
         let lineage = batch.lineage.filter(&mask);
-        Ok(Batch::new(data, lineage).with_mark(batch.mark))
+        Ok(Batch::new(data, lineage).with_position_of(&batch))
     }
 }
 

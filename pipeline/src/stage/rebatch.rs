@@ -112,7 +112,7 @@ impl Rebatcher {
         for p in &pieces {
             lineage.extend(&p.lineage);
         }
-        Ok(Batch::new(data, lineage).with_mark(pieces[0].mark))
+        Ok(Batch::new(data, lineage).with_position_of(&pieces[0]))
     }
 }
 

@@ -48,6 +48,9 @@ use rand_chacha::ChaCha8Rng;
 use crate::batch::{Batch, Lineage, LineageSpan, Mark, Origin, ShuffleMark};
 use crate::collective::Collective;
 use crate::error::{Error, Result, StageRef};
+use crate::state::{
+    KafkaMark, KafkaPositions, KafkaWindow, Position, SourceState, kafka_end, kafka_start,
+};
 
 /// Settings of a built shuffle stage.
 #[derive(Debug, Clone)]
@@ -147,6 +150,26 @@ enum Emitter {
     },
 }
 
+/// Where the output of a window restarts.
+#[derive(Debug, Clone)]
+enum WindowMark {
+    /// A Parquet pipeline: the window's first input row.
+    Parquet(Mark),
+    /// A Kafka stream: the window's rows, as positions.
+    Kafka(Arc<KafkaWindow>),
+}
+
+/// What a shuffle of a Kafka stream tracks instead of [`Mark`]s (see [`KafkaWindow`]).
+#[derive(Debug, Default)]
+struct KafkaFeed {
+    /// Position of the current window's first row in each partition it has rows of.
+    starts: KafkaPositions,
+    /// Just past every row taken in.
+    taken: KafkaPositions,
+    /// Resuming: the window that was being emitted, until its rows have been read again.
+    rebuild: Option<Arc<KafkaWindow>>,
+}
+
 /// The window buffer. Give it input with `push` only when `next_output` has returned
 /// `None`; call `finish` at the end of input, then drain `next_output` again.
 pub(crate) struct Shuffler {
@@ -170,7 +193,9 @@ pub(crate) struct Shuffler {
     /// Input not yet taken in (the rest of a batch that completed a window).
     carry: Option<Batch>,
     /// Output of the window being emitted, its mark, rows already emitted.
-    out: Option<(Emitter, Mark, u64)>,
+    out: Option<(Emitter, WindowMark, u64)>,
+    /// Set when the input is a Kafka stream.
+    kafka: Option<KafkaFeed>,
     /// Exchange rounds still owed at the end of an epoch (across ranks).
     draining: bool,
     /// The epoch that starts once the previous one's output is out.
@@ -229,11 +254,37 @@ impl Shuffler {
             runs: Vec::new(),
             carry: None,
             out: None,
+            kafka: None,
             draining: false,
             next_epoch: None,
             resume_skip: sm.map(|s| s.emitted).unwrap_or(0),
             stats: SpillStats::default(),
         }
+    }
+
+    /// Makes this a shuffle of a Kafka stream, resuming from `resume` (its window is rebuilt
+    /// from the rows the source reads again first).
+    pub(crate) fn over_kafka(mut self, resume: Option<&SourceState>) -> Self {
+        let mut feed = KafkaFeed::default();
+        self.epoch = Some(0);
+        if let Some(state) = resume {
+            let ends = state.kafka.clone().unwrap_or_default();
+            if let Some(k) = &state.kafka_shuffle {
+                self.window = k.window;
+                self.resume_skip = k.emitted;
+                if k.rows > 0 {
+                    feed.rebuild = Some(Arc::new(KafkaWindow {
+                        window: k.window,
+                        rows: k.rows,
+                        starts: k.starts.clone(),
+                        ends: ends.clone(),
+                    }));
+                }
+            }
+            feed.taken = ends;
+        }
+        self.kafka = Some(feed);
+        self
     }
 
     fn rank(&self) -> u64 {
@@ -279,7 +330,7 @@ impl Shuffler {
     /// the end).
     pub(crate) fn next_output(&mut self) -> Result<Option<Batch>> {
         loop {
-            if let Some((emitter, mark, emitted)) = &mut self.out {
+            if let Some((emitter, at, emitted)) = &mut self.out {
                 let want = self.spec.batch_rows;
                 if let Some((data, rows)) = emitter.next(&self.stage, want, &self.origins)? {
                     // Spilled rows were read back (copied) already: wrap them the same way.
@@ -290,15 +341,24 @@ impl Shuffler {
                         }
                     };
                     let n = data.num_rows() as u64;
-                    let b = Batch::new(data, self.origins.lineage(rows.into_iter())).with_mark(
-                        Some(Mark {
-                            shuffle: Some(ShuffleMark {
-                                window: self.window,
+                    let mut b = Batch::new(data, self.origins.lineage(rows.into_iter()));
+                    match at {
+                        WindowMark::Parquet(mark) => {
+                            b.mark = Some(Mark {
+                                shuffle: Some(ShuffleMark {
+                                    window: self.window,
+                                    emitted: *emitted,
+                                }),
+                                ..*mark
+                            })
+                        }
+                        WindowMark::Kafka(w) => {
+                            b.kafka_mark = Some(KafkaMark {
+                                window: w.clone(),
                                 emitted: *emitted,
-                            }),
-                            ..*mark
-                        }),
-                    );
+                            })
+                        }
+                    }
                     *emitted += n;
                     return Ok(Some(b));
                 }
@@ -327,11 +387,14 @@ impl Shuffler {
     /// Takes rows of `batch` until the window is full or the epoch changes; the rest waits
     /// in `carry`.
     fn absorb(&mut self, mut batch: Batch) -> Result<()> {
+        if self.kafka.is_some() {
+            return self.absorb_kafka(batch);
+        }
         let Some(mark) = batch.mark else {
-            return Err(err(
-                &self.stage,
-                "shuffle needs a Parquet source (a Kafka stream has no replayable position to resume a shuffle from)",
-            ));
+            return Err(Error::Internal(format!(
+                "{}: a batch without a position reached the shuffle",
+                self.stage
+            )));
         };
         if self.epoch.is_some_and(|e| e != mark.epoch) {
             // Finish the epoch (its last window and exchanges) before the new one starts.
@@ -375,8 +438,92 @@ impl Shuffler {
         Ok(())
     }
 
+    /// [`Shuffler::absorb`] for a Kafka stream: windows of `buffer_rows` rows in arrival
+    /// order, held in memory; resuming, first the window being emitted at the checkpoint,
+    /// exactly the rows it held.
+    fn absorb_kafka(&mut self, mut batch: Batch) -> Result<()> {
+        let Some(feed) = self.kafka.as_mut() else {
+            return Err(Error::Internal("not a Kafka shuffle".into()));
+        };
+        let n = batch.num_rows();
+        if let Some(w) = &feed.rebuild {
+            let want = w.rows as usize - self.rows;
+            let outside = batch.lineage.spans().iter().find(|s| {
+                let (Some((t, p, first)), Some((_, _, past))) = (kafka_start(s), kafka_end(s))
+                else {
+                    return true;
+                };
+                match (w.starts.get(t, p), w.ends.get(t, p)) {
+                    (Some(a), Some(b)) => first < a || past > b,
+                    _ => true,
+                }
+            });
+            if n > want || outside.is_some() {
+                let next = outside
+                    .map(|s| format!("{}, {} {}", s.origin, s.origin.unit(), s.first))
+                    .unwrap_or_else(|| format!("{} rows more", n - want));
+                return Err(err(
+                    &self.stage,
+                    format!(
+                        "cannot rebuild the shuffle window the state was taken in: it held {} rows ({}), but only {} of them were read again before {next}. Were messages deleted (retention) or the topic recreated since? Resume from an earlier checkpoint, or start over without this one",
+                        w.rows,
+                        describe_window(w),
+                        self.rows
+                    ),
+                ));
+            }
+        } else {
+            let room = self.spec.buffer_rows - self.rows;
+            if room < n {
+                self.carry = Some(batch.slice(room, n - room));
+                batch = batch.slice(0, room);
+            }
+        }
+        for s in batch.lineage.spans() {
+            if let Some((t, p, first)) = kafka_start(s)
+                && feed.starts.get(t, p).is_none()
+            {
+                feed.starts.set(t, p, first);
+            }
+        }
+        feed.taken.observe(&batch.lineage);
+        let take = batch.num_rows();
+        self.rows += take;
+        self.held_rows += take;
+        self.bytes += batch.memory_size();
+        self.pieces.push(batch);
+        if self.bytes > self.spec.max_memory {
+            return Err(err(
+                &self.stage,
+                format!(
+                    "a window of {} rows needs more than `max_memory` ({} bytes); a shuffle of a Kafka stream keeps its window in memory (the rows' arrival order, which would decide its spills, cannot be replayed): raise `max_memory` or lower `buffer_rows`",
+                    self.spec.buffer_rows, self.spec.max_memory
+                ),
+            ));
+        }
+        let full = match &feed.rebuild {
+            Some(w) => self.rows as u64 == w.rows,
+            None => self.rows == self.spec.buffer_rows,
+        };
+        if full {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     /// The epoch (or input) ended: emit the partial window, then settle exchanges.
     fn end_epoch(&mut self) -> Result<()> {
+        if let Some(w) = self.kafka.as_ref().and_then(|k| k.rebuild.as_ref()) {
+            return Err(err(
+                &self.stage,
+                format!(
+                    "cannot rebuild the shuffle window the state was taken in: it held {} rows ({}), but the input ended after {} of them. Were messages deleted (retention) or the topic recreated since? Resume from an earlier checkpoint, or start over without this one",
+                    w.rows,
+                    describe_window(w),
+                    self.rows
+                ),
+            ));
+        }
         if self.rows > 0 {
             self.flush()?;
         }
@@ -428,11 +575,35 @@ impl Shuffler {
             return Ok(());
         }
         let epoch = self.epoch.unwrap_or(0);
-        let start = self.window_mark(true);
+        let start = match self.kafka.as_mut() {
+            None => WindowMark::Parquet(self.window_mark(true)),
+            Some(feed) => WindowMark::Kafka(match feed.rebuild.take() {
+                Some(w) => w,
+                None => Arc::new(KafkaWindow {
+                    window: self.window,
+                    rows: self.held_rows as u64,
+                    starts: std::mem::take(&mut feed.starts),
+                    ends: feed.taken.clone(),
+                }),
+            }),
+        };
+        if let Some(feed) = self.kafka.as_mut() {
+            feed.starts = KafkaPositions::default();
+        }
         let mut emitter = if self.runs.is_empty() {
             let (pieces, lineage) = self.window_rows();
             let pieces = self.viewed(pieces)?;
-            let order = shuffled(&pieces, &mut self.rng(epoch, self.window, 0));
+            let mut rng = self.rng(epoch, self.window, 0);
+            let order = match self.kafka {
+                // Arrival order across partitions is timing: permute the rows sorted by
+                // partition and position, which a rebuilt window has too.
+                Some(_) => {
+                    let mut order = canonical(&lineage, &self.origins);
+                    order.shuffle(&mut rng);
+                    order
+                }
+                None => shuffled(&pieces, &mut rng),
+            };
             Emitter::Memory {
                 pieces,
                 lineage,
@@ -568,7 +739,7 @@ impl Shuffler {
         let world = c.world_size();
         let rank = c.rank();
         let epoch = self.epoch.unwrap_or(0);
-        let start = self.window_mark(have);
+        let start = WindowMark::Parquet(self.window_mark(have));
         let mut send = vec![Vec::new(); world];
         if have {
             let (pieces, lineage) = self.window_rows();
@@ -667,6 +838,50 @@ pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result
         arrays[i] = viewed;
     }
     RecordBatch::try_new(Arc::new(view_schema(&rb.schema(), columns)), arrays)
+}
+
+/// Every `(piece, row)` of a window of Kafka rows (`lineage` per piece), sorted by topic,
+/// partition and position: an order that does not depend on how the partitions' rows
+/// interleaved on arrival.
+fn canonical(lineage: &[Vec<RowOrigin>], origins: &Origins) -> Vec<(usize, usize)> {
+    let key = |r: &RowOrigin| match &origins.list[r.origin as usize] {
+        Origin::Kafka { topic, partition } => (topic.clone(), *partition, r.first as i64, 0),
+        Origin::KafkaMessage {
+            topic,
+            partition,
+            offset,
+            ..
+        } => (topic.clone(), *partition, *offset, r.first),
+        Origin::Object { url, row_group } => (url.clone(), *row_group as i32, r.first as i64, 0),
+    };
+    let mut keyed: Vec<_> = lineage
+        .iter()
+        .enumerate()
+        .flat_map(|(p, rows)| rows.iter().enumerate().map(move |(r, o)| ((p, r), o)))
+        .map(|(at, o)| (key(o), at))
+        .collect();
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    keyed.into_iter().map(|(_, at)| at).collect()
+}
+
+/// The partitions and positions a Kafka window holds, e.g. `events/0 offsets 10..20`.
+fn describe_window(w: &KafkaWindow) -> String {
+    let parts: Vec<String> = w
+        .starts
+        .iter()
+        .map(|(t, p, a)| {
+            let b = w.ends.get(t, p).unwrap_or(a);
+            format!("{t}/{p} from {} to {}", show(a), show(b))
+        })
+        .collect();
+    parts.join(", ")
+}
+
+fn show(p: Position) -> String {
+    match p.skip_rows {
+        0 => format!("offset {}", p.offset),
+        r => format!("offset {} row {r}", p.offset),
+    }
 }
 
 /// Every `(piece, row)` of `pieces`, in a uniformly random order drawn from `rng`.
@@ -932,6 +1147,146 @@ mod tests {
     use arrow::array::{Array, BinaryArray, FixedSizeBinaryArray, Int64Array, LargeBinaryArray};
 
     use super::*;
+
+    /// Rows `from..to` of Kafka partition `p` (id = 1000 p + offset) as one batch.
+    fn kafka_rows(p: i32, from: u64, to: u64) -> Batch {
+        let ids = Int64Array::from_iter_values((from..to).map(|o| 1000 * p as i64 + o as i64));
+        let rb = RecordBatch::try_from_iter([("id", Arc::new(ids) as ArrayRef)]).unwrap();
+        let origin = Origin::Kafka {
+            topic: Arc::from("t"),
+            partition: p,
+        };
+        Batch::new(rb, Lineage::new(origin, from, to - from, 0))
+    }
+
+    fn kafka_shuffler(resume: Option<&SourceState>) -> Shuffler {
+        let spec = ShuffleSpec {
+            buffer_rows: 100,
+            max_memory: 1 << 20,
+            spill_dir: None,
+            seed: 5,
+            batch_rows: 30,
+            across_ranks: false,
+            views: Vec::new(),
+        };
+        let stage = StageRef {
+            index: 0,
+            kind: "shuffle",
+            location: None,
+        };
+        Shuffler::new(stage, spec, None, None).over_kafka(resume)
+    }
+
+    /// Feeds `input` and returns every output batch.
+    fn run(s: &mut Shuffler, input: Vec<Batch>) -> Vec<Batch> {
+        let mut out = Vec::new();
+        for b in input {
+            s.push(b).unwrap();
+            while let Some(o) = s.next_output().unwrap() {
+                out.push(o);
+            }
+        }
+        s.finish().unwrap();
+        while let Some(o) = s.next_output().unwrap() {
+            out.push(o);
+        }
+        out
+    }
+
+    fn ids(batches: &[Batch]) -> Vec<i64> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                b.data
+                    .column(0)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    }
+
+    /// A Kafka window's output depends on its rows, not on how the partitions interleaved
+    /// on arrival; and a shuffler restored from a position inside a window, fed the window's
+    /// rows in yet another interleaving, emits exactly the rest of it, then goes on.
+    #[test]
+    fn kafka_windows_do_not_depend_on_arrival_order_and_resume_exactly() {
+        // Window 0: partition 0 offsets 0..60 and partition 1 offsets 0..40; then 50 more.
+        let a = vec![
+            kafka_rows(0, 0, 60),
+            kafka_rows(1, 0, 40),
+            kafka_rows(1, 40, 60),
+            kafka_rows(0, 60, 90),
+        ];
+        let b = vec![
+            kafka_rows(1, 0, 25),
+            kafka_rows(0, 0, 35),
+            kafka_rows(1, 25, 40),
+            kafka_rows(0, 35, 60),
+            kafka_rows(0, 60, 90),
+            kafka_rows(1, 40, 60),
+        ];
+        let out_a = run(&mut kafka_shuffler(None), a);
+        let out_b = run(&mut kafka_shuffler(None), b);
+        let (ia, ib) = (ids(&out_a), ids(&out_b));
+        assert_eq!(
+            ia[..100],
+            ib[..100],
+            "the first window, whatever the arrival"
+        );
+        assert_ne!(ia[..100], (0..100).collect::<Vec<i64>>()[..], "permuted");
+        let mut sorted = ia.clone();
+        sorted.sort_unstable();
+        let mut want: Vec<i64> = (0..90).chain(1000..1060).collect();
+        want.sort_unstable();
+        assert_eq!(sorted, want);
+
+        // The state after the second output batch (60 rows of window 0 out).
+        let mut acker = crate::state::Acknowledger::new(None);
+        for o in &out_a[..2] {
+            acker.observe_batch(o);
+        }
+        let state = acker.state();
+        let w = state.kafka_shuffle.clone().unwrap();
+        assert_eq!((w.window, w.rows, w.emitted), (0, 100, 60));
+        let kafka = state.kafka.clone().unwrap();
+        assert_eq!(kafka.get("t", 0).unwrap().offset, 60);
+        assert_eq!(kafka.get("t", 1).unwrap().offset, 40);
+        // What a resumed source sends: the window's rows (another interleaving), then the rest.
+        let replay = vec![
+            kafka_rows(1, 0, 10),
+            kafka_rows(0, 0, 60),
+            kafka_rows(1, 10, 40),
+            kafka_rows(1, 40, 60),
+            kafka_rows(0, 60, 90),
+        ];
+        let rest = ids(&run(&mut kafka_shuffler(Some(&state)), replay));
+        assert_eq!(rest[..40], ia[60..100], "the rest of the window");
+        let mut all: Vec<i64> = ia[..60].iter().chain(&rest).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, want, "every row once");
+        acker = crate::state::Acknowledger::new(Some(&state));
+        assert_eq!(
+            acker.state(),
+            state,
+            "a restored state is kept until a batch moves it"
+        );
+
+        // A replay that misses rows of the window is refused, saying which.
+        let mut s = kafka_shuffler(Some(&state));
+        s.push(kafka_rows(0, 0, 60)).unwrap();
+        assert!(s.next_output().unwrap().is_none());
+        s.push(kafka_rows(1, 5, 40)).unwrap();
+        assert!(s.next_output().unwrap().is_none());
+        s.push(kafka_rows(0, 60, 90)).unwrap();
+        let e = s.next_output().unwrap_err().to_string();
+        assert!(
+            e.contains("cannot rebuild the shuffle window")
+                && e.contains("t/1 from offset 0 to offset 40")
+                && e.contains("only 95 of them were read again before kafka t/0, offset 60"),
+            "{e}"
+        );
+    }
 
     /// Each column turned into views holds the same values and nulls, over the same buffer.
     #[test]

@@ -31,6 +31,9 @@ pub(crate) struct RecordMeta {
     pub headers: Option<Vec<(String, Option<Vec<u8>>)>>,
     /// `arrow_ipc` only: rows of this message already delivered before a resume.
     pub skip_rows: u64,
+    /// `arrow_ipc` only: deliver only the rows before this one (a resumed shuffle window
+    /// that ends inside the message).
+    pub take_rows: Option<u64>,
 }
 
 /// Records as consumed, before decoding. Keys and values live in two flat buffers: no
@@ -268,8 +271,9 @@ impl ChunkDecoder {
         let data = arrow::compute::concat_batches(&self.schema, &parts)
             .map_err(|e| format!("cannot join the message's record batches: {e}"))?;
         let rows = data.num_rows() as u64;
-        let skip = r.skip_rows.min(rows);
-        if skip == rows {
+        let end = r.take_rows.map_or(rows, |t| t.min(rows));
+        let skip = r.skip_rows.min(end);
+        if skip == end {
             return Ok(None);
         }
         let origin = Origin::KafkaMessage {
@@ -278,10 +282,10 @@ impl ChunkDecoder {
             offset: r.offset,
             rows,
         };
-        let data = data.slice(skip as usize, (rows - skip) as usize);
+        let data = data.slice(skip as usize, (end - skip) as usize);
         Ok(Some(Batch::new(
             data,
-            Lineage::new(origin, skip, rows - skip, 0),
+            Lineage::new(origin, skip, end - skip, 0),
         )))
     }
 
@@ -421,6 +425,7 @@ mod tests {
                 value: Some(start..c.values.len()),
                 headers: None,
                 skip_rows: 0,
+                take_rows: None,
             });
         }
         c

@@ -36,7 +36,9 @@ use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
 use crate::exec::metrics::PipelineMetrics;
-use crate::state::{Acknowledger, KafkaPositions, OffsetStore, Position, SourceState};
+use crate::state::{
+    Acknowledger, KafkaPositions, KafkaShuffleState, OffsetStore, Position, SourceState,
+};
 
 /// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag.
 struct SourceContext {
@@ -112,6 +114,9 @@ pub(crate) struct KafkaSource {
     ends: HashMap<(u16, i32), i64>,
     /// Positions restored from a checkpoint.
     resume_positions: Option<KafkaPositions>,
+    /// Resuming inside a shuffle window: the rows it held, read again first (partition,
+    /// from, to).
+    replay: Vec<Replay>,
     acker: Arc<Acknowledger>,
     metrics: Arc<PipelineMetrics>,
 }
@@ -131,7 +136,17 @@ struct OpenArgs {
     rank: usize,
     world: usize,
     resume: Option<KafkaPositions>,
+    window: Option<KafkaShuffleState>,
     metrics: Arc<PipelineMetrics>,
+}
+
+/// One partition's rows of a shuffle window to read again: from `from` up to `to`.
+#[derive(Debug, Clone, Copy)]
+struct Replay {
+    topic: u16,
+    partition: i32,
+    from: Position,
+    to: Position,
 }
 
 impl KafkaSource {
@@ -185,6 +200,7 @@ impl KafkaSource {
             rank,
             world,
             resume: resume.and_then(|s| s.kafka.clone()),
+            window: resume.and_then(|s| s.kafka_shuffle.clone()),
             metrics: metrics.clone(),
         };
         let mut source = tokio::task::spawn_blocking(move || open_blocking(args))
@@ -267,7 +283,19 @@ impl KafkaSource {
             topics: self.topics.clone(),
         };
         let (chunk_tx, mut chunk_rx) = mpsc::channel::<Result<RawChunk>>(2);
+        let replay = match self.replay.is_empty() {
+            true => None,
+            false => {
+                // A consumer of its own, that reports reaching a partition's end.
+                let mut c = self.config.clone();
+                c.group_id = None;
+                c.until = Some(Until::End);
+                let consumer = create_consumer(&c, Arc::new(PipelineMetrics::default()))?;
+                Some((consumer, self.replay.clone()))
+            }
+        };
         let poller = Poller {
+            replay,
             consumer: self.consumer.clone(),
             topics: self.topics.clone(),
             format: self.config.format,
@@ -404,6 +432,7 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
         rank,
         world,
         resume,
+        window,
         metrics,
     } = args;
     let brokers = config.brokers.0.join(",");
@@ -539,6 +568,26 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
             .source
             .with_partition(&topics[t as usize], p, |_| {});
     }
+    let mut replay = Vec::new();
+    if let Some(w) = window.filter(|w| w.rows > 0) {
+        for (topic, p, from) in w.starts.iter() {
+            let Some(t) = topics.iter().position(|x| &**x == topic) else {
+                continue;
+            };
+            let to = resume
+                .as_ref()
+                .and_then(|r| r.get(topic, p))
+                .unwrap_or(from);
+            if mine.contains(&(t as u16, p)) && from < to {
+                replay.push(Replay {
+                    topic: t as u16,
+                    partition: p,
+                    from,
+                    to,
+                });
+            }
+        }
+    }
 
     let topics: Arc<[Arc<str>]> = Arc::from(topics);
     let schema: SchemaRef = match (config.format, &config.schema) {
@@ -561,6 +610,7 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
         assigned,
         ends,
         resume_positions: resume,
+        replay,
         acker: Arc::new(Acknowledger::default()),
         metrics,
     })
@@ -735,6 +785,8 @@ impl OffsetStore for GroupStore {
 
 /// The consumer thread: polls librdkafka and cuts the records into chunks.
 struct Poller {
+    /// Resuming inside a shuffle window: a consumer to read its rows again with, first.
+    replay: Option<(SourceConsumer, Vec<Replay>)>,
     consumer: Arc<SourceConsumer>,
     topics: Arc<[Arc<str>]>,
     format: KafkaFormat,
@@ -764,7 +816,189 @@ impl Poller {
             .map(|i| i as u16)
     }
 
+    /// Records per chunk: `batch_rows`, or 64 messages of many rows each.
+    fn max_records(&self) -> usize {
+        match self.format {
+            KafkaFormat::ArrowIpc => 64,
+            _ => self.batch_rows,
+        }
+    }
+
+    /// Appends message `m` (of topic `t`) to `chunk`.
+    fn append(
+        &self,
+        chunk: &mut RawChunk,
+        m: &rdkafka::message::BorrowedMessage<'_>,
+        t: u16,
+        skip_rows: u64,
+        take_rows: Option<u64>,
+    ) {
+        let k = m.key().map(|k| {
+            let s = chunk.keys.len();
+            chunk.keys.extend_from_slice(k);
+            s..chunk.keys.len()
+        });
+        let v = m.payload().map(|v| {
+            let s = chunk.values.len();
+            chunk.values.extend_from_slice(v);
+            s..chunk.values.len()
+        });
+        let headers = (self.format == KafkaFormat::Raw).then(|| {
+            m.headers()
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        chunk.records.push(RecordMeta {
+            topic: t,
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp: m.timestamp().to_millis(),
+            key: k,
+            value: v,
+            headers,
+            skip_rows,
+            take_rows,
+        });
+    }
+
+    /// Resuming inside a shuffle window: reads each partition's rows of it again, from its
+    /// first row up to where the main consumer starts, and sends them before anything else.
+    /// A range that cannot be read completely (messages deleted since) is cut short; the
+    /// shuffle, which knows how many rows the window held, reports it. Returns false when the
+    /// run must stop (the stream was dropped, or a fatal error was sent).
+    fn replay(
+        &self,
+        consumer: &SourceConsumer,
+        ranges: &[Replay],
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> bool {
+        let fail = |message: String| {
+            let _ = tx.blocking_send(Err(kafka_err(&self.brokers, message)));
+            false
+        };
+        let mut tpl = TopicPartitionList::new();
+        let mut open: HashMap<(u16, i32), Replay> = HashMap::new();
+        for r in ranges {
+            if let Err(e) = tpl.add_partition_offset(
+                &self.topics[r.topic as usize],
+                r.partition,
+                Offset::Offset(r.from.offset),
+            ) {
+                return fail(format!(
+                    "cannot assign partitions to read a shuffle window again: {e}"
+                ));
+            }
+            open.insert((r.topic, r.partition), *r);
+        }
+        if let Err(e) = consumer.assign(&tpl) {
+            return fail(format!(
+                "cannot assign partitions to read a shuffle window again: {e}"
+            ));
+        }
+        // Past the last message holding rows of the window.
+        let bound = |r: &Replay| r.to.offset + i64::from(r.to.skip_rows > 0);
+        let mut chunk = RawChunk::default();
+        let mut warned = Instant::now() - Duration::from_secs(60);
+        while !open.is_empty() {
+            if tx.is_closed() {
+                return false;
+            }
+            match consumer.poll(Duration::from_millis(50)) {
+                None => {}
+                Some(Ok(m)) => {
+                    let Some(t) = self.topic_index(m.topic()) else {
+                        continue;
+                    };
+                    let key = (t, m.partition());
+                    let Some(r) = open.get(&key).copied() else {
+                        continue;
+                    };
+                    let offset = m.offset();
+                    if offset >= bound(&r) {
+                        open.remove(&key);
+                        continue;
+                    }
+                    if offset < r.from.offset {
+                        continue;
+                    }
+                    let skip = if offset == r.from.offset {
+                        r.from.skip_rows
+                    } else {
+                        0
+                    };
+                    let take =
+                        (offset == r.to.offset && r.to.skip_rows > 0).then_some(r.to.skip_rows);
+                    self.append(&mut chunk, &m, t, skip, take);
+                    if offset + 1 >= bound(&r) {
+                        open.remove(&key);
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    // At the end of partition `p` (of some topic) short of the range: the
+                    // rest is not there (any more).
+                    let at_end: Vec<(u16, i32)> =
+                        open.keys()
+                            .filter(|k| k.1 == p)
+                            .filter(|k| {
+                                let topic = &self.topics[k.0 as usize];
+                                let pos = consumer.position().ok().and_then(|tpl| {
+                                    tpl.find_partition(topic, p).map(|e| e.offset())
+                                });
+                                let high = consumer
+                                    .fetch_watermarks(topic, p, Duration::from_secs(10))
+                                    .map(|w| w.1);
+                                match (pos, high) {
+                                    (Some(Offset::Offset(o)), Ok(h)) => o >= h,
+                                    (_, Ok(h)) => h <= open[*k].from.offset,
+                                    _ => false,
+                                }
+                            })
+                            .copied()
+                            .collect();
+                    for k in at_end {
+                        open.remove(&k);
+                    }
+                }
+                Some(Err(e)) => {
+                    if is_fatal(&e) {
+                        return fail(format!("{e}{}", recorded_error(consumer)));
+                    }
+                    if warned.elapsed() > Duration::from_secs(10) {
+                        tracing::warn!("kafka: {e} (retrying)");
+                        warned = Instant::now();
+                    }
+                }
+            }
+            if (chunk.records.len() >= self.max_records() || chunk.bytes() >= MAX_CHUNK_BYTES)
+                && !self.send_replayed(&mut chunk, tx)
+            {
+                return false;
+            }
+        }
+        self.send_replayed(&mut chunk, tx)
+    }
+
+    fn send_replayed(&self, chunk: &mut RawChunk, tx: &mpsc::Sender<Result<RawChunk>>) -> bool {
+        if chunk.records.is_empty() {
+            return true;
+        }
+        self.metrics
+            .source
+            .bytes_read
+            .fetch_add(chunk.bytes() as u64, Ordering::Relaxed);
+        tx.blocking_send(Ok(std::mem::take(chunk))).is_ok()
+    }
+
     fn run(mut self, tx: mpsc::Sender<Result<RawChunk>>) {
+        if let Some((consumer, ranges)) = self.replay.take()
+            && !self.replay(&consumer, &ranges, &tx)
+        {
+            return;
+        }
         let started = Instant::now();
         let deadline = match &self.until {
             Some(Until::Duration(d)) => Some(started + *d),
@@ -776,10 +1010,7 @@ impl Poller {
         };
         let to_end = self.until == Some(Until::End);
         let mut done: HashMap<(u16, i32), bool> = self.ends.keys().map(|k| (*k, false)).collect();
-        let max_records = match self.format {
-            KafkaFormat::ArrowIpc => 64,
-            _ => self.batch_rows,
-        };
+        let max_records = self.max_records();
         let mut chunk = RawChunk::default();
         let mut chunk_started = Instant::now();
         let mut rows: HashMap<(u16, i32), u64> = HashMap::new();
@@ -846,25 +1077,6 @@ impl Poller {
                     if chunk.records.is_empty() {
                         chunk_started = Instant::now();
                     }
-                    let k = m.key().map(|k| {
-                        let s = chunk.keys.len();
-                        chunk.keys.extend_from_slice(k);
-                        s..chunk.keys.len()
-                    });
-                    let v = m.payload().map(|v| {
-                        let s = chunk.values.len();
-                        chunk.values.extend_from_slice(v);
-                        s..chunk.values.len()
-                    });
-                    let headers = (self.format == KafkaFormat::Raw).then(|| {
-                        m.headers()
-                            .map(|hs| {
-                                hs.iter()
-                                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                                    .collect()
-                            })
-                            .unwrap_or_default()
-                    });
                     let skip_rows = match self.skip.get(&key) {
                         Some(&(o, s)) if o == offset => {
                             self.skip.remove(&key);
@@ -872,16 +1084,7 @@ impl Poller {
                         }
                         _ => 0,
                     };
-                    chunk.records.push(RecordMeta {
-                        topic: t,
-                        partition: m.partition(),
-                        offset,
-                        timestamp: m.timestamp().to_millis(),
-                        key: k,
-                        value: v,
-                        headers,
-                        skip_rows,
-                    });
+                    self.append(&mut chunk, &m, t, skip_rows, None);
                     *rows.entry(key).or_default() += 1;
                     if let Some(n) = left.as_mut() {
                         *n -= 1;

@@ -1105,3 +1105,69 @@ fn a_shuffle_of_a_kafka_stream_needs_static_assignment_and_no_exchange() {
         assert!(err.contains(expected), "{err}");
     }
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to a child process.
+fn signal(child: &std::process::Child, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_shuffled_kafka_job_killed_inside_a_window_and_resumed_writes_every_record_exactly_once() {
+    let rt = runtime();
+    let n = 60_000i64;
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("crash-shuffle", 4).await;
+        produce_json(&t, n, 4).await;
+        t
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let job = |until: &str| {
+        format!(
+            "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  schema: {JSON_SCHEMA}\n  batch_rows: 500\n{until}stages:\n  - {{type: shuffle, buffer_rows: 3000, seed: 3, batch_rows: 500}}\ncheckpoint:\n  path: state/checkpoint.json\n  interval: 1h\n  every_batches: 1\nsink:\n  type: parquet\n  path: out\n  max_rows_per_file: 1000\n",
+            kafka::brokers()
+        )
+    };
+    // Run 1 is unbounded (it would hold its last, partial window, waiting for more records).
+    // It is stopped (SIGSTOP) when its checkpoint is inside a window, the checkpoint read
+    // again while it cannot move, and killed there.
+    std::fs::write(dir.path().join("job.yaml"), job("")).unwrap();
+    let cp = dir.path().join("state/checkpoint.json");
+    let mut run1 = spawn_sluice(dir.path(), &["run", "job.yaml"]);
+    let inside = |c: &serde_json::Value| c["source"]["kafka_shuffle"]["rows"].as_u64() > Some(0);
+    let at_kill = wait_for(
+        "a checkpoint inside a window",
+        Duration::from_secs(60),
+        || {
+            read_checkpoint(&cp).filter(inside)?;
+            signal(&run1, "STOP");
+            match read_checkpoint(&cp).filter(inside) {
+                Some(c) => Some(c),
+                None => {
+                    signal(&run1, "CONT");
+                    None
+                }
+            }
+        },
+    );
+    sigkill(&mut run1);
+    assert!(
+        at_kill["rows_written"].as_u64() < Some(n as u64 - 3000),
+        "killed before the end: {at_kill}"
+    );
+    std::fs::write(dir.path().join("job.yaml"), job("  until: end\n")).unwrap();
+    let out = run_in(dir.path(), &["run", "job.yaml", "--resume"]);
+    assert_ok(&out);
+    let mut all = part_ids(&dir.path().join("out"));
+    eprintln!(
+        "killed at {}; after resume {} rows",
+        at_kill["source"]["kafka_shuffle"],
+        all.len()
+    );
+    assert_eq!(all.len() as i64, n, "no record twice, none missing");
+    all.sort_unstable();
+    assert_eq!(all, (0..n).collect::<Vec<_>>());
+}

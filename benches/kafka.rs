@@ -193,15 +193,26 @@ fn raw_consume(brokers: &str, topic: &str, messages: usize) -> (usize, usize) {
     (n, bytes)
 }
 
-/// Sluice: the topic as Arrow batches; returns rows.
-async fn sluice_consume(brokers: &str, topic: &str, format: &str, messages: usize) -> usize {
+/// Sluice: the topic as Arrow batches (shuffled in windows of 100k rows with `shuffle`);
+/// returns rows.
+async fn sluice_consume(
+    brokers: &str,
+    topic: &str,
+    format: &str,
+    messages: usize,
+    shuffle: bool,
+) -> usize {
     let schema = if format == "json" {
         format!("  schema: {{id: int64, label: int64, x: \"float32[{FEATURES}]\"}}\n")
     } else {
         String::new()
     };
+    let stages = match shuffle {
+        true => "stages:\n  - {type: shuffle, buffer_rows: 100000, seed: 1}\n",
+        false => "",
+    };
     let yaml = format!(
-        "source:\n  type: kafka\n  brokers: {brokers}\n  topic: {topic}\n  format: {format}\n{schema}  until: {{records: {messages}}}\n"
+        "source:\n  type: kafka\n  brokers: {brokers}\n  topic: {topic}\n  format: {format}\n{schema}  until: {{records: {messages}}}\n{stages}"
     );
     let mut s = Pipeline::from_yaml(&yaml).unwrap().stream();
     let mut rows = 0;
@@ -267,8 +278,12 @@ fn main() {
             (t, r)
         };
         assert_eq!(got, n);
-        let (sl_t, got_rows) = best(|| rt.block_on(sluice_consume(&brokers, topic, format, n)));
+        let (sl_t, got_rows) =
+            best(|| rt.block_on(sluice_consume(&brokers, topic, format, n, false)));
         assert_eq!(got_rows, rows, "sluice read every row");
+        let (sh_t, got_rows) =
+            best(|| rt.block_on(sluice_consume(&brokers, topic, format, n, true)));
+        assert_eq!(got_rows, rows, "sluice read every row, shuffled");
         let line = |label: &str, t: Duration, ratio: f64| {
             let s = t.as_secs_f64();
             println!(
@@ -285,6 +300,11 @@ fn main() {
             &format!("{name}: sluice -> Arrow batches"),
             sl_t,
             raw_t.as_secs_f64() / sl_t.as_secs_f64(),
+        );
+        line(
+            &format!("{name}: sluice + shuffle 100k"),
+            sh_t,
+            raw_t.as_secs_f64() / sh_t.as_secs_f64(),
         );
     }
 }

@@ -31,16 +31,16 @@ fn is_zero(v: &u64) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KafkaPositions(pub BTreeMap<String, BTreeMap<i32, Position>>);
 
-/// The position just past the last row of a Kafka lineage span, if it is one.
-pub(crate) fn kafka_end(s: &crate::batch::LineageSpan) -> Option<(&str, i32, Position)> {
+/// A Kafka lineage span as positions: topic, partition, its first row and just past its last
+/// row (`None` for other origins).
+pub(crate) fn kafka_span(s: &crate::batch::LineageSpan) -> Option<(&str, i32, Position, Position)> {
+    let at = |offset: i64, skip_rows: u64| Position { offset, skip_rows };
     match &s.origin {
         Origin::Kafka { topic, partition } => Some((
             topic,
             *partition,
-            Position {
-                offset: (s.first + s.len) as i64,
-                skip_rows: 0,
-            },
+            at(s.first as i64, 0),
+            at((s.first + s.len) as i64, 0),
         )),
         Origin::KafkaMessage {
             topic,
@@ -49,18 +49,11 @@ pub(crate) fn kafka_end(s: &crate::batch::LineageSpan) -> Option<(&str, i32, Pos
             rows,
         } => {
             let done = s.first + s.len;
-            let pos = if done >= *rows {
-                Position {
-                    offset: offset + 1,
-                    skip_rows: 0,
-                }
-            } else {
-                Position {
-                    offset: *offset,
-                    skip_rows: done,
-                }
+            let past = match done >= *rows {
+                true => at(offset + 1, 0),
+                false => at(*offset, done),
             };
-            Some((topic, *partition, pos))
+            Some((topic, *partition, at(*offset, s.first), past))
         }
         Origin::Object { .. } => None,
     }
@@ -70,7 +63,7 @@ impl KafkaPositions {
     /// Advances positions past every Kafka row of `lineage`.
     pub fn observe(&mut self, lineage: &Lineage) {
         for s in lineage.spans() {
-            let Some((topic, partition, pos)) = kafka_end(s) else {
+            let Some((topic, partition, _, pos)) = kafka_span(s) else {
                 continue;
             };
             let slot = self
@@ -103,34 +96,6 @@ impl KafkaPositions {
             .entry(topic.to_string())
             .or_default()
             .insert(partition, position);
-    }
-}
-
-/// Position of the first row of a Kafka lineage span, if it is one.
-pub(crate) fn kafka_start(span: &crate::batch::LineageSpan) -> Option<(&str, i32, Position)> {
-    match &span.origin {
-        Origin::Kafka { topic, partition } => Some((
-            topic,
-            *partition,
-            Position {
-                offset: span.first as i64,
-                skip_rows: 0,
-            },
-        )),
-        Origin::KafkaMessage {
-            topic,
-            partition,
-            offset,
-            ..
-        } => Some((
-            topic,
-            *partition,
-            Position {
-                offset: *offset,
-                skip_rows: span.first,
-            },
-        )),
-        Origin::Object { .. } => None,
     }
 }
 

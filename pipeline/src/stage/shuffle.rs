@@ -48,9 +48,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::batch::{Batch, Lineage, LineageSpan, Mark, Origin, ShuffleMark};
 use crate::collective::Collective;
 use crate::error::{Error, Result, StageRef};
-use crate::state::{
-    KafkaMark, KafkaPositions, KafkaWindow, Position, SourceState, kafka_end, kafka_start,
-};
+use crate::state::{KafkaMark, KafkaPositions, KafkaWindow, Position, SourceState, kafka_span};
 
 /// Settings of a built shuffle stage.
 #[derive(Debug, Clone)]
@@ -449,8 +447,7 @@ impl Shuffler {
         if let Some(w) = &feed.rebuild {
             let want = w.rows as usize - self.rows;
             let outside = batch.lineage.spans().iter().find(|s| {
-                let (Some((t, p, first)), Some((_, _, past))) = (kafka_start(s), kafka_end(s))
-                else {
+                let Some((t, p, first, past)) = kafka_span(s) else {
                     return true;
                 };
                 match (w.starts.get(t, p), w.ends.get(t, p)) {
@@ -464,12 +461,7 @@ impl Shuffler {
                     .unwrap_or_else(|| format!("{} rows more", n - want));
                 return Err(err(
                     &self.stage,
-                    format!(
-                        "cannot rebuild the shuffle window the state was taken in: it held {} rows ({}), but only {} of them were read again before {next}. Were messages deleted (retention) or the topic recreated since? Resume from an earlier checkpoint, or start over without this one",
-                        w.rows,
-                        describe_window(w),
-                        self.rows
-                    ),
+                    rebuild_failed(w, self.rows, &format!("were read again before {next}")),
                 ));
             }
         } else {
@@ -480,7 +472,7 @@ impl Shuffler {
             }
         }
         for s in batch.lineage.spans() {
-            if let Some((t, p, first)) = kafka_start(s)
+            if let Some((t, p, first, _)) = kafka_span(s)
                 && feed.starts.get(t, p).is_none()
             {
                 feed.starts.set(t, p, first);
@@ -516,12 +508,7 @@ impl Shuffler {
         if let Some(w) = self.kafka.as_ref().and_then(|k| k.rebuild.as_ref()) {
             return Err(err(
                 &self.stage,
-                format!(
-                    "cannot rebuild the shuffle window the state was taken in: it held {} rows ({}), but the input ended after {} of them. Were messages deleted (retention) or the topic recreated since? Resume from an earlier checkpoint, or start over without this one",
-                    w.rows,
-                    describe_window(w),
-                    self.rows
-                ),
+                rebuild_failed(w, self.rows, "arrived before the input ended"),
             ));
         }
         if self.rows > 0 {
@@ -577,19 +564,19 @@ impl Shuffler {
         let epoch = self.epoch.unwrap_or(0);
         let start = match self.kafka.as_mut() {
             None => WindowMark::Parquet(self.window_mark(true)),
-            Some(feed) => WindowMark::Kafka(match feed.rebuild.take() {
-                Some(w) => w,
-                None => Arc::new(KafkaWindow {
-                    window: self.window,
-                    rows: self.held_rows as u64,
-                    starts: std::mem::take(&mut feed.starts),
-                    ends: feed.taken.clone(),
-                }),
-            }),
+            Some(feed) => {
+                let starts = std::mem::take(&mut feed.starts);
+                WindowMark::Kafka(match feed.rebuild.take() {
+                    Some(w) => w,
+                    None => Arc::new(KafkaWindow {
+                        window: self.window,
+                        rows: self.held_rows as u64,
+                        starts,
+                        ends: feed.taken.clone(),
+                    }),
+                })
+            }
         };
-        if let Some(feed) = self.kafka.as_mut() {
-            feed.starts = KafkaPositions::default();
-        }
         let mut emitter = if self.runs.is_empty() {
             let (pieces, lineage) = self.window_rows();
             let pieces = self.viewed(pieces)?;
@@ -864,7 +851,16 @@ fn canonical(lineage: &[Vec<RowOrigin>], origins: &Origins) -> Vec<(usize, usize
     keyed.into_iter().map(|(_, at)| at).collect()
 }
 
-/// The partitions and positions a Kafka window holds, e.g. `events/0 offsets 10..20`.
+/// Why a resumed Kafka window could not be rebuilt: only `got` of its rows `how`.
+fn rebuild_failed(w: &KafkaWindow, got: usize, how: &str) -> String {
+    format!(
+        "cannot rebuild the shuffle window the state was taken in: it held {} rows ({}), but only {got} of them {how}. Were messages deleted (retention) or the topic recreated since? Resume from an earlier checkpoint, or start over without this one",
+        w.rows,
+        describe_window(w)
+    )
+}
+
+/// The partitions and positions a Kafka window holds, e.g. `events/0 from offset 10 to offset 20`.
 fn describe_window(w: &KafkaWindow) -> String {
     let parts: Vec<String> = w
         .starts

@@ -478,6 +478,59 @@ fn until_end_finishes_with_empty_partitions_and_group_assignment() {
     }
 }
 
+/// With a backlog, librdkafka fetches each partition in blocks of up to 1 MiB (here ~17k of
+/// these records): read in fetch order, the stream would be one partition after another, and
+/// a shuffle window would hold a single partition (measured before: of the first 2000 records,
+/// two of the four partitions had none). A `static` reader takes the partitions in turn, 256
+/// records each, so every stretch of the stream mixes all of them; each partition still
+/// arrives in offset order, and every record once.
+#[test]
+fn a_backlog_reaches_the_stream_with_the_partitions_interleaved() {
+    let rt = runtime();
+    let n = 40_000i64;
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic("backlog", 4).await;
+        produce_json(&t, n, 4).await;
+        t
+    });
+    // A turn waits up to `batch_timeout` for a partition that has nothing yet; long here, so
+    // that a slow fetch on a loaded machine cannot let the others run ahead.
+    let source = json_source(&topic, "  batch_rows: 250\n  batch_timeout: 5s\n");
+    let pipeline = Pipeline::from_yaml(&source).unwrap();
+    let all = rt.block_on(async {
+        let mut s = pipeline.stream();
+        let mut all = Vec::new();
+        while let Some(b) = s.next().await {
+            all.extend(ids(&[b.unwrap().data]));
+        }
+        all
+    });
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every record once");
+    // Id `i` is partition `i % 4`, offset `i / 4`: each partition ascends.
+    let mut last = [-1i64; 4];
+    for &id in &all {
+        let p = (id % 4) as usize;
+        assert!(id > last[p], "partition {p}: {id} after {}", last[p]);
+        last[p] = id;
+    }
+    // Every stretch of 4096 records (four turns of 256 records per partition) holds every
+    // partition, about equally.
+    for (k, stretch) in all.chunks(4096).enumerate() {
+        let mut per = [0usize; 4];
+        for &id in stretch {
+            per[(id % 4) as usize] += 1;
+        }
+        assert!(
+            per.iter().all(|&c| c >= 700),
+            "records {}..{}: {per:?} per partition",
+            4096 * k,
+            4096 * (k + 1)
+        );
+    }
+}
+
 fn read_checkpoint(path: &std::path::Path) -> Option<serde_json::Value> {
     std::fs::read(path)
         .ok()
@@ -956,6 +1009,7 @@ fn resume_a_shuffled_stream(
     source: &str,
     n: i64,
     locate: &dyn Fn(i64) -> (i64, i64),
+    partitions: usize,
     k: usize,
 ) {
     let yaml = format!(
@@ -972,13 +1026,18 @@ fn resume_a_shuffled_stream(
         (0.4..0.6).contains(&ascending),
         "{ascending} of neighbours ascend"
     );
-    // Windows take rows as they arrive: the first output window holds, of each partition,
-    // its first rows (`locate`: id → partition, row position in it).
+    // Windows take rows as they arrive, the partitions in turn: the first output window holds,
+    // of every partition, its first rows (`locate`: id → partition, row position in it).
     let mut firsts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for &id in &all[..1000] {
         let (partition, position) = locate(id);
         firsts.entry(partition).or_default().push(position);
     }
+    assert_eq!(
+        firsts.len(),
+        partitions,
+        "the first window mixes every partition"
+    );
     for positions in firsts.values_mut() {
         positions.sort_unstable();
         assert_eq!(*positions, (0..positions.len() as i64).collect::<Vec<_>>());
@@ -1035,8 +1094,9 @@ fn a_shuffled_kafka_stream_resumes_inside_a_window_exactly() {
         produce_json(&t, n, 4).await;
         t
     });
-    let source = json_source(&topic, "  batch_rows: 250\n");
-    resume_a_shuffled_stream(&rt, &source, n, &|id| (id % 4, id / 4), 25);
+    // (A long `batch_timeout`: the partitions' turns wait for each other that long.)
+    let source = json_source(&topic, "  batch_rows: 250\n  batch_timeout: 5s\n");
+    resume_a_shuffled_stream(&rt, &source, n, &|id| (id % 4, id / 4), 4, 25);
 }
 
 #[test]
@@ -1071,12 +1131,12 @@ fn a_shuffled_stream_of_many_row_messages_resumes_where_a_window_splits_a_messag
         t
     });
     let source = format!(
-        "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: arrow_ipc\n  schema: {{id: int64}}\n  until: end\n",
+        "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: arrow_ipc\n  schema: {{id: int64}}\n  until: end\n  batch_timeout: 5s\n",
         kafka::brokers()
     );
     // After 2700 rows: inside the third window, which starts and ends inside messages.
     let locate = |id: i64| ((id / 7) % 3, id / 21 * 7 + id % 7);
-    resume_a_shuffled_stream(&rt, &source, n, &locate, 27);
+    resume_a_shuffled_stream(&rt, &source, n, &locate, 3, 27);
 }
 
 #[test]

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
@@ -248,6 +249,8 @@ impl KafkaSource {
             Some(d) => Some(DeadLetter::open(d, &self.config, &self.base_dir)?),
             None => None,
         };
+        let wake = Arc::new(Wake::default());
+        let mut queues = Vec::new();
         match self.config.assignment {
             Assignment::Static => {
                 let mut tpl = TopicPartitionList::new();
@@ -258,6 +261,12 @@ impl KafkaSource {
                 self.consumer
                     .assign(&tpl)
                     .map_err(|e| kafka_err(&brokers, format!("cannot assign partitions: {e}")))?;
+                queues = split_queues(
+                    &self.consumer,
+                    &self.topics,
+                    self.assigned.iter().map(|a| (a.0, a.1)),
+                    &wake,
+                );
                 if self.config.group_id.is_some() {
                     self.acker.set_store(Arc::new(GroupStore {
                         consumer: self.consumer.clone(),
@@ -290,7 +299,7 @@ impl KafkaSource {
                 let mut c = self.config.clone();
                 c.group_id = None;
                 c.until = Some(Until::End);
-                let consumer = create_consumer(&c, Arc::new(PipelineMetrics::default()))?;
+                let consumer = create_consumer(&c, Arc::new(PipelineMetrics::default()), 1)?;
                 Some((consumer, self.replay.clone()))
             }
         };
@@ -329,6 +338,8 @@ impl KafkaSource {
                 _ => None,
             },
             group: self.config.assignment == Assignment::Group,
+            queues,
+            wake,
             brokers: brokers.clone(),
             metrics: self.metrics.clone(),
         };
@@ -437,7 +448,7 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
     } = args;
     let brokers = config.brokers.0.join(",");
     let timeout = config.connect_timeout.0;
-    let consumer = Arc::new(create_consumer(&config, metrics.clone())?);
+    let consumer = Arc::new(create_consumer(&config, metrics.clone(), 1)?);
 
     let md = consumer.fetch_metadata(None, timeout).map_err(|e| {
         kafka_err(
@@ -589,6 +600,14 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
         }
     }
 
+    // `static` reads each partition from a queue of its own (see `Poller`): a consumer whose
+    // prefetch bound is shared between them.
+    let consumer = match config.assignment {
+        Assignment::Static if mine.len() > 1 => {
+            Arc::new(create_consumer(&config, metrics.clone(), mine.len())?)
+        }
+        _ => consumer,
+    };
     let topics: Arc<[Arc<str>]> = Arc::from(topics);
     let schema: SchemaRef = match (config.format, &config.schema) {
         (KafkaFormat::Raw, _) => Arc::new(raw_schema()),
@@ -616,14 +635,23 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
     })
 }
 
+/// What librdkafka may prefetch for one consumer, in KiB (its own default is 64 MiB).
+const PREFETCH_KIB: usize = 16 << 10;
+
+/// A consumer. `queues`: how many partition queues it will read from (1: its own queue only);
+/// librdkafka bounds the prefetch of each queue, so [`PREFETCH_KIB`] is shared between them
+/// (at least 1 MiB each, one fetch).
 fn create_consumer(
     config: &KafkaSourceConfig,
     metrics: Arc<PipelineMetrics>,
+    queues: usize,
 ) -> Result<SourceConsumer> {
     let conn = config.connection();
     let mut defaults = vec![
-        // Bound what librdkafka prefetches (its default is 64 MiB per partition set).
-        ("queued.max.messages.kbytes", "16384".to_string()),
+        (
+            "queued.max.messages.kbytes",
+            (PREFETCH_KIB / queues.max(1)).max(1024).to_string(),
+        ),
         ("statistics.interval.ms", "1000".to_string()),
         (
             "auto.offset.reset",
@@ -677,7 +705,7 @@ fn peek_ipc_schema(
     let mut peek_cfg = config.clone();
     peek_cfg.group_id = None;
     peek_cfg.until = None;
-    let consumer = create_consumer(&peek_cfg, Arc::new(PipelineMetrics::default()))?;
+    let consumer = create_consumer(&peek_cfg, Arc::new(PipelineMetrics::default()), 1)?;
     let mut tpl = TopicPartitionList::new();
     for &(t, p) in mine {
         let offset = assigned
@@ -801,6 +829,10 @@ struct Poller {
     /// loosely (Tansu returns the first offset) still starts at the right record.
     from_timestamp: Option<(i64, HashSet<(u16, i32)>)>,
     group: bool,
+    /// `static`: each partition's own queue, read in turn (empty with `group`).
+    queues: Vec<((u16, i32), PartitionQueue<SourceContext>)>,
+    /// Woken when one of `queues` receives messages.
+    wake: Arc<Wake>,
     brokers: String,
     metrics: Arc<PipelineMetrics>,
 }
@@ -1004,135 +1036,339 @@ impl Poller {
             Some(Until::Duration(d)) => Some(started + *d),
             _ => None,
         };
-        let mut left = match &self.until {
-            Some(Until::Records(n)) => Some(*n),
-            _ => None,
-        };
         let to_end = self.until == Some(Until::End);
-        let mut done: HashMap<(u16, i32), bool> = self.ends.keys().map(|k| (*k, false)).collect();
-        let max_records = self.max_records();
-        let mut chunk = RawChunk::default();
-        let mut chunk_started = Instant::now();
-        let mut rows: HashMap<(u16, i32), u64> = HashMap::new();
-        let mut warned = Instant::now() - Duration::from_secs(60);
-        let flush = |chunk: &mut RawChunk,
-                     rows: &mut HashMap<(u16, i32), u64>,
-                     metrics: &PipelineMetrics,
-                     topics: &[Arc<str>]|
-         -> bool {
-            metrics
-                .source
-                .bytes_read
-                .fetch_add(chunk.bytes() as u64, Ordering::Relaxed);
-            for ((t, p), n) in rows.drain() {
-                metrics
-                    .source
-                    .with_partition(&topics[t as usize], p, |m| m.records += n);
-            }
-            if chunk.records.is_empty() {
-                return true;
-            }
-            tx.blocking_send(Ok(std::mem::take(chunk))).is_ok()
+        let mut st = Reading {
+            done: self.ends.keys().map(|k| (*k, false)).collect(),
+            left: match &self.until {
+                Some(Until::Records(n)) => Some(*n),
+                _ => None,
+            },
+            chunk: RawChunk::default(),
+            chunk_started: Instant::now(),
+            rows: HashMap::new(),
+            warned: Instant::now() - Duration::from_secs(60),
         };
-        let all_done = |done: &HashMap<(u16, i32), bool>, consumer: &SourceConsumer, group| {
-            if group {
-                // Only the partitions this member holds now.
-                let assigned = consumer.assignment().unwrap_or_default();
-                assigned.count() > 0
-                    && assigned.elements().iter().all(|e| {
-                        done.iter().any(|((t, p), d)| {
-                            *d && *p == e.partition() && &*self.topics[*t as usize] == e.topic()
-                        })
-                    })
-            } else {
-                done.values().all(|d| *d)
-            }
+        let queues = std::mem::take(&mut self.queues);
+        let consumer = self.consumer.clone();
+        // Messages taken from one partition's queue before the next one's: a few records, or
+        // one message of many rows.
+        let per_turn = match self.format {
+            KafkaFormat::ArrowIpc => 1,
+            _ => RECORDS_PER_TURN,
         };
+        // `static`: each partition's next message, polled but not yet taken.
+        let mut heads: Vec<Option<rdkafka::message::BorrowedMessage<'_>>> =
+            queues.iter().map(|_| None).collect();
+        // Since when a partition that is not at its end has had nothing to take.
+        let mut waiting: Option<Instant> = None;
+        let mut turn = 0usize;
         loop {
             if tx.is_closed() {
                 return;
             }
-            if to_end && all_done(&done, &self.consumer, self.group) {
+            // (A message held in `heads` is past the consumer's position: not done before it
+            // is taken.)
+            if to_end && self.all_done(&st.done) && heads.iter().all(Option::is_none) {
                 break;
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) || left == Some(0) {
+            if deadline.is_some_and(|d| Instant::now() >= d) || st.left == Some(0) {
                 break;
             }
-            match self.consumer.poll(Duration::from_millis(50)) {
-                None => {}
-                Some(Ok(m)) => {
-                    let Some(t) = self.topic_index(m.topic()) else {
-                        continue;
-                    };
-                    let key = (t, m.partition());
-                    let offset = m.offset();
-                    if let Some((ts, waiting)) = self.from_timestamp.as_mut()
-                        && waiting.contains(&key)
-                    {
-                        if m.timestamp().to_millis().is_some_and(|t| t < *ts) {
-                            continue;
-                        }
-                        waiting.remove(&key);
-                    }
-                    if chunk.records.is_empty() {
-                        chunk_started = Instant::now();
-                    }
-                    let skip_rows = match self.skip.get(&key) {
-                        Some(&(o, s)) if o == offset => {
-                            self.skip.remove(&key);
-                            s
-                        }
-                        _ => 0,
-                    };
-                    self.append(&mut chunk, &m, t, skip_rows, None);
-                    *rows.entry(key).or_default() += 1;
-                    if let Some(n) = left.as_mut() {
-                        *n -= 1;
-                    }
+            self.wake.arm();
+            let mut taken = 0usize;
+            // The consumer's own queue: errors and callbacks; every message with `group`; with
+            // `static`, the messages of a partition fetched before its queue was split off,
+            // which precede everything in that queue (drained first, before the queues).
+            let wait = if queues.is_empty() {
+                POLL_INTERVAL
+            } else {
+                Duration::ZERO
+            };
+            while st.left != Some(0) {
+                let Some(event) = consumer.poll(wait) else {
+                    break;
+                };
+                taken += 1;
+                if !self.event(&mut st, event, &tx) || !self.flush_if_due(&mut st, &tx) {
+                    return;
                 }
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    // Reached the end of partition `p` (of some topic): a partition whose
-                    // messages all lie before its end offset is done.
-                    for (key, d) in done.iter_mut() {
-                        if key.1 == p
-                            && let Some(end) = self.ends.get(key)
-                        {
-                            let pos = self.consumer.position().ok().and_then(|tpl| {
-                                tpl.find_partition(&self.topics[key.0 as usize], p)
-                                    .map(|e| e.offset())
-                            });
-                            // No position yet: nothing was consumed, the partition is
-                            // empty from where this reader started.
-                            match pos {
-                                Some(Offset::Offset(o)) if o < *end => {}
-                                _ => *d = true,
+                if queues.is_empty() {
+                    break;
+                }
+            }
+            // `static`: the partitions in turn, a few records each, starting one further every
+            // turn, so that a backlog (which librdkafka fetches a partition at a time, in
+            // blocks of up to 1 MiB) reaches the stream interleaved and a shuffle window mixes
+            // every partition. A turn waits (at most `batch_timeout`, as Kafka Streams'
+            // `max.task.idle.ms`) until every partition not at its end has a message, so that
+            // one fetched earlier does not run ahead of the rest.
+            for (i, (_, queue)) in queues.iter().enumerate() {
+                while heads[i].is_none() {
+                    match queue.poll(Duration::ZERO) {
+                        None => break,
+                        Some(Ok(m)) => heads[i] = Some(m),
+                        Some(Err(e)) => {
+                            if !self.event(&mut st, Err(e), &tx) {
+                                return;
                             }
                         }
                     }
                 }
-                Some(Err(e)) => {
-                    if is_fatal(&e) {
-                        let _ = flush(&mut chunk, &mut rows, &self.metrics, &self.topics);
-                        let _ = tx.blocking_send(Err(kafka_err(
-                            &self.brokers,
-                            format!("{e}{}", recorded_error(&self.consumer)),
-                        )));
-                        return;
-                    }
-                    if warned.elapsed() > Duration::from_secs(10) {
-                        tracing::warn!("kafka: {e} (retrying)");
-                        warned = Instant::now();
+            }
+            let lagging = queues
+                .iter()
+                .zip(&heads)
+                .any(|((key, _), head)| head.is_none() && st.done.get(key) != Some(&true));
+            let due = !lagging || {
+                let since = *waiting.get_or_insert_with(Instant::now);
+                since.elapsed() >= self.batch_timeout
+            };
+            if !lagging {
+                waiting = None;
+            }
+            if due && !queues.is_empty() {
+                for k in 0..queues.len() {
+                    let i = (turn + k) % queues.len();
+                    for _ in 0..per_turn {
+                        if st.left == Some(0) {
+                            break;
+                        }
+                        let m = match heads[i].take() {
+                            Some(m) => m,
+                            None => match queues[i].1.poll(Duration::ZERO) {
+                                None => break,
+                                Some(Ok(m)) => m,
+                                Some(Err(e)) => {
+                                    if !self.event(&mut st, Err(e), &tx) {
+                                        return;
+                                    }
+                                    continue;
+                                }
+                            },
+                        };
+                        taken += 1;
+                        self.message(&mut st, &m);
+                        drop(m);
+                        if !self.flush_if_due(&mut st, &tx) {
+                            return;
+                        }
                     }
                 }
+                turn = turn.wrapping_add(1);
             }
-            let full = chunk.records.len() >= max_records || chunk.bytes() >= MAX_CHUNK_BYTES;
-            let old = !chunk.records.is_empty() && chunk_started.elapsed() >= self.batch_timeout;
-            if (full || old) && !flush(&mut chunk, &mut rows, &self.metrics, &self.topics) {
+            if taken == 0 && !queues.is_empty() {
+                // Until a queue receives messages; while a turn is held back, at most until
+                // it is due.
+                let limit = match waiting {
+                    Some(since) if lagging => self
+                        .batch_timeout
+                        .saturating_sub(since.elapsed())
+                        .clamp(Duration::from_millis(1), POLL_INTERVAL),
+                    _ => POLL_INTERVAL,
+                };
+                self.wake.wait(limit);
+            }
+            if !self.flush_if_due(&mut st, &tx) {
                 return;
             }
         }
-        let _ = flush(&mut chunk, &mut rows, &self.metrics, &self.topics);
+        let _ = self.flush(&mut st, &tx);
     }
+
+    /// Whether every partition reached its end (`until: end`).
+    fn all_done(&self, done: &HashMap<(u16, i32), bool>) -> bool {
+        if self.group {
+            // Only the partitions this member holds now.
+            let assigned = self.consumer.assignment().unwrap_or_default();
+            assigned.count() > 0
+                && assigned.elements().iter().all(|e| {
+                    done.iter().any(|((t, p), d)| {
+                        *d && *p == e.partition() && &*self.topics[*t as usize] == e.topic()
+                    })
+                })
+        } else {
+            done.values().all(|d| *d)
+        }
+    }
+
+    /// Handles one poll result. Returns false when the run must stop (a fatal error was
+    /// sent).
+    fn event(
+        &mut self,
+        st: &mut Reading,
+        event: rdkafka::error::KafkaResult<rdkafka::message::BorrowedMessage<'_>>,
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> bool {
+        match event {
+            Ok(m) => self.message(st, &m),
+            Err(KafkaError::PartitionEOF(p)) => self.reached_end(st, p),
+            Err(e) => {
+                if is_fatal(&e) {
+                    let _ = self.flush(st, tx);
+                    let _ = tx.blocking_send(Err(kafka_err(
+                        &self.brokers,
+                        format!("{e}{}", recorded_error(&self.consumer)),
+                    )));
+                    return false;
+                }
+                if st.warned.elapsed() > Duration::from_secs(10) {
+                    tracing::warn!("kafka: {e} (retrying)");
+                    st.warned = Instant::now();
+                }
+            }
+        }
+        true
+    }
+
+    /// Appends a message to the chunk being cut.
+    fn message(&mut self, st: &mut Reading, m: &rdkafka::message::BorrowedMessage<'_>) {
+        let Some(t) = self.topic_index(m.topic()) else {
+            return;
+        };
+        let key = (t, m.partition());
+        let offset = m.offset();
+        if let Some((ts, waiting)) = self.from_timestamp.as_mut()
+            && waiting.contains(&key)
+        {
+            if m.timestamp().to_millis().is_some_and(|t| t < *ts) {
+                return;
+            }
+            waiting.remove(&key);
+        }
+        if st.chunk.records.is_empty() {
+            st.chunk_started = Instant::now();
+        }
+        let skip_rows = match self.skip.get(&key) {
+            Some(&(o, s)) if o == offset => {
+                self.skip.remove(&key);
+                s
+            }
+            _ => 0,
+        };
+        self.append(&mut st.chunk, m, t, skip_rows, None);
+        *st.rows.entry(key).or_default() += 1;
+        if let Some(n) = st.left.as_mut() {
+            *n -= 1;
+        }
+    }
+
+    /// Reached the end of partition `p` (of some topic): a partition whose messages all lie
+    /// before its end offset is done.
+    fn reached_end(&self, st: &mut Reading, p: i32) {
+        for (key, d) in st.done.iter_mut() {
+            if key.1 == p
+                && let Some(end) = self.ends.get(key)
+            {
+                let pos = self.consumer.position().ok().and_then(|tpl| {
+                    tpl.find_partition(&self.topics[key.0 as usize], p)
+                        .map(|e| e.offset())
+                });
+                // No position yet: nothing was consumed, the partition is empty from where
+                // this reader started.
+                match pos {
+                    Some(Offset::Offset(o)) if o < *end => {}
+                    _ => *d = true,
+                }
+            }
+        }
+    }
+
+    /// Sends the chunk when it is full or has waited `batch_timeout`. Returns false when the
+    /// stream was dropped.
+    fn flush_if_due(&self, st: &mut Reading, tx: &mpsc::Sender<Result<RawChunk>>) -> bool {
+        let full =
+            st.chunk.records.len() >= self.max_records() || st.chunk.bytes() >= MAX_CHUNK_BYTES;
+        let old = !st.chunk.records.is_empty() && st.chunk_started.elapsed() >= self.batch_timeout;
+        !(full || old) || self.flush(st, tx)
+    }
+
+    /// Sends the chunk (if it holds records) and counts what was read. Returns false when the
+    /// stream was dropped.
+    fn flush(&self, st: &mut Reading, tx: &mpsc::Sender<Result<RawChunk>>) -> bool {
+        self.metrics
+            .source
+            .bytes_read
+            .fetch_add(st.chunk.bytes() as u64, Ordering::Relaxed);
+        for ((t, p), n) in st.rows.drain() {
+            self.metrics
+                .source
+                .with_partition(&self.topics[t as usize], p, |m| m.records += n);
+        }
+        if st.chunk.records.is_empty() {
+            return true;
+        }
+        tx.blocking_send(Ok(std::mem::take(&mut st.chunk))).is_ok()
+    }
+}
+
+/// What [`Poller::run`] tracks while it reads.
+struct Reading {
+    /// `until: end`: whether each partition reached its end.
+    done: HashMap<(u16, i32), bool>,
+    /// `until: {records}`: how many are still to be read.
+    left: Option<u64>,
+    chunk: RawChunk,
+    chunk_started: Instant,
+    /// Records appended to the chunk, per partition (counted when it is sent).
+    rows: HashMap<(u16, i32), u64>,
+    warned: Instant,
+}
+
+/// How long the consumer thread waits for something to arrive.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Records taken from one partition before the next partition's turn (`static`).
+const RECORDS_PER_TURN: usize = 256;
+
+/// Wakes the consumer thread when a partition queue receives messages (librdkafka calls
+/// back from its own thread when a queue goes from empty to non-empty).
+#[derive(Debug, Default)]
+struct Wake {
+    ready: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Wake {
+    /// Forgets earlier wake-ups: called before the queues are polled, so that a message
+    /// arriving after a queue was found empty still wakes [`Wake::wait`].
+    fn arm(&self) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = false;
+    }
+
+    fn notify(&self) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for a wake-up since the last [`Wake::arm`], at most `timeout`.
+    fn wait(&self, timeout: Duration) {
+        let ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .cv
+            .wait_timeout_while(ready, timeout, |ready| !*ready)
+            .map_err(|p| p.into_inner());
+    }
+}
+
+/// Splits each assigned partition's messages off the consumer's queue into a queue of its
+/// own (after `assign`, before the first poll), wired to wake the consumer thread.
+fn split_queues(
+    consumer: &Arc<SourceConsumer>,
+    topics: &[Arc<str>],
+    partitions: impl IntoIterator<Item = (u16, i32)>,
+    wake: &Arc<Wake>,
+) -> Vec<((u16, i32), PartitionQueue<SourceContext>)> {
+    partitions
+        .into_iter()
+        .filter_map(|(t, p)| {
+            // `None` (unknown to librdkafka): its messages stay on the consumer's queue,
+            // which is read too.
+            let mut queue = consumer.split_partition_queue(&topics[t as usize], p)?;
+            let wake = wake.clone();
+            queue.set_nonempty_callback(move || wake.notify());
+            Some(((t, p), queue))
+        })
+        .collect()
 }
 
 /// Errors that retrying cannot fix.

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
@@ -848,7 +848,7 @@ impl Poller {
     fn append(
         &self,
         chunk: &mut RawChunk,
-        m: &rdkafka::message::BorrowedMessage<'_>,
+        m: &BorrowedMessage<'_>,
         t: u16,
         skip_rows: u64,
         take_rows: Option<u64>,
@@ -993,24 +993,12 @@ impl Poller {
                     }
                 }
             }
-            if (chunk.records.len() >= self.max_records() || chunk.bytes() >= MAX_CHUNK_BYTES)
-                && !self.send_replayed(&mut chunk, tx)
-            {
+            // (Rows read again are not counted as records read again.)
+            if self.full(&chunk) && !self.send(&mut chunk, &mut HashMap::new(), tx) {
                 return false;
             }
         }
-        self.send_replayed(&mut chunk, tx)
-    }
-
-    fn send_replayed(&self, chunk: &mut RawChunk, tx: &mpsc::Sender<Result<RawChunk>>) -> bool {
-        if chunk.records.is_empty() {
-            return true;
-        }
-        self.metrics
-            .source
-            .bytes_read
-            .fetch_add(chunk.bytes() as u64, Ordering::Relaxed);
-        tx.blocking_send(Ok(std::mem::take(chunk))).is_ok()
+        self.send(&mut chunk, &mut HashMap::new(), tx)
     }
 
     fn run(mut self, tx: mpsc::Sender<Result<RawChunk>>) {
@@ -1045,8 +1033,7 @@ impl Poller {
             _ => RECORDS_PER_TURN,
         };
         // `static`: each partition's next message, polled but not yet taken.
-        let mut heads: Vec<Option<rdkafka::message::BorrowedMessage<'_>>> =
-            queues.iter().map(|_| None).collect();
+        let mut heads: Vec<Option<BorrowedMessage<'_>>> = queues.iter().map(|_| None).collect();
         // Since when a partition that is not at its end has had nothing to take.
         let mut waiting: Option<Instant> = None;
         let mut turn = 0usize;
@@ -1090,30 +1077,24 @@ impl Poller {
             // every partition. A turn waits (at most `batch_timeout`, as Kafka Streams'
             // `max.task.idle.ms`) until every partition not at its end has a message, so that
             // one fetched earlier does not run ahead of the rest.
-            for (i, (_, queue)) in queues.iter().enumerate() {
-                while heads[i].is_none() {
-                    match queue.poll(Duration::ZERO) {
-                        None => break,
-                        Some(Ok(m)) => heads[i] = Some(m),
-                        Some(Err(e)) => {
-                            if !self.event(&mut st, Err(e), &tx) {
-                                return;
-                            }
-                        }
-                    }
+            for (head, (_, queue)) in heads.iter_mut().zip(&queues) {
+                if head.is_none() {
+                    let Ok(next) = self.next_in(&mut st, queue, &tx) else {
+                        return;
+                    };
+                    *head = next;
                 }
             }
             let lagging = queues
                 .iter()
                 .zip(&heads)
                 .any(|((key, _), head)| head.is_none() && st.done.get(key) != Some(&true));
-            let due = !lagging || {
-                let since = *waiting.get_or_insert_with(Instant::now);
-                since.elapsed() >= self.batch_timeout
-            };
-            if !lagging {
+            let due = if lagging {
+                waiting.get_or_insert_with(Instant::now).elapsed() >= self.batch_timeout
+            } else {
                 waiting = None;
-            }
+                true
+            };
             if due && !queues.is_empty() {
                 for k in 0..queues.len() {
                     let i = (turn + k) % queues.len();
@@ -1123,15 +1104,10 @@ impl Poller {
                         }
                         let m = match heads[i].take() {
                             Some(m) => m,
-                            None => match queues[i].1.poll(Duration::ZERO) {
-                                None => break,
-                                Some(Ok(m)) => m,
-                                Some(Err(e)) => {
-                                    if !self.event(&mut st, Err(e), &tx) {
-                                        return;
-                                    }
-                                    continue;
-                                }
+                            None => match self.next_in(&mut st, &queues[i].1, &tx) {
+                                Err(()) => return,
+                                Ok(None) => break,
+                                Ok(Some(m)) => m,
                             },
                         };
                         taken += 1;
@@ -1146,9 +1122,9 @@ impl Poller {
             }
             if taken == 0 && !queues.is_empty() {
                 // Until a queue receives messages; while a turn is held back, at most until
-                // it is due.
+                // it is due (once due, an empty partition no longer shortens the wait).
                 let limit = match waiting {
-                    Some(since) if lagging => self
+                    Some(since) if !due => self
                         .batch_timeout
                         .saturating_sub(since.elapsed())
                         .clamp(Duration::from_millis(1), POLL_INTERVAL),
@@ -1184,7 +1160,7 @@ impl Poller {
     fn event(
         &mut self,
         st: &mut Reading,
-        event: rdkafka::error::KafkaResult<rdkafka::message::BorrowedMessage<'_>>,
+        event: rdkafka::error::KafkaResult<BorrowedMessage<'_>>,
         tx: &mpsc::Sender<Result<RawChunk>>,
     ) -> bool {
         match event {
@@ -1209,7 +1185,7 @@ impl Poller {
     }
 
     /// Appends a message to the chunk being cut.
-    fn message(&mut self, st: &mut Reading, m: &rdkafka::message::BorrowedMessage<'_>) {
+    fn message(&mut self, st: &mut Reading, m: &BorrowedMessage<'_>) {
         let Some(t) = self.topic_index(m.topic()) else {
             return;
         };
@@ -1264,28 +1240,62 @@ impl Poller {
     /// Sends the chunk when it is full or has waited `batch_timeout`. Returns false when the
     /// stream was dropped.
     fn flush_if_due(&self, st: &mut Reading, tx: &mpsc::Sender<Result<RawChunk>>) -> bool {
-        let full =
-            st.chunk.records.len() >= self.max_records() || st.chunk.bytes() >= MAX_CHUNK_BYTES;
         let old = !st.chunk.records.is_empty() && st.chunk_started.elapsed() >= self.batch_timeout;
-        !(full || old) || self.flush(st, tx)
+        !(self.full(&st.chunk) || old) || self.flush(st, tx)
     }
 
-    /// Sends the chunk (if it holds records) and counts what was read. Returns false when the
-    /// stream was dropped.
+    /// Whether `chunk` holds as much as one chunk may.
+    fn full(&self, chunk: &RawChunk) -> bool {
+        chunk.records.len() >= self.max_records() || chunk.bytes() >= MAX_CHUNK_BYTES
+    }
+
+    /// [`Poller::send`] of the chunk being cut.
     fn flush(&self, st: &mut Reading, tx: &mpsc::Sender<Result<RawChunk>>) -> bool {
+        self.send(&mut st.chunk, &mut st.rows, tx)
+    }
+
+    /// Sends `chunk` (if it holds records) and counts what was read (`rows`: records per
+    /// partition). Returns false when the stream was dropped.
+    fn send(
+        &self,
+        chunk: &mut RawChunk,
+        rows: &mut HashMap<(u16, i32), u64>,
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> bool {
         self.metrics
             .source
             .bytes_read
-            .fetch_add(st.chunk.bytes() as u64, Ordering::Relaxed);
-        for ((t, p), n) in st.rows.drain() {
+            .fetch_add(chunk.bytes() as u64, Ordering::Relaxed);
+        for ((t, p), n) in rows.drain() {
             self.metrics
                 .source
                 .with_partition(&self.topics[t as usize], p, |m| m.records += n);
         }
-        if st.chunk.records.is_empty() {
+        if chunk.records.is_empty() {
             return true;
         }
-        tx.blocking_send(Ok(std::mem::take(&mut st.chunk))).is_ok()
+        tx.blocking_send(Ok(std::mem::take(chunk))).is_ok()
+    }
+
+    /// The next message of a partition's queue, handling the events before it (its end,
+    /// errors); `None` when there is none now, `Err` when the run must stop.
+    fn next_in<'q>(
+        &mut self,
+        st: &mut Reading,
+        queue: &'q PartitionQueue<SourceContext>,
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> std::result::Result<Option<BorrowedMessage<'q>>, ()> {
+        loop {
+            match queue.poll(Duration::ZERO) {
+                None => return Ok(None),
+                Some(Ok(m)) => return Ok(Some(m)),
+                Some(Err(e)) => {
+                    if !self.event(st, Err(e), tx) {
+                        return Err(());
+                    }
+                }
+            }
+        }
     }
 }
 

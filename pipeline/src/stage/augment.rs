@@ -109,42 +109,28 @@ pub(crate) fn column_key(seed: u64, stage_index: usize, column: &str) -> [u8; 32
 }
 
 trait Float: ArrowPrimitiveType {
-    fn apply(v: Self::Native, noise: Noise, rng: &mut ChaCha8Rng) -> Self::Native;
+    /// `v + std · z`, `z` a standard normal sample.
+    fn gaussian(v: Self::Native, std: f64, rng: &mut ChaCha8Rng) -> Self::Native;
+    /// `v · scale`.
+    fn scaled(v: Self::Native, scale: f64) -> Self::Native;
 }
 
 impl Float for Float32Type {
-    fn apply(v: f32, noise: Noise, rng: &mut ChaCha8Rng) -> f32 {
-        match noise {
-            Noise::Gaussian { std } => {
-                let z: f32 = StandardNormal.sample(rng);
-                v + std as f32 * z
-            }
-            Noise::Dropout { p, scale } => {
-                if rand::RngExt::random::<f64>(rng) < p {
-                    0.0
-                } else {
-                    v * scale as f32
-                }
-            }
-        }
+    fn gaussian(v: f32, std: f64, rng: &mut ChaCha8Rng) -> f32 {
+        v + std as f32 * super::normal::standard_normal_f32(rng)
+    }
+    fn scaled(v: f32, scale: f64) -> f32 {
+        v * scale as f32
     }
 }
 
 impl Float for Float64Type {
-    fn apply(v: f64, noise: Noise, rng: &mut ChaCha8Rng) -> f64 {
-        match noise {
-            Noise::Gaussian { std } => {
-                let z: f64 = StandardNormal.sample(rng);
-                v + std * z
-            }
-            Noise::Dropout { p, scale } => {
-                if rand::RngExt::random::<f64>(rng) < p {
-                    0.0
-                } else {
-                    v * scale
-                }
-            }
-        }
+    fn gaussian(v: f64, std: f64, rng: &mut ChaCha8Rng) -> f64 {
+        let z: f64 = StandardNormal.sample(rng);
+        v + std * z
+    }
+    fn scaled(v: f64, scale: f64) -> f64 {
+        v * scale
     }
 }
 
@@ -156,15 +142,35 @@ fn augment_values<T: Float>(
     key: [u8; 32],
     noise: Noise,
 ) -> PrimitiveArray<T> {
+    match noise {
+        Noise::Gaussian { std } => {
+            per_value(values, width, ids, key, |v, rng| T::gaussian(v, std, rng))
+        }
+        Noise::Dropout { p, scale } => per_value(values, width, ids, key, |v, rng| {
+            if rand::RngExt::random::<f64>(rng) < p {
+                T::Native::default()
+            } else {
+                T::scaled(v, scale)
+            }
+        }),
+    }
+}
+
+/// `f` over every value, with each row's own stream of the generator keyed by `key`.
+fn per_value<T: Float>(
+    values: &PrimitiveArray<T>,
+    width: usize,
+    ids: &[u64],
+    key: [u8; 32],
+    f: impl Fn(T::Native, &mut ChaCha8Rng) -> T::Native,
+) -> PrimitiveArray<T> {
     let mut rng = ChaCha8Rng::from_seed(key);
     let src = values.values();
     let mut out = Vec::with_capacity(src.len());
-    for (r, id) in ids.iter().enumerate() {
+    for (row, id) in src.chunks_exact(width.max(1)).zip(ids) {
         rng.set_stream(*id);
         rng.set_word_pos(0);
-        for v in &src[r * width..(r + 1) * width] {
-            out.push(T::apply(*v, noise, &mut rng));
-        }
+        out.extend(row.iter().map(|v| f(*v, &mut rng)));
     }
     PrimitiveArray::<T>::new(out.into(), values.nulls().cloned())
 }

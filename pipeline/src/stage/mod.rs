@@ -6,10 +6,13 @@ mod augment;
 mod expr;
 pub(crate) mod image;
 mod kernels;
+mod normal;
 mod pixels;
 pub(crate) mod rebatch;
 pub(crate) mod shuffle;
 mod tokens;
+#[rustfmt::skip]
+mod ziggurat_tables;
 
 use std::fmt;
 use std::sync::Arc;

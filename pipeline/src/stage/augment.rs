@@ -146,13 +146,17 @@ fn augment_values<T: Float>(
         Noise::Gaussian { std } => {
             per_value(values, width, ids, key, |v, rng| T::gaussian(v, std, rng))
         }
-        Noise::Dropout { p, scale } => per_value(values, width, ids, key, |v, rng| {
-            if rand::RngExt::random::<f64>(rng) < p {
-                T::Native::default()
-            } else {
-                T::scaled(v, scale)
-            }
-        }),
+        Noise::Dropout { p, scale } => {
+            // One 32-bit word per value: dropped when it is below p · 2³².
+            let cut = p * 4_294_967_296.0;
+            per_value(values, width, ids, key, move |v, rng| {
+                if f64::from(rand::Rng::next_u32(rng)) < cut {
+                    T::Native::default()
+                } else {
+                    T::scaled(v, scale)
+                }
+            })
+        }
     }
 }
 

@@ -198,7 +198,7 @@ pub(crate) struct Measured {
 }
 
 fn peak_rss_mib() -> f64 {
-    sluice::peak_rss_bytes().map_or(f64::NAN, |b| b as f64 / (1024.0 * 1024.0))
+    sluice::peak_rss_bytes().map_or(f64::NAN, sluice::mib)
 }
 
 /// `sluice bench-child`: runs one Sluice variant in this process and prints a JSON line.

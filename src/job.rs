@@ -356,6 +356,11 @@ pub fn peak_rss_bytes() -> Option<u64> {
         .map(|kib| kib * 1024)
 }
 
+/// Bytes in MiB, for reports.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
 impl PreparedJob {
     /// Live counters, for progress display.
     pub fn metrics(&self) -> Arc<PipelineMetrics> {

@@ -523,7 +523,7 @@ fn print_summary(config: &Path, r: &RunReport) {
         r.rows_per_second,
         r.mb_per_second,
         r.peak_rss_bytes
-            .map(|b| format!("; peak RSS {:.0} MiB", b as f64 / (1024.0 * 1024.0)))
+            .map(|b| format!("; peak RSS {:.0} MiB", sluice::mib(b)))
             .unwrap_or_default()
     );
 }

@@ -241,10 +241,7 @@ fn print_summary(config: &Path, r: &TrainReport) {
         "  time     {:.1} s{}",
         r.seconds,
         sluice::peak_rss_bytes()
-            .map(|b| format!(
-                ", peak RSS {:.0} MiB (this process)",
-                b as f64 / (1024.0 * 1024.0)
-            ))
+            .map(|b| format!(", peak RSS {:.0} MiB (this process)", sluice::mib(b)))
             .unwrap_or_default()
     );
 }

@@ -90,15 +90,20 @@ async fn produce_json(topic: &str, n: i64, partitions: i64) {
     assert_eq!(produced as i64, n);
 }
 
+/// A new topic of `partitions` partitions holding ids `0..n` ([`produce_json`]).
+fn json_topic(rt: &tokio::runtime::Runtime, name: &str, n: i64, partitions: i32) -> String {
+    rt.block_on(async {
+        let t = kafka::create_topic(name, partitions).await;
+        produce_json(&t, n, i64::from(partitions)).await;
+        t
+    })
+}
+
 #[test]
 fn json_topic_to_parquet_exactly_once_with_lineage() {
     let rt = runtime();
     let n = 100_000i64;
-    let topic = rt.block_on(async {
-        let t = kafka::create_topic("json100k", 4).await;
-        produce_json(&t, n, 4).await;
-        t
-    });
+    let topic = json_topic(&rt, "json100k", n, 4);
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "{}sink:\n  type: parquet\n  path: out.parquet\n",
@@ -488,11 +493,7 @@ fn until_end_finishes_with_empty_partitions_and_group_assignment() {
 fn a_backlog_reaches_the_stream_with_the_partitions_interleaved() {
     let rt = runtime();
     let n = 40_000i64;
-    let topic = rt.block_on(async {
-        let t = kafka::create_topic("backlog", 4).await;
-        produce_json(&t, n, 4).await;
-        t
-    });
+    let topic = json_topic(&rt, "backlog", n, 4);
     // A turn waits up to `batch_timeout` for a partition that has nothing yet; long here, so
     // that a slow fetch on a loaded machine cannot let the others run ahead.
     let source = json_source(&topic, "  batch_rows: 250\n  batch_timeout: 5s\n");
@@ -563,11 +564,7 @@ fn sigkill(child: &mut std::process::Child) {
 #[test]
 fn static_mode_killed_and_resumed_from_checkpoint_delivers_every_record_exactly_once() {
     let rt = runtime();
-    let topic = rt.block_on(async {
-        let t = kafka::create_topic("crash-static", 4).await;
-        produce_json(&t, 30_000, 4).await;
-        t
-    });
+    let topic = json_topic(&rt, "crash-static", 30_000, 4);
     let dir = tempfile::tempdir().unwrap();
     let job = |until: &str| {
         format!(
@@ -661,11 +658,7 @@ fn static_mode_killed_and_resumed_from_checkpoint_delivers_every_record_exactly_
 fn group_mode_killed_and_restarted_delivers_at_least_once_with_duplicates_only_past_the_commit() {
     let rt = runtime();
     let n = 40_000i64;
-    let topic = rt.block_on(async {
-        let t = kafka::create_topic("crash-group", 4).await;
-        produce_json(&t, 20_000, 4).await;
-        t
-    });
+    let topic = json_topic(&rt, "crash-group", 20_000, 4);
     let group = kafka::unique("sluice-group");
     let dir = tempfile::tempdir().unwrap();
     let job = |until: &str, out: &str| {
@@ -1089,11 +1082,7 @@ fn resume_a_shuffled_stream(
 fn a_shuffled_kafka_stream_resumes_inside_a_window_exactly() {
     let rt = runtime();
     let n = 6000i64;
-    let topic = rt.block_on(async {
-        let t = kafka::create_topic("shuffle-json", 4).await;
-        produce_json(&t, n, 4).await;
-        t
-    });
+    let topic = json_topic(&rt, "shuffle-json", n, 4);
     // (A long `batch_timeout`: the partitions' turns wait for each other that long.)
     let source = json_source(&topic, "  batch_rows: 250\n  batch_timeout: 5s\n");
     resume_a_shuffled_stream(&rt, &source, n, &|id| (id % 4, id / 4), 4, 25);
@@ -1179,11 +1168,7 @@ fn signal(child: &std::process::Child, signal: &str) {
 fn a_shuffled_kafka_job_killed_inside_a_window_and_resumed_writes_every_record_exactly_once() {
     let rt = runtime();
     let n = 60_000i64;
-    let topic = rt.block_on(async {
-        let t = kafka::create_topic("crash-shuffle", 4).await;
-        produce_json(&t, n, 4).await;
-        t
-    });
+    let topic = json_topic(&rt, "crash-shuffle", n, 4);
     let dir = tempfile::tempdir().unwrap();
     let job = |until: &str| {
         format!(

@@ -5,7 +5,8 @@ in Marsaglia & Tsang, "The Ziggurat Method for Generating Random Variables" (200
 the layer count and widths numpy's float32 sampler uses.
 
 The tables are computed once here (Python floats are IEEE doubles) and kept as constants,
-so the samples never depend on the platform's exp/log. Run from the repository root:
+so they never depend on the platform's exp/log (the sampler's rare wedge and tail tests
+still call them). Run from the repository root:
     python3 scripts/ziggurat_tables.py
 """
 import math

@@ -1026,7 +1026,7 @@ impl Poller {
         };
         let queues = std::mem::take(&mut self.queues);
         let consumer = self.consumer.clone();
-        // Messages taken from one partition's queue before the next one's: a few records, or
+        // Messages taken from one partition's queue before the next one's: 256 records, or
         // one message of many rows.
         let per_turn = match self.format {
             KafkaFormat::ArrowIpc => 1,

@@ -19,8 +19,8 @@ use arrow::array::{
 };
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, SchemaRef, UInt8Type};
+use chacha20::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 use super::Transform;
 use super::augment::row_ids;

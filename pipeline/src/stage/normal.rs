@@ -63,8 +63,8 @@ fn edge<G: Rng + ?Sized>(rng: &mut G, layer: usize, x: f32) -> Option<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chacha20::ChaCha8Rng;
     use rand::SeedableRng;
-    use rand_chacha::ChaCha8Rng;
 
     /// Φ(x), the standard normal CDF.
     fn phi(x: f64) -> f64 {

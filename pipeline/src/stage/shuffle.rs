@@ -41,9 +41,9 @@ use arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use chacha20::ChaCha8Rng;
 use rand::RngExt;
 use rand::seq::SliceRandom;
-use rand_chacha::ChaCha8Rng;
 
 use crate::batch::{Batch, Lineage, LineageSpan, Mark, Origin, ShuffleMark};
 use crate::collective::Collective;

@@ -9,8 +9,8 @@ use arrow::array::{
     RecordBatch,
 };
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Int32Type, Int64Type, SchemaRef};
+use chacha20::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 use super::Transform;
 use super::augment::row_ids;

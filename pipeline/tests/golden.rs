@@ -1,4 +1,5 @@
-//! Pins the exact output of a seeded pipeline (shuffle + image augmentation + noise) and
+//! Pins the exact output of a seeded pipeline (shuffle + image augmentation + noise and
+//! dropout on a scalar and a vector column) and
 //! measures shuffle quality for the default shuffle settings.
 //!
 //! The golden file `tests/golden/first_batches.json` holds the first batches (ids and every
@@ -10,14 +11,17 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, FixedSizeBinaryArray, Float32Array, Int64Array, RecordBatch};
-use arrow::datatypes::{Float32Type, Int64Type};
+use arrow::array::{
+    Array, AsArray, FixedSizeBinaryArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+};
+use arrow::datatypes::{DataType, Field, Float32Type, Int64Type};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use sluice_pipeline::{Batch, Pipeline};
 
-/// `files` files of `groups` row groups of `rows` rows: id, x = id / 10, a 4×4×3 image.
+/// `files` files of `groups` row groups of `rows` rows: id, x = id / 10, v = 32 values
+/// (id + k / 32), a 4×4×3 image.
 fn write(dir: &Path, files: usize, groups: usize, rows: usize, image: bool) {
     let mut id = 0i64;
     for f in 0..files {
@@ -27,15 +31,30 @@ fn write(dir: &Path, files: usize, groups: usize, rows: usize, image: bool) {
         for _ in 0..groups {
             let ids: Vec<i64> = (id..id + rows as i64).collect();
             id += rows as i64;
-            let mut cols: Vec<(&str, arrow::array::ArrayRef)> = vec![
-                ("id", Arc::new(Int64Array::from(ids.clone()))),
-                (
-                    "x",
-                    Arc::new(Float32Array::from_iter_values(
-                        ids.iter().map(|v| *v as f32 / 10.0),
-                    )),
-                ),
-            ];
+            let mut cols: Vec<(&str, arrow::array::ArrayRef)> =
+                vec![
+                    ("id", Arc::new(Int64Array::from(ids.clone()))),
+                    (
+                        "x",
+                        Arc::new(Float32Array::from_iter_values(
+                            ids.iter().map(|v| *v as f32 / 10.0),
+                        )),
+                    ),
+                    (
+                        "v",
+                        Arc::new(
+                            FixedSizeListArray::try_new(
+                                Arc::new(Field::new_list_field(DataType::Float32, false)),
+                                32,
+                                Arc::new(Float32Array::from_iter_values(ids.iter().flat_map(
+                                    |v| (0..32).map(move |k| *v as f32 + k as f32 / 32.0),
+                                ))),
+                                None,
+                            )
+                            .unwrap(),
+                        ),
+                    ),
+                ];
             if image {
                 let imgs = FixedSizeBinaryArray::try_from_iter(ids.iter().map(|v| {
                     (0..48u8)
@@ -86,7 +105,7 @@ async fn check_golden(dir: &Path, threads: usize) {
     let yaml = format!(
         "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 16}}\n\
          stages:\n\
-         - {{type: gaussian_noise, columns: [x], std: 0.5, seed: 11}}\n\
+         - {{type: gaussian_noise, columns: [x, v], std: 0.5, seed: 11}}\n\
          - {{type: shuffle, buffer_rows: 100, seed: 42, batch_rows: 32}}\n\
          - type: image\n\
          \x20 column: img\n\
@@ -98,6 +117,7 @@ async fn check_golden(dir: &Path, threads: usize) {
          \x20   - color_jitter: {{brightness: 0.2, contrast: 0.2, saturation: 0.2}}\n\
          \x20   - normalize: {{mean: [0.5, 0.4, 0.3], std: [0.2, 0.25, 0.3]}}\n\
          - {{type: batch, size: 8}}\n\
+         - {{type: feature_dropout, columns: [v], p: 0.2, seed: 5}}\n\
          runtime: {{threads: {threads}}}\n",
         dir.display()
     );
@@ -116,11 +136,16 @@ async fn check_golden(dir: &Path, threads: usize) {
                 .unwrap()
                 .as_primitive::<Float32Type>();
             let img = b.data.column_by_name("img").unwrap().as_fixed_size_list();
+            let v = b.data.column_by_name("v").unwrap().as_fixed_size_list();
             serde_json::json!({
                 "id": ids.values().to_vec(),
                 "x": x.values().iter().map(|v| format!("{:08x}", v.to_bits())).collect::<Vec<_>>(),
                 "img": (0..img.len())
                     .flat_map(|r| img.value(r).as_primitive::<Float32Type>().values().to_vec())
+                    .map(|v| format!("{:08x}", v.to_bits()))
+                    .collect::<String>(),
+                "v": (0..v.len())
+                    .flat_map(|r| v.value(r).as_primitive::<Float32Type>().values().to_vec())
                     .map(|v| format!("{:08x}", v.to_bits()))
                     .collect::<String>(),
             })

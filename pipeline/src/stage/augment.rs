@@ -109,15 +109,22 @@ pub(crate) fn column_key(seed: u64, stage_index: usize, column: &str) -> [u8; 32
 }
 
 trait Float: ArrowPrimitiveType {
-    /// `v + std · z`, `z` a standard normal sample.
-    fn gaussian(v: Self::Native, std: f64, rng: &mut ChaCha8Rng) -> Self::Native;
+    /// `out[i] = row[i] + std · zᵢ`, the `zᵢ` standard normal samples from `rng`,
+    /// positioned at the start of the row's stream; `scratch` is reused between rows.
+    fn gaussian(
+        row: &[Self::Native],
+        std: f64,
+        rng: &mut ChaCha8Rng,
+        out: &mut [Self::Native],
+        scratch: &mut Vec<u8>,
+    );
     /// `v · scale`.
     fn scaled(v: Self::Native, scale: f64) -> Self::Native;
 }
 
 impl Float for Float32Type {
-    fn gaussian(v: f32, std: f64, rng: &mut ChaCha8Rng) -> f32 {
-        v + std as f32 * super::normal::standard_normal_f32(rng)
+    fn gaussian(row: &[f32], std: f64, rng: &mut ChaCha8Rng, out: &mut [f32], s: &mut Vec<u8>) {
+        super::normal::noise_row_f32(rng, row, std as f32, out, s);
     }
     fn scaled(v: f32, scale: f64) -> f32 {
         v * scale as f32
@@ -125,9 +132,11 @@ impl Float for Float32Type {
 }
 
 impl Float for Float64Type {
-    fn gaussian(v: f64, std: f64, rng: &mut ChaCha8Rng) -> f64 {
-        let z: f64 = StandardNormal.sample(rng);
-        v + std * z
+    fn gaussian(row: &[f64], std: f64, rng: &mut ChaCha8Rng, out: &mut [f64], _: &mut Vec<u8>) {
+        for (o, v) in out.iter_mut().zip(row) {
+            let z: f64 = StandardNormal.sample(rng);
+            *o = v + std * z;
+        }
     }
     fn scaled(v: f64, scale: f64) -> f64 {
         v * scale
@@ -143,38 +152,53 @@ fn augment_values<T: Float>(
     noise: Noise,
 ) -> PrimitiveArray<T> {
     match noise {
-        Noise::Gaussian { std } => {
-            per_value(values, width, ids, key, |v, rng| T::gaussian(v, std, rng))
-        }
+        Noise::Gaussian { std } => per_row(values, width, ids, key, |rng, row, out, scratch| {
+            T::gaussian(row, std, rng, out, scratch)
+        }),
         Noise::Dropout { p, scale } => {
-            // One 32-bit word per value: dropped when it is below p · 2³².
-            let cut = p * 4_294_967_296.0;
-            per_value(values, width, ids, key, move |v, rng| {
-                if f64::from(rand::Rng::next_u32(rng)) < cut {
-                    T::Native::default()
-                } else {
-                    T::scaled(v, scale)
+            // One 32-bit word per value, the row's words in one fill: dropped when the word
+            // is below p · 2³² (an integer compare with its ceiling; `p` is at most 1).
+            let cut = (p * 4_294_967_296.0).ceil() as u64;
+            per_row(values, width, ids, key, move |rng, row, out, words| {
+                words.clear();
+                words.resize(4 * row.len(), 0);
+                rand::Rng::fill_bytes(rng, words);
+                for ((o, v), w) in out.iter_mut().zip(row).zip(words.chunks_exact(4)) {
+                    let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    let keep = T::scaled(*v, scale);
+                    *o = if u64::from(w) < cut {
+                        T::Native::default()
+                    } else {
+                        keep
+                    };
                 }
             })
         }
     }
 }
 
-/// `f` over every value, with each row's own stream of the generator keyed by `key`.
-fn per_value<T: Float>(
+/// `f(rng, row, out, scratch)` over every row, `rng` at the start of the row's own stream of
+/// the generator keyed by `key`.
+fn per_row<T: Float>(
     values: &PrimitiveArray<T>,
     width: usize,
     ids: &[u64],
     key: [u8; 32],
-    f: impl Fn(T::Native, &mut ChaCha8Rng) -> T::Native,
+    f: impl Fn(&mut ChaCha8Rng, &[T::Native], &mut [T::Native], &mut Vec<u8>),
 ) -> PrimitiveArray<T> {
     let mut rng = ChaCha8Rng::from_seed(key);
     let src = values.values();
-    let mut out = Vec::with_capacity(src.len());
-    for (row, id) in src.chunks_exact(width.max(1)).zip(ids) {
+    let width = width.max(1);
+    let mut out = vec![T::Native::default(); src.len()];
+    let mut scratch = Vec::new();
+    for ((row, dst), id) in src
+        .chunks_exact(width)
+        .zip(out.chunks_exact_mut(width))
+        .zip(ids)
+    {
         rng.set_stream(*id);
         rng.set_word_pos(0);
-        out.extend(row.iter().map(|v| f(*v, &mut rng)));
+        f(&mut rng, row, dst, &mut scratch);
     }
     PrimitiveArray::<T>::new(out.into(), values.nulls().cloned())
 }

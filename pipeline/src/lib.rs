@@ -20,7 +20,7 @@ pub mod state;
 pub mod storage;
 pub mod types;
 
-pub use batch::{Batch, Lineage, LineageSpan, Origin};
+pub use batch::{Batch, Lineage, LineageSpan, Name, Origin};
 pub use config::{ConfigDocument, ConfigError, ConfigErrors, PipelineConfig};
 pub use error::{Error, Result, StageRef};
 pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};

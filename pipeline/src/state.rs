@@ -480,6 +480,7 @@ impl Acknowledger {
 mod tests {
     use super::*;
     use crate::batch::LineageSpan;
+    use crate::batch::Name;
 
     #[test]
     fn plan_differences_name_what_changed() {
@@ -587,10 +588,10 @@ mod tests {
 
     #[test]
     fn positions_follow_lineage_and_partial_messages() {
-        let t: Arc<str> = Arc::from("t");
+        let t = Name::from("t");
         let mut l = Lineage::new(
             Origin::Kafka {
-                topic: t.clone(),
+                topic: t,
                 partition: 0,
             },
             10,
@@ -599,7 +600,7 @@ mod tests {
         );
         l.push(LineageSpan {
             origin: Origin::KafkaMessage {
-                topic: t.clone(),
+                topic: t,
                 partition: 1,
                 offset: 7,
                 rows: 100,

@@ -32,7 +32,7 @@ fn batch(start: i64, n: i64) -> Batch {
     ])
     .unwrap();
     let origin = Origin::Object {
-        url: Arc::from("file:///test"),
+        url: sluice_pipeline::Name::from("file:///test"),
         row_group: 0,
     };
     Batch::new(data, Lineage::new(origin, start as u64, n as u64, 0))

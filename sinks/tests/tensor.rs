@@ -13,7 +13,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Int64Type};
 use futures::StreamExt;
-use sluice_pipeline::{Batch, CpuPool, Lineage, Origin, Pipeline, SourceState};
+use sluice_pipeline::{Batch, CpuPool, Lineage, Name, Origin, Pipeline, SourceState};
 use sluice_sinks::tensor::{
     ConvertError, DType, LoaderConfig, NullPolicy, TensorSpec, TensorStream, batch_to_tensors,
 };
@@ -23,7 +23,7 @@ fn batch(columns: Vec<(&str, ArrayRef)>) -> Batch {
     let data = RecordBatch::try_from_iter(columns).unwrap();
     let n = data.num_rows() as u64;
     let origin = Origin::Object {
-        url: Arc::from("file:///t.parquet"),
+        url: Name::from("file:///t.parquet"),
         row_group: 0,
     };
     Batch::new(data, Lineage::new(origin, 10, n, 0))

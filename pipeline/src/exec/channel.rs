@@ -187,6 +187,7 @@ impl Receiver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::Name;
     use crate::batch::{Lineage, Origin};
     use arrow::array::{Int64Array, RecordBatch};
     use futures::FutureExt;
@@ -198,7 +199,7 @@ mod tests {
         )])
         .unwrap();
         let origin = Origin::Object {
-            url: Arc::from("file:///t"),
+            url: Name::from("file:///t"),
             row_group: 0,
         };
         Batch::new(data, Lineage::new(origin, 0, rows as u64, 0))

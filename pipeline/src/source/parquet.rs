@@ -20,7 +20,7 @@ use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use super::reader::ObjectReader;
 
-use crate::batch::{Batch, Lineage, Mark, Origin};
+use crate::batch::{Batch, Lineage, Mark, Name, Origin};
 use crate::config::{ParquetSourceConfig, ShardPolicy};
 use crate::error::{Error, Result};
 use crate::exec::CpuPool;
@@ -785,7 +785,7 @@ impl UnitRead {
             .map_err(|e| Error::parquet(url, Some(rg), e))?
             .ok_or_else(|| Error::Internal(format!("{url}: row group {rg} missing")))?;
         let origin = Origin::Object {
-            url: url.clone(),
+            url: Name::from(&**url),
             row_group: rg as u32,
         };
         let mut first_in_file = file.row_group_starts[rg] + skip;
@@ -841,11 +841,8 @@ impl UnitRead {
                     shuffle: None,
                 };
                 chunk.push(
-                    Batch::new(
-                        rb,
-                        Lineage::new(origin.clone(), first_in_file, n, self.epoch),
-                    )
-                    .with_mark(Some(mark)),
+                    Batch::new(rb, Lineage::new(origin, first_in_file, n, self.epoch))
+                        .with_mark(Some(mark)),
                 );
                 first_in_file += n;
                 row += n;

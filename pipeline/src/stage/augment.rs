@@ -286,6 +286,7 @@ impl super::Transform for Augment {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::Name;
     use crate::stage::Transform;
     use arrow::array::Float32Array;
     use arrow::datatypes::{Field, Schema};
@@ -301,7 +302,7 @@ mod tests {
         )]));
         let data = RecordBatch::try_new(schema, vec![Arc::new(x)]).unwrap();
         let origin = Origin::Object {
-            url: Arc::from("file:///d.parquet"),
+            url: Name::from("file:///d.parquet"),
             row_group: 0,
         };
         Batch::new(data, Lineage::new(origin, first, n as u64, epoch))

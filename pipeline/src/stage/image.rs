@@ -680,6 +680,7 @@ impl Transform for ImageStage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::Name;
     use crate::batch::{Lineage, Origin};
     use arrow::array::{BinaryArray, FixedSizeBinaryArray};
     use arrow::datatypes::{Float32Type, Schema};
@@ -715,7 +716,7 @@ mod tests {
         let arr = FixedSizeBinaryArray::try_from_iter(values.into_iter()).unwrap();
         let data = RecordBatch::try_from_iter([("img", Arc::new(arr) as ArrayRef)]).unwrap();
         let origin = Origin::Object {
-            url: Arc::from("file:///imgs.parquet"),
+            url: Name::from("file:///imgs.parquet"),
             row_group: 0,
         };
         Batch::new(data, Lineage::new(origin, 0, rows as u64, 0))
@@ -1047,7 +1048,7 @@ mod tests {
         let arr = BinaryArray::from_iter_values([png.as_slice(), jpeg.as_slice()]);
         let data = RecordBatch::try_from_iter([("img", Arc::new(arr) as ArrayRef)]).unwrap();
         let origin = Origin::Object {
-            url: Arc::from("file:///x"),
+            url: Name::from("file:///x"),
             row_group: 0,
         };
         let input = Batch::new(data, Lineage::new(origin, 0, 2, 0));
@@ -1079,7 +1080,7 @@ mod tests {
         ]);
         let data = RecordBatch::try_from_iter([("img", Arc::new(arr) as ArrayRef)]).unwrap();
         let origin = Origin::Object {
-            url: Arc::from("file:///bad.parquet"),
+            url: Name::from("file:///bad.parquet"),
             row_group: 3,
         };
         let input = Batch::new(data, Lineage::new(origin, 100, 5, 0));

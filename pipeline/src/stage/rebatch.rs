@@ -146,6 +146,7 @@ fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::Name;
     use crate::batch::Origin;
     use arrow::array::{Array, AsArray, Int64Array, RecordBatch};
     use arrow::datatypes::Int64Type;
@@ -158,7 +159,7 @@ mod tests {
         )])
         .unwrap();
         let origin = Origin::Object {
-            url: Arc::from("file:///t"),
+            url: Name::from("file:///t"),
             row_group: 0,
         };
         Batch::new(data, Lineage::new(origin, start as u64, n as u64, 0))
@@ -222,7 +223,7 @@ mod tests {
     /// `n` rows from `start` read in `epoch`.
     fn in_epoch(start: i64, n: i64, epoch: u64) -> Batch {
         let b = input(start, n);
-        let origin = b.lineage.spans()[0].origin.clone();
+        let origin = b.lineage.spans()[0].origin;
         Batch::new(b.data, Lineage::new(origin, start as u64, n as u64, epoch))
     }
 

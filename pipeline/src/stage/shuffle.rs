@@ -45,7 +45,7 @@ use chacha20::ChaCha8Rng;
 use rand::RngExt;
 use rand::seq::SliceRandom;
 
-use crate::batch::{Batch, Lineage, LineageSpan, Mark, Origin, ShuffleMark};
+use crate::batch::{Batch, Lineage, LineageSpan, Mark, Name, Origin, ShuffleMark};
 use crate::collective::Collective;
 use crate::error::{Error, Result, StageRef};
 use crate::state::{KafkaMark, KafkaPositions, KafkaWindow, Position, SourceState, kafka_span};
@@ -92,8 +92,8 @@ impl Origins {
             return *i;
         }
         let i = self.list.len() as u32;
-        self.list.push(o.clone());
-        self.index.insert(o.clone(), i);
+        self.list.push(*o);
+        self.index.insert(*o, i);
         i
     }
 
@@ -112,7 +112,7 @@ impl Origins {
         let mut l = Lineage::default();
         for r in rows {
             l.push(LineageSpan {
-                origin: self.list[r.origin as usize].clone(),
+                origin: self.list[r.origin as usize],
                 first: r.first,
                 len: 1,
                 epoch: r.epoch,
@@ -832,14 +832,14 @@ pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result
 /// interleaved on arrival.
 fn canonical(lineage: &[Vec<RowOrigin>], origins: &Origins) -> Vec<(usize, usize)> {
     let key = |r: &RowOrigin| match &origins.list[r.origin as usize] {
-        Origin::Kafka { topic, partition } => (topic.clone(), *partition, r.first as i64, 0),
+        Origin::Kafka { topic, partition } => (*topic, *partition, r.first as i64, 0),
         Origin::KafkaMessage {
             topic,
             partition,
             offset,
             ..
-        } => (topic.clone(), *partition, *offset, r.first),
-        Origin::Object { url, row_group } => (url.clone(), *row_group as i32, r.first as i64, 0),
+        } => (*topic, *partition, *offset, r.first),
+        Origin::Object { url, row_group } => (*url, *row_group as i32, r.first as i64, 0),
     };
     let mut keyed: Vec<_> = lineage
         .iter()
@@ -847,7 +847,7 @@ fn canonical(lineage: &[Vec<RowOrigin>], origins: &Origins) -> Vec<(usize, usize
         .flat_map(|(p, rows)| rows.iter().enumerate().map(move |(r, o)| ((p, r), o)))
         .map(|(at, o)| (key(o), at))
         .collect();
-    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    keyed.sort_unstable_by_key(|a| a.0);
     keyed.into_iter().map(|(_, at)| at).collect()
 }
 
@@ -911,7 +911,7 @@ fn encode_part(
     for r in rows {
         match &origins.list[r.origin as usize] {
             Origin::Object { url, row_group } => {
-                urls.append_value(url.as_ref());
+                urls.append_value(&**url);
                 rgs.push(*row_group);
             }
             other => {
@@ -993,7 +993,7 @@ fn decode_part(
     for i in 0..full.num_rows() {
         let key = urls.keys().value(i) as usize;
         let origin = origins.id(&Origin::Object {
-            url: Arc::from(url_values.value(key)),
+            url: Name::from(url_values.value(key)),
             row_group: rgs.value(i),
         });
         rows.push(RowOrigin {
@@ -1149,7 +1149,7 @@ mod tests {
         let ids = Int64Array::from_iter_values((from..to).map(|o| 1000 * p as i64 + o as i64));
         let rb = RecordBatch::try_from_iter([("id", Arc::new(ids) as ArrayRef)]).unwrap();
         let origin = Origin::Kafka {
-            topic: Arc::from("t"),
+            topic: Name::from("t"),
             partition: p,
         };
         Batch::new(rb, Lineage::new(origin, from, to - from, 0))

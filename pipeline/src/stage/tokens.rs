@@ -242,6 +242,7 @@ impl Transform for MaskTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::Name;
     use crate::batch::{Lineage, Origin};
     use arrow::array::ListArray;
 
@@ -253,7 +254,7 @@ mod tests {
         let list = ListArray::from_iter_primitive::<Int32Type, _, _>(rows);
         let data = RecordBatch::try_from_iter([("tok", Arc::new(list) as ArrayRef)]).unwrap();
         let origin = Origin::Object {
-            url: Arc::from("file:///t.parquet"),
+            url: Name::from("file:///t.parquet"),
             row_group: 0,
         };
         let batch = Batch::new(data, Lineage::new(origin, 0, 500, 0));

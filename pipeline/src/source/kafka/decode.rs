@@ -13,7 +13,7 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use arrow::ipc::reader::StreamReader;
 
-use crate::batch::{Batch, Lineage, LineageSpan, Origin};
+use crate::batch::{Batch, Lineage, LineageSpan, Name, Origin};
 use crate::config::KafkaFormat;
 
 /// One consumed record: where it is in the chunk's buffers and where it came from.
@@ -92,7 +92,8 @@ pub(crate) struct Decoded {
 pub(crate) struct ChunkDecoder {
     pub format: KafkaFormat,
     pub schema: SchemaRef,
-    pub topics: Arc<[Arc<str>]>,
+    /// The topics, interned for the rows' lineage (`RecordMeta::topic` indexes them).
+    pub topics: Arc<[Name]>,
 }
 
 /// Schema of the `raw` format.
@@ -144,7 +145,7 @@ pub(crate) fn same_columns(a: &Schema, b: &Schema) -> bool {
 impl ChunkDecoder {
     fn bad(&self, chunk: &RawChunk, r: &RecordMeta, error: String) -> BadRecord {
         BadRecord {
-            topic: self.topics[r.topic as usize].clone(),
+            topic: Arc::from(&*self.topics[r.topic as usize]),
             partition: r.partition,
             offset: r.offset,
             timestamp: r.timestamp,
@@ -159,7 +160,7 @@ impl ChunkDecoder {
         for r in records {
             l.push(LineageSpan {
                 origin: Origin::Kafka {
-                    topic: self.topics[r.topic as usize].clone(),
+                    topic: self.topics[r.topic as usize],
                     partition: r.partition,
                 },
                 first: r.offset as u64,
@@ -277,7 +278,7 @@ impl ChunkDecoder {
             return Ok(None);
         }
         let origin = Origin::KafkaMessage {
-            topic: self.topics[r.topic as usize].clone(),
+            topic: self.topics[r.topic as usize],
             partition: r.partition,
             offset: r.offset,
             rows,
@@ -459,7 +460,7 @@ mod tests {
                     true,
                 ),
             ])),
-            topics: Arc::from(vec![Arc::<str>::from("t")]),
+            topics: Arc::from(vec![Name::from("t")]),
         }
     }
 
@@ -540,7 +541,7 @@ mod tests {
         let d = ChunkDecoder {
             format: KafkaFormat::ArrowIpc,
             schema,
-            topics: Arc::from(vec![Arc::<str>::from("t")]),
+            topics: Arc::from(vec![Name::from("t")]),
         };
         let out = d.decode(c);
         assert_eq!(out.batches.len(), 1);

@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 
 use self::dead_letter::{Budget, DeadLetter, describe};
 use self::decode::{ChunkDecoder, RawChunk, RecordMeta, ipc_schema, raw_schema};
+use crate::batch::Name;
 use crate::config::{Assignment, KafkaFormat, KafkaSourceConfig, StartPosition, Until};
 use crate::error::{Error, Result};
 use crate::exec::CpuPool;
@@ -289,7 +290,7 @@ impl KafkaSource {
         let decoder = ChunkDecoder {
             format: self.config.format,
             schema: self.schema.clone(),
-            topics: self.topics.clone(),
+            topics: self.topics.iter().map(|t| Name::from(&**t)).collect(),
         };
         let (chunk_tx, mut chunk_rx) = mpsc::channel::<Result<RawChunk>>(2);
         let replay = match self.replay.is_empty() {

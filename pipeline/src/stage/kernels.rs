@@ -8,7 +8,7 @@ use arrow::array::{
 };
 use arrow::compute::kernels::{cmp, numeric, zip::zip};
 use arrow::compute::{CastOptions, cast, cast_with_options, filter_record_batch, is_null};
-use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, SchemaRef};
+use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Int64Type, SchemaRef};
 use arrow::error::ArrowError;
 
 use super::expr::Expr;
@@ -353,17 +353,19 @@ impl super::Transform for Standardize {
         for (i, to, stats) in &self.columns {
             let leaf = leaf_type(to).clone();
             let (mean, std) = (stats.mean, stats.std());
-            let scalar = |v: f64| -> ArrayRef {
-                if leaf == DataType::Float64 {
-                    Arc::new(Float64Array::from(vec![v]))
-                } else {
-                    Arc::new(Float32Array::from(vec![v as f32]))
-                }
-            };
-            let (m, s) = (Scalar::new(scalar(mean)), Scalar::new(scalar(std)));
+            // `(x - mean) / std` in one pass (Arrow's `unary`): the same IEEE operations as
+            // the `sub` and `div` kernels one after the other, without the intermediate
+            // array (measured on the tabular bench: 5.4 % of the CPU in two passes).
             cols[*i] = map_leaf(&cols[*i], &|x| {
                 let x = cast(x, &leaf)?;
-                numeric::div(&numeric::sub(&x, &m)?, &s)
+                Ok(if leaf == DataType::Float64 {
+                    let a = x.as_primitive::<Float64Type>();
+                    Arc::new(a.unary::<_, Float64Type>(|v| (v - mean) / std)) as ArrayRef
+                } else {
+                    let (m, s) = (mean as f32, std as f32);
+                    let a = x.as_primitive::<Float32Type>();
+                    Arc::new(a.unary::<_, Float32Type>(|v| (v - m) / s)) as ArrayRef
+                })
             })
             .map_err(|e| arrow_err(&self.stage, e))?;
         }
@@ -472,5 +474,88 @@ impl OneHot {
             None => out_of_range.values().clone(),
         };
         Ok(bits.set_indices().next())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{Lineage, Name, Origin};
+    use crate::stage::Transform;
+    use arrow::datatypes::Schema;
+
+    /// The fused standardize pass gives, bit for bit, what Arrow's `sub` then `div` kernels
+    /// give, for float32 (inside a fixed-size list, with nulls) and float64.
+    #[test]
+    fn standardize_matches_sub_then_div_exactly() {
+        let values: Vec<Option<f32>> = (0..999)
+            .map(|i| (i % 37 != 0).then(|| (i as f32 * 0.7311).sin() * 1e3 + 0.1))
+            .collect();
+        let x32: ArrayRef = Arc::new(Float32Array::from(values.clone()));
+        let item = Arc::new(Field::new("item", DataType::Float32, true));
+        let list: ArrayRef = Arc::new(
+            arrow::array::FixedSizeListArray::try_new(item.clone(), 3, x32.clone(), None).unwrap(),
+        );
+        let x64: ArrayRef = Arc::new(Float64Array::from(
+            values[..333]
+                .iter()
+                .map(|v| v.map(|v| f64::from(v) * 1.1))
+                .collect::<Vec<_>>(),
+        ));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("l", list.data_type().clone(), true),
+            Field::new("d", DataType::Float64, true),
+        ]));
+        let data = RecordBatch::try_new(schema.clone(), vec![list.clone(), x64.clone()]).unwrap();
+        let origin = Origin::Object {
+            url: Name::from("file:///s.parquet"),
+            row_group: 0,
+        };
+        let batch = Batch::new(data, Lineage::new(origin, 0, 333, 0));
+        let (mean, std) = (3.25f64, 7.5f64);
+        let stage = Standardize {
+            stage: StageRef {
+                index: 0,
+                kind: "standardize",
+                location: None,
+            },
+            columns: vec![
+                (0, list.data_type().clone(), ColumnStats::given(mean, std)),
+                (1, DataType::Float64, ColumnStats::given(mean, std)),
+            ],
+            schema,
+        };
+        let out = stage.apply(batch).unwrap();
+        let two_kernels = |x: &ArrayRef, m: ArrayRef, s: ArrayRef| {
+            numeric::div(&numeric::sub(x, &Scalar::new(m)).unwrap(), &Scalar::new(s)).unwrap()
+        };
+        let want32 = two_kernels(
+            &x32,
+            Arc::new(Float32Array::from(vec![mean as f32])),
+            Arc::new(Float32Array::from(vec![std as f32])),
+        );
+        let got32 = out.data.column(0).as_fixed_size_list().values().clone();
+        assert_eq!(got32.nulls(), want32.nulls());
+        let bits = |a: &ArrayRef| -> Vec<u64> {
+            match a.data_type() {
+                DataType::Float32 => a
+                    .as_primitive::<Float32Type>()
+                    .iter()
+                    .map(|v| v.map_or(u64::MAX, |v| u64::from(v.to_bits())))
+                    .collect(),
+                _ => a
+                    .as_primitive::<Float64Type>()
+                    .iter()
+                    .map(|v| v.map_or(u64::MAX, f64::to_bits))
+                    .collect(),
+            }
+        };
+        assert_eq!(bits(&got32), bits(&want32));
+        let want64 = two_kernels(
+            &x64,
+            Arc::new(Float64Array::from(vec![mean])),
+            Arc::new(Float64Array::from(vec![std])),
+        );
+        assert_eq!(bits(out.data.column(1)), bits(&want64));
     }
 }

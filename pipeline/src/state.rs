@@ -479,8 +479,7 @@ impl Acknowledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::LineageSpan;
-    use crate::batch::Name;
+    use crate::batch::{LineageSpan, Name};
 
     #[test]
     fn plan_differences_name_what_changed() {

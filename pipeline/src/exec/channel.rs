@@ -187,8 +187,7 @@ impl Receiver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Name;
-    use crate::batch::{Lineage, Origin};
+    use crate::batch::{Lineage, Name, Origin};
     use arrow::array::{Int64Array, RecordBatch};
     use futures::FutureExt;
 

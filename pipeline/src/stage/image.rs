@@ -680,8 +680,7 @@ impl Transform for ImageStage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Name;
-    use crate::batch::{Lineage, Origin};
+    use crate::batch::{Lineage, Name, Origin};
     use arrow::array::{BinaryArray, FixedSizeBinaryArray};
     use arrow::datatypes::{Float32Type, Schema};
 

@@ -146,8 +146,7 @@ fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Name;
-    use crate::batch::Origin;
+    use crate::batch::{Name, Origin};
     use arrow::array::{Array, AsArray, Int64Array, RecordBatch};
     use arrow::datatypes::Int64Type;
     use std::sync::Arc;

@@ -10,7 +10,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Int32Type, Int64Type, SchemaRef};
 use chacha20::ChaCha8Rng;
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 
 use super::Transform;
 use super::augment::row_ids;
@@ -113,14 +113,22 @@ fn mask_values<T: ArrowPrimitiveType>(
     let mut out: Vec<T::Native> = values.values().to_vec();
     let mut mask = vec![false; out.len()];
     let mut rng = ChaCha8Rng::from_seed(key);
+    // Token k of a row takes word k of the row's stream, all of them in one fill, and is
+    // selected when the word is below p · 2³² (as `feature_dropout` drops values).
+    let cut = (p * 4_294_967_296.0).ceil() as u64;
+    let mut words = Vec::new();
     for (r, (start, end)) in ranges.iter().enumerate() {
         rng.set_stream(ids[r]);
-        rng.set_word_pos(0);
-        for k in *start..*end {
-            if rng.random::<f64>() < p {
-                out[k] = token;
-                mask[k] = true;
-            }
+        words.clear();
+        words.resize(4 * (end - start), 0);
+        rng.fill_bytes(&mut words);
+        for ((o, m), w) in out[*start..*end]
+            .iter_mut()
+            .zip(&mut mask[*start..*end])
+            .zip(words.chunks_exact(4))
+        {
+            *m = u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]])) < cut;
+            *o = if *m { token } else { *o };
         }
     }
     (
@@ -242,8 +250,7 @@ impl Transform for MaskTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Name;
-    use crate::batch::{Lineage, Origin};
+    use crate::batch::{Lineage, Name, Origin};
     use arrow::array::ListArray;
 
     #[test]
@@ -293,6 +300,18 @@ mod tests {
         }
         let rate = masked as f64 / total as f64;
         assert!((0.12..0.18).contains(&rate), "{rate}");
+        // Token k of a row is selected exactly when word k of the row's stream is below
+        // p · 2³².
+        let ids = row_ids(&batch.lineage);
+        let mut rng = ChaCha8Rng::from_seed(super::super::augment::column_key(1, 2, "tok"));
+        for r in [0, 16, 499] {
+            rng.set_stream(ids[r]);
+            let m = mask.value(r);
+            for k in 0..m.len() {
+                let want = f64::from(rng.next_u32()) < 0.15 * 4_294_967_296.0;
+                assert_eq!(m.as_boolean().value(k), want, "row {r} token {k}");
+            }
+        }
         // Same draws when the rows arrive in other batches (slices).
         let a = st.apply(batch.slice(0, 123)).unwrap();
         let b = st.apply(batch.slice(123, 377)).unwrap();

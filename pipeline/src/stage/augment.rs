@@ -108,6 +108,36 @@ pub(crate) fn column_key(seed: u64, stage_index: usize, column: &str) -> [u8; 32
     key
 }
 
+/// A choice made with probability `p` (in `[0, 1)`) from one 32-bit word: taken when the
+/// word is below p · 2³² (compared as integers, with its ceiling, which vectorises). How
+/// `feature_dropout` drops values and `mask_tokens` selects tokens: value `i` of a row by
+/// word `i` of the row's stream.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chance(u64);
+
+impl Chance {
+    pub(crate) fn new(p: f64) -> Self {
+        Chance((p * 4_294_967_296.0).ceil() as u64)
+    }
+
+    #[inline(always)]
+    pub(crate) fn hit(self, word: u32) -> bool {
+        u64::from(word) < self.0
+    }
+}
+
+/// The next `n` 32-bit words of `rng`, generated in one fill into `buf`.
+pub(crate) fn words<'a>(
+    rng: &mut ChaCha8Rng,
+    n: usize,
+    buf: &'a mut Vec<u8>,
+) -> impl Iterator<Item = u32> + 'a {
+    buf.clear();
+    buf.resize(4 * n, 0);
+    rand::Rng::fill_bytes(rng, buf);
+    buf.chunks_exact(4).map(super::normal::word)
+}
+
 trait Float: ArrowPrimitiveType {
     /// `out[i] = row[i] + std · zᵢ`, the `zᵢ` standard normal samples from `rng`,
     /// positioned at the start of the row's stream; `scratch` is reused between rows.
@@ -156,17 +186,11 @@ fn augment_values<T: Float>(
             T::gaussian(row, std, rng, out, scratch)
         }),
         Noise::Dropout { p, scale } => {
-            // One 32-bit word per value, the row's words in one fill: dropped when the word
-            // is below p · 2³² (an integer compare with its ceiling; `p` is at most 1).
-            let cut = (p * 4_294_967_296.0).ceil() as u64;
-            per_row(values, width, ids, key, move |rng, row, out, words| {
-                words.clear();
-                words.resize(4 * row.len(), 0);
-                rand::Rng::fill_bytes(rng, words);
-                for ((o, v), w) in out.iter_mut().zip(row).zip(words.chunks_exact(4)) {
-                    let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            let drop = Chance::new(p);
+            per_row(values, width, ids, key, move |rng, row, out, buf| {
+                for ((o, v), w) in out.iter_mut().zip(row).zip(words(rng, row.len(), buf)) {
                     let keep = T::scaled(*v, scale);
-                    *o = if u64::from(w) < cut {
+                    *o = if drop.hit(w) {
                         T::Native::default()
                     } else {
                         keep
@@ -197,7 +221,6 @@ fn per_row<T: Float>(
         .zip(ids)
     {
         rng.set_stream(*id);
-        rng.set_word_pos(0);
         f(&mut rng, row, dst, &mut scratch);
     }
     PrimitiveArray::<T>::new(out.into(), values.nulls().cloned())

@@ -60,7 +60,7 @@ pub(crate) fn noise_row_f32<G: Rng + ?Sized>(
 
 /// A little-endian word of the generator's output.
 #[inline(always)]
-fn word(bytes: &[u8]) -> u32 {
+pub(crate) fn word(bytes: &[u8]) -> u32 {
     u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
 }
 

@@ -10,10 +10,10 @@ use arrow::array::{
 };
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Int32Type, Int64Type, SchemaRef};
 use chacha20::ChaCha8Rng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 use super::Transform;
-use super::augment::row_ids;
+use super::augment::{Chance, row_ids, words};
 use crate::batch::Batch;
 use crate::config::MaskTokensConfig;
 use crate::error::{Error, Result, StageRef};
@@ -113,21 +113,18 @@ fn mask_values<T: ArrowPrimitiveType>(
     let mut out: Vec<T::Native> = values.values().to_vec();
     let mut mask = vec![false; out.len()];
     let mut rng = ChaCha8Rng::from_seed(key);
-    // Token k of a row takes word k of the row's stream, all of them in one fill, and is
-    // selected when the word is below p · 2³² (as `feature_dropout` drops values).
-    let cut = (p * 4_294_967_296.0).ceil() as u64;
-    let mut words = Vec::new();
+    // Token k of a row is selected by word k of the row's stream (as `feature_dropout` drops
+    // values).
+    let select = Chance::new(p);
+    let mut buf = Vec::new();
     for (r, (start, end)) in ranges.iter().enumerate() {
         rng.set_stream(ids[r]);
-        words.clear();
-        words.resize(4 * (end - start), 0);
-        rng.fill_bytes(&mut words);
         for ((o, m), w) in out[*start..*end]
             .iter_mut()
             .zip(&mut mask[*start..*end])
-            .zip(words.chunks_exact(4))
+            .zip(words(&mut rng, end - start, &mut buf))
         {
-            *m = u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]])) < cut;
+            *m = select.hit(w);
             *o = if *m { token } else { *o };
         }
     }
@@ -252,6 +249,7 @@ mod tests {
     use super::*;
     use crate::batch::{Lineage, Name, Origin};
     use arrow::array::ListArray;
+    use rand::Rng;
 
     #[test]
     fn masks_at_rate_p_with_a_matching_mask_column_and_is_batching_independent() {

@@ -602,7 +602,6 @@ impl Transform for ImageStage {
                 }
             };
             rng.set_stream(*id);
-            rng.set_word_pos(0);
             let (g, c) = self.draw(&mut rng, h, w);
             if g.exact && c == NO_COLOUR {
                 self.crop_normalize(src, h, w, &g, dst);

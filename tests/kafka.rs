@@ -1128,6 +1128,103 @@ fn a_shuffled_stream_of_many_row_messages_resumes_where_a_window_splits_a_messag
     resume_a_shuffled_stream(&rt, &source, n, &locate, 3, 27);
 }
 
+/// Offsets of the records in one dead-letter directory, sorted (a record written twice shows
+/// twice).
+fn dead_lettered(dir: &std::path::Path) -> Vec<i64> {
+    let mut offsets = Vec::new();
+    for f in std::fs::read_dir(dir).into_iter().flatten() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        for l in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["partition"], 1, "{v}");
+            offsets.push(v["offset"].as_i64().unwrap());
+        }
+    }
+    offsets.sort_unstable();
+    offsets
+}
+
+#[test]
+fn a_resumed_shuffle_window_does_not_dead_letter_its_bad_records_again() {
+    let rt = runtime();
+    // Ids 0..4000 over 4 partitions; partition 1 also holds a bad message after every 10th
+    // of its good ones.
+    let topic = rt.block_on(kafka::create_topic("dlq-shuffle", 4));
+    let mut records: Vec<(i32, Vec<u8>)> = Vec::new();
+    let mut next = [0i64; 4];
+    let mut bad = Vec::new();
+    for id in 0..4000i64 {
+        let p = (id % 4) as usize;
+        records.push((p as i32, json_record(id)));
+        next[p] += 1;
+        if id % 40 == 1 {
+            records.push((1, format!("not json {id}").into_bytes()));
+            bad.push(next[1]);
+            next[1] += 1;
+        }
+    }
+    assert_eq!(rt.block_on(kafka::produce(&topic, records)), 4100);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |dlq: &str| {
+        let source = json_source(
+            &topic,
+            &format!(
+                "  batch_rows: 250\n  batch_timeout: 5s\n  dead_letter: {{type: file, path: '{}'}}\n",
+                dir.path().join(dlq).display()
+            ),
+        );
+        format!(
+            "{source}stages:\n  - {{type: shuffle, buffer_rows: 1000, seed: 7, batch_rows: 100}}\n"
+        )
+    };
+    let full = ids_and_states(&rt, Pipeline::from_yaml(&yaml("full")).unwrap());
+    assert_eq!(dead_lettered(&dir.path().join("full")), bad, "each once");
+
+    // A state inside a window whose rows of partition 1 are read again on resume (from the
+    // window's start to the position) and hold bad records.
+    let position = |s: &sluice::pipeline::SourceState| {
+        s.kafka.as_ref().unwrap().get(&topic, 1).unwrap().offset
+    };
+    let (k, state) = full
+        .iter()
+        .enumerate()
+        .map(|(i, (_, s))| (i + 1, s.clone()))
+        .find(|(_, s)| {
+            let Some(w) = &s.kafka_shuffle else {
+                return false;
+            };
+            let Some(start) = w.starts.get(&topic, 1) else {
+                return false;
+            };
+            w.rows > 0 && w.emitted > 0 && bad.iter().any(|&o| start.offset <= o && o < position(s))
+        })
+        .expect("a state inside a window holding bad records");
+    let rest = ids_and_states(
+        &rt,
+        Pipeline::from_yaml(&yaml("resumed"))
+            .unwrap()
+            .resume_from(state.clone()),
+    );
+    let mut ids: Vec<i64> = full[..k]
+        .iter()
+        .chain(&rest)
+        .flat_map(|(ids, _)| ids.clone())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..4000).collect::<Vec<_>>(), "every good row once");
+    let after: Vec<i64> = bad
+        .iter()
+        .copied()
+        .filter(|&o| o >= position(&state))
+        .collect();
+    assert!(after.len() < bad.len());
+    assert_eq!(
+        dead_lettered(&dir.path().join("resumed")),
+        after,
+        "the resumed run writes the bad records past its position, once each"
+    );
+}
+
 #[test]
 fn a_shuffle_of_a_kafka_stream_needs_static_assignment_and_no_exchange() {
     let rt = runtime();

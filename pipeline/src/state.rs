@@ -66,12 +66,12 @@ impl KafkaPositions {
             let Some((topic, partition, _, pos)) = kafka_span(s) else {
                 continue;
             };
-            let slot = self
-                .0
-                .entry(topic.to_string())
-                .or_default()
-                .entry(partition)
-                .or_insert(pos);
+            // The topic's map exists after its first span: no key allocated per span.
+            let partitions = match self.0.get_mut(topic) {
+                Some(ps) => ps,
+                None => self.0.entry(topic.to_string()).or_default(),
+            };
+            let slot = partitions.entry(partition).or_insert(pos);
             if pos > *slot {
                 *slot = pos;
             }

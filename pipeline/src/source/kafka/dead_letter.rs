@@ -6,6 +6,7 @@
 //! lost even if the run is killed right after.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -43,10 +44,12 @@ impl std::fmt::Debug for DeadLetter {
 }
 
 impl DeadLetter {
+    /// Opens the sink of `config` for the source of `rank`.
     pub fn open(
         config: &DeadLetterConfig,
         source: &KafkaSourceConfig,
         base_dir: &Path,
+        rank: usize,
     ) -> Result<Self> {
         match config {
             DeadLetterConfig::File(f) => {
@@ -56,14 +59,11 @@ impl DeadLetter {
                     base_dir,
                     &f.storage,
                 )?;
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default();
                 Ok(DeadLetter::File {
                     dir: f.path.trim_end_matches('/').to_string(),
                     base_dir: base_dir.to_path_buf(),
                     storage: f.storage.clone(),
-                    run_id: format!("{}-{}", now.as_millis(), std::process::id()),
+                    run_id: run_id(rank),
                     seq: 0,
                 })
             }
@@ -180,6 +180,22 @@ impl DeadLetter {
     }
 }
 
+/// Names the objects of one file sink apart from every other sink's: the start time, the rank
+/// (ranks of one job on different hosts), the process, and a count of the sinks this process
+/// opened (ranks that run as threads of one process start within the same millisecond).
+fn run_id(rank: usize) -> String {
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{}-rank{rank}-{}-{}",
+        now.as_millis(),
+        std::process::id(),
+        OPENED.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// Counts records and bad records against the budget.
 #[derive(Debug, Default)]
 pub(crate) struct Budget {
@@ -221,4 +237,17 @@ pub(crate) fn describe(r: &BadRecord) -> String {
         "kafka {}/{} offset {}: {}",
         r.topic, r.partition, r.offset, r.error
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sinks_opened_together_name_their_objects_apart() {
+        let ids: Vec<String> = [0, 0, 1, 1].into_iter().map(run_id).collect();
+        let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+        assert!(ids[2].contains("-rank1-"), "{}", ids[2]);
+    }
 }

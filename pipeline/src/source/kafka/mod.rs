@@ -114,6 +114,8 @@ pub(crate) struct KafkaSource {
     assigned: Vec<(u16, i32, Offset, u64)>,
     /// `until: end`: the end offset of each partition at the start of the run.
     ends: HashMap<(u16, i32), i64>,
+    /// This rank (static assignment: which partitions are this source's).
+    rank: usize,
     /// Positions restored from a checkpoint.
     resume_positions: Option<KafkaPositions>,
     /// Resuming inside a shuffle window: the rows it held, read again first (partition,
@@ -247,7 +249,12 @@ impl KafkaSource {
     async fn run_inner(self, tx: &Sender, pool: CpuPool, parallelism: usize) -> Result<()> {
         let brokers = self.config.brokers.0.join(",");
         let mut dead_letter = match &self.config.dead_letter {
-            Some(d) => Some(DeadLetter::open(d, &self.config, &self.base_dir)?),
+            Some(d) => Some(DeadLetter::open(
+                d,
+                &self.config,
+                &self.base_dir,
+                self.rank,
+            )?),
             None => None,
         };
         let wake = Arc::new(Wake::default());
@@ -364,13 +371,23 @@ impl KafkaSource {
         let m = &self.metrics.source;
         let mut result = Ok(());
         while let Some(d) = decoded.next().await {
-            let d = match d {
+            let mut d = match d {
                 Ok(d) => d,
                 Err(e) => {
                     result = Err(e);
                     break;
                 }
             };
+            // A bad record below a restored position is in the dead-letter sink already: a
+            // chunk's bad records are durable before its good rows go on, and a position is
+            // past a good row that came after them. Read again (to rebuild a shuffle window,
+            // or replayed by a consumer group), it is not written or counted a second time.
+            if let Some(done) = &self.resume_positions {
+                d.bad.retain(|b| {
+                    done.get(&b.topic, b.partition)
+                        .is_none_or(|p| b.offset >= p.offset)
+                });
+            }
             if !d.bad.is_empty() {
                 m.records_bad
                     .fetch_add(d.bad.len() as u64, Ordering::Relaxed);
@@ -621,6 +638,7 @@ fn open_blocking(args: OpenArgs) -> Result<KafkaSource> {
         consumer,
         assigned,
         ends,
+        rank,
         resume_positions: resume,
         replay,
         acker: Arc::new(Acknowledger::default()),

@@ -205,3 +205,64 @@ fn trainer_config_errors_say_where_and_what() {
         "{err}"
     );
 }
+
+/// Smoothed one-hot labels blended by `mixup` train with the soft-label cross-entropy, and the
+/// evaluation (which leaves `mixup` out) scores them against the held-out digits.
+#[test]
+fn mixup_with_smoothed_one_hot_labels_trains_and_evaluates() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = repo().join("data/digits");
+    let yaml = format!(
+        "source: {{type: parquet, path: '{d}/train.parquet', columns: [label, pixels]}}
+stages:
+  - {{type: cast, columns: {{pixels: float32}}}}
+  - {{type: standardize, columns: [pixels]}}
+  - {{type: one_hot, column: label, num_classes: 10, smoothing: 0.1}}
+  - {{type: shuffle, buffer_rows: 500, seed: 1}}
+  - {{type: batch, size: 64}}
+  - {{type: mixup, columns: [pixels, label], alpha: 0.2, seed: 2}}
+loader:
+  tensors:
+    x: {{column: pixels, dtype: f32}}
+    y: {{column: label, dtype: f32}}
+trainer:
+  model: {{type: mlp, hidden: [128], outputs: 10}}
+  optimizer: {{type: sgd, lr: 0.1, momentum: 0.9}}
+  epochs: 20
+  eval: {{path: '{d}/test.parquet'}}
+  allreduce: {{workers: 2}}
+",
+        d = data.display()
+    );
+    std::fs::write(dir.path().join("mixup.yaml"), yaml).unwrap();
+    let output = run_in_for(
+        dir.path(),
+        &["train", "mixup.yaml", "--summary-json", "s.json"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&output);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(eval["rows"], 360);
+    let acc = eval["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.93, "test accuracy {acc}");
+    // Smoothed targets bound the loss from below by their entropy (0.5 nats for ε = 0.1
+    // over 10 classes); the mean loss of a fit model is near it, not near 0.
+    let loss = eval["loss"].as_f64().unwrap();
+    assert!(loss > 0.45, "eval loss {loss}");
+
+    // The same labels loaded as integers: a clear error, not a libtorch panic.
+    let yaml = std::fs::read_to_string(dir.path().join("mixup.yaml")).unwrap();
+    let bad = yaml.replace("{column: label, dtype: f32}", "{column: label, dtype: i64}");
+    std::fs::write(dir.path().join("bad.yaml"), bad).unwrap();
+    let out = run_in_for(dir.path(), &["train", "bad.yaml"], Duration::from_secs(120));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the target tensor `y` (Int64 [64, 10]) does not fit")
+            && err.contains("`dtype: f32`")
+            && !err.contains("panicked"),
+        "{err}"
+    );
+}

@@ -131,6 +131,7 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
          - {{type: mask_tokens, column: tok, p: 0.3, mask_token: 0, seed: 4}}\n\
          - {{type: image, column: img, output: img2, shape: [2, 2, 3], ops: [{{random_resized_crop: {{size: [3, 3]}}}}, {{vertical_flip: {{p: 0.5}}}}]}}\n\
          - {{type: batch, size: {}}}\n\
+         - {{type: mixup, columns: [x], alpha: 0.4, seed: 6}}\n\
          runtime: {{threads: {threads}, parallelism: {threads}, queue_bytes: 4 KiB{extra_runtime}}}\n",
         dir.display(),
         c.batch_rows,
@@ -453,6 +454,18 @@ async fn stage_orders_that_would_break_resume_are_refused_with_the_reason() {
     assert!(e.contains("stages[1] (filter)"), "{e}");
     assert!(e.contains("a filter after stages[0] (batch)"), "{e}");
     assert!(e.contains("move it before"), "{e}");
+    let e = refused("stages:\n- {type: mixup, columns: [x], alpha: 0.2}\n").await;
+    assert!(e.contains("stages[0] (mixup)"), "{e}");
+    assert!(e.contains("put a `batch` stage before it"), "{e}");
+    let e = refused(
+        "stages:\n- {type: batch, size: 8}\n- {type: mixup, columns: [x], alpha: 0.2}\n- {type: batch, size: 16}\n",
+    )
+    .await;
+    assert!(
+        e.contains("stages[2] (batch)") && e.contains("cuts batches again"),
+        "{e}"
+    );
+    assert!(e.contains("move mixup after the last `batch`"), "{e}");
     let e = refused("stages:\n- {type: batch, size: 8}\n- {type: shuffle}\n").await;
     assert!(e.contains("shuffle after stages[0] (batch)"), "{e}");
     assert!(e.contains("shuffle rows first, then batch them"), "{e}");

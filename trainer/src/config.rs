@@ -219,7 +219,7 @@ pub enum Decay {
 
 /// `trainer.eval`: held-out files read like the training source and run through the
 /// training stages minus the random ones (`shuffle`, `gaussian_noise`, `feature_dropout`,
-/// `mask_tokens`, image flips and colour jitter, and a `random_crop` that keeps the size), with
+/// `mask_tokens`, `mixup`, image flips and colour jitter, and a `random_crop` that keeps the size), with
 /// computed `standardize` statistics taken from the training data.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -589,10 +589,7 @@ pub(crate) fn worker(
             }
         };
         let out = model.forward(x);
-        let loss = match tc.loss {
-            Loss::CrossEntropy => out.cross_entropy_for_logits(&y.to_kind(Kind::Int64)),
-            Loss::Mse => out.mse_loss(&y.to_kind(out.kind()).view_as(&out), Reduction::Mean),
-        };
+        let loss = loss_of(tc.loss, &out, y, &tc.target, Reduction::Mean)?;
         let step_started = Instant::now();
         let Some(rep) = trainer.step(&loss, batch.rows)? else {
             rows_untrained += batch.rows as u64;
@@ -862,29 +859,24 @@ impl Ctx<'_> {
             ) else {
                 continue;
             };
-            let (l, c) = tch::no_grad(|| {
+            let (l, c) = tch::no_grad(|| -> Result<(f64, u64), TrainError> {
                 let out = self.model.forward(&x.to_device(self.device));
-                match job.trainer.loss {
-                    Loss::CrossEntropy => {
-                        let y = y.to_kind(Kind::Int64);
-                        let l = out
-                            .cross_entropy_loss::<Tensor>(&y, None, Reduction::Sum, -100, 0.0)
-                            .double_value(&[]);
-                        let c = out
-                            .argmax(-1, false)
-                            .eq_tensor(&y)
-                            .sum(Kind::Int64)
-                            .int64_value(&[]);
-                        (l, c as u64)
-                    }
-                    Loss::Mse => {
-                        let l = out
-                            .mse_loss(&y.to_kind(out.kind()).view_as(&out), Reduction::Sum)
-                            .double_value(&[]);
-                        (l, 0)
-                    }
+                let t = &job.trainer.target;
+                let l = loss_of(job.trainer.loss, &out, y, t, Reduction::Sum)?.double_value(&[]);
+                if job.trainer.loss != Loss::CrossEntropy {
+                    return Ok((l, 0));
                 }
-            });
+                let class = match soft_labels(&out, y) {
+                    true => y.argmax(-1, false),
+                    false => y.to_kind(Kind::Int64),
+                };
+                let c = out
+                    .argmax(-1, false)
+                    .eq_tensor(&class)
+                    .sum(Kind::Int64)
+                    .int64_value(&[]);
+                Ok((l, c as u64))
+            })?;
             loss_sum += l;
             correct += c;
             rows += batch.rows as u64;
@@ -923,6 +915,57 @@ impl Ctx<'_> {
     }
 }
 
+/// Whether `y` holds class probabilities for the logits `out` (a float row per output: one-hot,
+/// smoothed or mixup-blended labels) rather than class indices.
+fn soft_labels(out: &Tensor, y: &Tensor) -> bool {
+    y.is_floating_point() && y.dim() == 2 && y.size() == out.size()
+}
+
+/// The loss of the model's output `out` against the target `y`, or, when they do not fit
+/// together, an error naming both shapes and what the loss expects.
+fn loss_of(
+    loss: Loss,
+    out: &Tensor,
+    y: &Tensor,
+    target: &str,
+    reduction: Reduction,
+) -> Result<Tensor, TrainError> {
+    let computed = match loss {
+        Loss::CrossEntropy if soft_labels(out, y) => {
+            let k = out.kind();
+            let per_row = -(y.to_kind(k) * out.log_softmax(-1, k)).sum_dim_intlist(-1, false, k);
+            Ok(match reduction {
+                Reduction::Sum => per_row.sum(k),
+                _ => per_row.mean(k),
+            })
+        }
+        Loss::CrossEntropy => y
+            .f_to_kind(Kind::Int64)
+            .and_then(|y| out.f_cross_entropy_loss::<Tensor>(&y, None, reduction, -100, 0.0)),
+        Loss::Mse => y
+            .f_to_kind(out.kind())
+            .and_then(|y| y.f_view_as(out))
+            .and_then(|y| out.f_mse_loss(&y, reduction)),
+    };
+    computed.map_err(|e| {
+        let first = e.to_string();
+        let first = first.lines().next().unwrap_or_default().to_string();
+        let expects = match loss {
+            Loss::CrossEntropy => format!(
+                "`cross_entropy` takes class indices (an integer tensor of shape [{}]) or class probabilities (a float tensor shaped like the output: load a one-hot or mixup column with `dtype: f32`)",
+                out.size().first().copied().unwrap_or(0)
+            ),
+            Loss::Mse => "`mse` takes a float tensor with as many values per row as the output".into(),
+        };
+        TrainError::Config(format!(
+            "the target tensor `{target}` ({:?} {:?}) does not fit the model's output ({:?}): {expects}. libtorch: {first}",
+            y.kind(),
+            y.size(),
+            out.size()
+        ))
+    })
+}
+
 /// The training stages minus the random ones (see [`crate::config::EvalConfig`]).
 pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>> {
     frozen
@@ -934,6 +977,7 @@ pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>>
                     | StageConfig::GaussianNoise(_)
                     | StageConfig::FeatureDropout(_)
                     | StageConfig::MaskTokens(_)
+                    | StageConfig::Mixup(_)
             )
         })
         .map(|s| {
@@ -951,4 +995,32 @@ pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>>
             s
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evaluation_leaves_out_the_random_stages_and_keeps_the_rest() {
+        let p = Pipeline::from_yaml(
+            "source: {type: parquet, path: d.parquet}
+stages:
+  - {type: cast, columns: {x: float32}}
+  - {type: gaussian_noise, columns: [x], std: 0.1}
+  - {type: one_hot, column: y, num_classes: 3, smoothing: 0.1}
+  - {type: shuffle}
+  - {type: feature_dropout, columns: [x], p: 0.1}
+  - {type: mask_tokens, column: t, p: 0.1, mask_token: 0}
+  - {type: batch, size: 4}
+  - {type: mixup, columns: [x, y], alpha: 0.2}
+",
+        )
+        .unwrap();
+        let kept: Vec<&str> = eval_stages(&p.config().stages)
+            .iter()
+            .map(|s| s.value.kind())
+            .collect();
+        assert_eq!(kept, ["cast", "one_hot", "batch"]);
+    }
 }

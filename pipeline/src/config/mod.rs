@@ -429,6 +429,8 @@ pub enum StageConfig {
     Image(ImageConfig),
     /// Seeded random token masking of integer sequences.
     MaskTokens(MaskTokensConfig),
+    /// Seeded mixup: each row blended with its mirror row of the batch.
+    Mixup(MixupConfig),
 }
 
 impl StageConfig {
@@ -449,6 +451,7 @@ impl StageConfig {
             StageConfig::Shuffle(_) => "shuffle",
             StageConfig::Image(_) => "image",
             StageConfig::MaskTokens(_) => "mask_tokens",
+            StageConfig::Mixup(_) => "mixup",
         }
     }
 }
@@ -470,6 +473,7 @@ impl Component for StageConfig {
         "shuffle",
         "image",
         "mask_tokens",
+        "mixup",
     ];
     fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
         Ok(match kind {
@@ -487,6 +491,7 @@ impl Component for StageConfig {
             "shuffle" => StageConfig::Shuffle(ShuffleConfig::deserialize(d)?),
             "image" => StageConfig::Image(ImageConfig::deserialize(d)?),
             "mask_tokens" => StageConfig::MaskTokens(MaskTokensConfig::deserialize(d)?),
+            "mixup" => StageConfig::Mixup(MixupConfig::deserialize(d)?),
             other => return Err(de::Error::unknown_variant(other, Self::KINDS)),
         })
     }
@@ -566,6 +571,10 @@ pub struct OneHotConfig {
     /// Name of the output column (a fixed-size list of float32). Default: replace `column`.
     #[serde(default)]
     pub output: Option<String>,
+    /// Label smoothing ε in `[0, 1)`: the class gets `1 - ε + ε/num_classes`, every other
+    /// entry `ε/num_classes`. Default: 0 (plain one-hot).
+    #[serde(default)]
+    pub smoothing: f64,
 }
 
 /// `type: clip`.
@@ -622,6 +631,26 @@ pub struct FeatureDropoutConfig {
     /// Default: false.
     #[serde(default)]
     pub scale: bool,
+    /// Seed. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// `type: mixup` — blends each row of a batch with its mirror row (row `i` with row
+/// `n - 1 - i` of a batch of `n`): `x' = λ·x_i + (1 - λ)·x_mirror` for every listed column,
+/// with one `λ ~ Beta(alpha, alpha)` per row, drawn from the row's identity like
+/// `gaussian_noise` (seed, stage, epoch, lineage). List the one-hot label column (from
+/// `one_hot`) with the features so the targets are blended by the same `λ`. Must come after
+/// the last `batch` stage: the batch decides the pairs, and a resumed run cuts the same
+/// batches only there.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MixupConfig {
+    /// float32/float64 columns, or fixed-size lists of them; blended with the same `λ`.
+    pub columns: Vec<String>,
+    /// Beta distribution parameter, > 0 (0.2–0.4 typical; small values keep rows nearly
+    /// intact, 1 draws `λ` uniformly).
+    pub alpha: f64,
     /// Seed. Default: 0.
     #[serde(default)]
     pub seed: u64,

@@ -149,7 +149,7 @@ impl Pipeline {
     }
 
     /// Checks the order of stages for exact resume: filters before any `batch`/`shuffle`,
-    /// `shuffle` before `batch`, and a shuffle of a Kafka stream only with static assignment
+    /// `shuffle` before `batch`, `mixup` after the last `batch`, and a shuffle of a Kafka stream only with static assignment
     /// and within the rank.
     fn check_stage_order(&self) -> Result<()> {
         let mut stateful: Option<StageRef> = None;
@@ -212,6 +212,25 @@ impl Pipeline {
                     stateful = Some(sref);
                 }
                 StageConfig::Batch(_) if stateful.is_none() => stateful = Some(sref),
+                StageConfig::Mixup(_) => {
+                    let batch_after = self.config.stages[i + 1..]
+                        .iter()
+                        .position(|s| matches!(s.value, StageConfig::Batch(_)));
+                    let batch_before = self.config.stages[..i]
+                        .iter()
+                        .any(|s| matches!(s.value, StageConfig::Batch(_)));
+                    if let Some(k) = batch_after {
+                        return fail(format!(
+                            "mixup pairs the rows of the batches it receives, and {} cuts batches again after it: a resumed run could pair other rows; move mixup after the last `batch`",
+                            self.stage_ref(i + 1 + k)
+                        ));
+                    }
+                    if !batch_before {
+                        return fail(
+                            "mixup pairs the rows of a batch: put a `batch` stage before it".into(),
+                        );
+                    }
+                }
                 _ => {}
             }
         }

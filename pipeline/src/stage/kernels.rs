@@ -408,6 +408,8 @@ pub(crate) struct OneHot {
     pub input: usize,
     pub output: usize,
     pub num_classes: usize,
+    /// Label smoothing ε: `(on, off)` = `(1 - ε + ε/k, ε/k)`.
+    pub on_off: (f32, f32),
     pub schema: SchemaRef,
 }
 
@@ -437,9 +439,10 @@ impl super::Transform for OneHot {
             });
         }
         // No Arrow kernel builds one-hot vectors: fill one preallocated buffer.
-        let mut values = vec![0f32; idx.len() * k];
+        let (on, off) = self.on_off;
+        let mut values = vec![off; idx.len() * k];
         for (row, &c) in idx.values().iter().enumerate() {
-            values[row * k + c as usize] = 1.0;
+            values[row * k + c as usize] = on;
         }
         let field = Arc::new(Field::new_list_field(DataType::Float32, false));
         let list = FixedSizeListArray::try_new(
@@ -557,5 +560,48 @@ mod tests {
             Arc::new(Float64Array::from(vec![std])),
         );
         assert_eq!(bits(out.data.column(1)), bits(&want64));
+    }
+
+    #[test]
+    fn one_hot_with_smoothing_spreads_epsilon_over_the_classes() {
+        use crate::config::{OneHotConfig, StageConfig};
+        let schema = Arc::new(Schema::new(vec![Field::new("y", DataType::Int32, false)]));
+        let data = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(arrow::array::Int32Array::from(vec![2, 0]))],
+        )
+        .unwrap();
+        let origin = Origin::Object {
+            url: Name::from("file:///d.parquet"),
+            row_group: 0,
+        };
+        let batch = Batch::new(data, Lineage::new(origin, 0, 2, 0));
+        let sref = StageRef {
+            index: 0,
+            kind: "one_hot",
+            location: None,
+        };
+        let one_hot = |smoothing: f64| {
+            let c = StageConfig::OneHot(OneHotConfig {
+                column: "y".into(),
+                num_classes: 4,
+                output: None,
+                smoothing,
+            });
+            super::super::build(&sref, &c, &schema, None)
+        };
+        let Ok((super::super::BuiltStage::Map(t), _)) = one_hot(0.2) else {
+            panic!("not a map stage");
+        };
+        let out = t.apply(batch).unwrap();
+        let l = out.data.column(0).as_fixed_size_list();
+        let v = l
+            .values()
+            .as_primitive::<arrow::datatypes::Float32Type>()
+            .values();
+        // ε = 0.2 over 4 classes: 0.05 each, the class 1 - 0.2 + 0.05 = 0.85.
+        assert_eq!(&v[..], &[0.05, 0.05, 0.85, 0.05, 0.85, 0.05, 0.05, 0.05]);
+        let e = one_hot(1.0).err().unwrap().to_string();
+        assert!(e.contains("`smoothing` must be in [0, 1)"), "{e}");
     }
 }

@@ -6,6 +6,7 @@ mod augment;
 mod expr;
 pub(crate) mod image;
 mod kernels;
+mod mixup;
 mod normal;
 mod pixels;
 pub(crate) mod rebatch;
@@ -259,6 +260,14 @@ pub(crate) fn build(
             if c.num_classes == 0 || c.num_classes > i32::MAX as usize {
                 return Err(err("`num_classes` must be between 1 and 2^31-1".into()));
             }
+            if !(0.0..1.0).contains(&c.smoothing) {
+                return Err(err(format!(
+                    "`smoothing` must be in [0, 1), not {}",
+                    c.smoothing
+                )));
+            }
+            let off = c.smoothing / c.num_classes as f64;
+            let on_off = ((1.0 - c.smoothing + off) as f32, off as f32);
             let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
             let out_type = DataType::FixedSizeList(
                 Arc::new(Field::new_list_field(DataType::Float32, false)),
@@ -283,6 +292,7 @@ pub(crate) fn build(
                     input: i,
                     output: out_index,
                     num_classes: c.num_classes,
+                    on_off,
                     schema: schema.clone(),
                 })),
                 schema,
@@ -382,6 +392,10 @@ pub(crate) fn build(
         StageConfig::MaskTokens(c) => {
             let (built, schema) = tokens::build(stage, c, input)?;
             Ok((BuiltStage::Map(Arc::new(built)), schema))
+        }
+        StageConfig::Mixup(c) => {
+            let built = mixup::build(stage, c, input)?;
+            Ok((BuiltStage::Map(Arc::new(built)), input.clone()))
         }
         StageConfig::Batch(c) => {
             if c.size == 0 {

@@ -1,5 +1,5 @@
 //! Pins the exact output of a seeded pipeline (shuffle + image augmentation + noise and
-//! dropout on a scalar and a vector column) and
+//! dropout on a scalar and a vector column + mixup of the scalar) and
 //! measures shuffle quality for the default shuffle settings.
 //!
 //! The golden file `tests/golden/first_batches.json` holds the first batches (ids and every
@@ -118,6 +118,7 @@ async fn check_golden(dir: &Path, threads: usize) {
          \x20   - normalize: {{mean: [0.5, 0.4, 0.3], std: [0.2, 0.25, 0.3]}}\n\
          - {{type: batch, size: 8}}\n\
          - {{type: feature_dropout, columns: [v], p: 0.2, seed: 5}}\n\
+         - {{type: mixup, columns: [x], alpha: 0.4, seed: 9}}\n\
          runtime: {{threads: {threads}}}\n",
         dir.display()
     );

@@ -47,6 +47,27 @@ fn validate_prints_the_schema_through_every_stage() {
         .stdout(contains("pixels: FixedSizeList(64 x Float32"));
 }
 
+/// A stage order that `sluice run` refuses (it would break exact resume) is a problem for
+/// `validate` too, with the same message.
+#[test]
+fn validate_reports_a_stage_order_that_run_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\nstages:\n  - {{type: batch, size: 64}}\n  - {{type: filter, predicate: 'label > 3'}}\nsink: {{type: null}}\n",
+        repo().display()
+    );
+    std::fs::write(dir.path().join("p.yaml"), yaml).unwrap();
+    for command in ["validate", "run"] {
+        sluice()
+            .current_dir(dir.path())
+            .args([command, "p.yaml"])
+            .assert()
+            .code(1)
+            .stderr(contains("stages[1] (filter) at p.yaml:4:5"))
+            .stderr(contains("a filter after stages[0] (batch)"));
+    }
+}
+
 #[test]
 fn usage_errors_exit_2() {
     sluice().arg("frobnicate").assert().code(2);

@@ -149,9 +149,11 @@ impl Pipeline {
     }
 
     /// Checks the order of stages for exact resume: filters before any `batch`/`shuffle`,
-    /// `shuffle` before `batch`, `mixup` after the last `batch`, and a shuffle of a Kafka stream only with static assignment
-    /// and within the rank.
-    fn check_stage_order(&self) -> Result<()> {
+    /// `shuffle` before `batch`, `mixup` after the last `batch`, and a shuffle of a Kafka
+    /// stream only with static assignment and within the rank. `running`: also that a
+    /// cross-rank shuffle has its collective (known only when the pipeline runs: `sluice
+    /// train` gives it one).
+    fn check_stage_order(&self, running: bool) -> Result<()> {
         let mut stateful: Option<StageRef> = None;
         let mut dropping: Option<StageRef> = None;
         for (i, s) in self.config.stages.iter().enumerate() {
@@ -206,7 +208,11 @@ impl Pipeline {
                             return fail("a shuffle of a Kafka stream needs `assignment: static` on the source: a resumed run rebuilds the window being emitted by reading its partitions again, and a consumer group may have moved them to another member".into());
                         }
                     }
-                    if c.across_ranks && self.collective.is_none() && self.rank_and_world().1 > 1 {
+                    if running
+                        && c.across_ranks
+                        && self.collective.is_none()
+                        && self.rank_and_world().1 > 1
+                    {
                         return fail("`across_ranks` needs a collective between the ranks: run it under `sluice train` or give the pipeline one (`Pipeline::with_collective`)".into());
                     }
                     stateful = Some(sref);
@@ -323,9 +329,10 @@ impl Pipeline {
         }
     }
 
-    /// Opens the source (lists files, reads footers) and checks every stage against the schema
-    /// it will receive, without reading data.
+    /// Checks the order of the stages, opens the source (lists files, reads footers) and checks
+    /// every stage against the schema it will receive, without reading data.
     pub async fn plan(&self) -> Result<Plan> {
+        self.check_stage_order(false)?;
         let source = self
             .open_source(Arc::default(), Arc::new(Acknowledger::new(None)))
             .await?;
@@ -371,7 +378,7 @@ impl Pipeline {
         metrics: Arc<PipelineMetrics>,
         acker: Arc<Acknowledger>,
     ) -> Result<PreparedPipeline> {
-        self.check_stage_order()?;
+        self.check_stage_order(true)?;
         let pool = CpuPool::new(self.config.runtime.threads)?;
         metrics
             .pool_threads

@@ -37,6 +37,11 @@ pub enum JobError {
     /// Reading or writing the checkpoint failed, or it does not fit this job.
     #[error("checkpoint {url}: {message}")]
     Checkpoint { url: String, message: String },
+    /// `--resume` for a config without `checkpoint:`.
+    #[error(
+        "--resume: this config has no `checkpoint:` section, so no run of it recorded where it got to; add one (see docs/config.md#checkpoint) or run without --resume"
+    )]
+    NothingToResume,
 }
 
 /// `checkpoint:` — where and how often a run records how far it got, so that `sluice run
@@ -170,6 +175,9 @@ impl Job {
         let mut pipeline = self.pipeline();
         let mut checkpoint = None;
         let mut sink_resume = None;
+        if resume && self.checkpoint.is_none() {
+            return Err(JobError::NothingToResume);
+        }
         if let Some(c) = &self.checkpoint {
             if !sink_config.flushes_while_running() {
                 let at = self
@@ -214,7 +222,9 @@ impl Job {
                 }
                 Err(object_store::Error::NotFound { .. }) => {
                     if resume {
-                        tracing::info!(%url, "no checkpoint yet: starting from the beginning");
+                        tracing::warn!(
+                            "--resume: no checkpoint at {url} yet: starting from the beginning"
+                        );
                     }
                 }
                 Err(e) => {

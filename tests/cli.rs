@@ -68,6 +68,43 @@ fn validate_reports_a_stage_order_that_run_refuses() {
     }
 }
 
+/// `--resume` with nothing to resume from: no `checkpoint:` section is an error; a checkpoint
+/// that does not exist yet starts from the beginning, saying so.
+#[test]
+fn resume_without_a_checkpoint_says_what_happens() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = format!(
+        "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\n",
+        repo().display()
+    );
+    std::fs::write(
+        dir.path().join("none.yaml"),
+        format!("{source}sink: {{type: null}}\n"),
+    )
+    .unwrap();
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "none.yaml", "--resume"])
+        .assert()
+        .code(1)
+        .stderr(contains(
+            "--resume: this config has no `checkpoint:` section",
+        ));
+    std::fs::write(
+        dir.path().join("cp.yaml"),
+        format!("{source}checkpoint: {{path: state/cp.json}}\nsink: {{type: null}}\n"),
+    )
+    .unwrap();
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "cp.yaml", "--resume", "--no-report"])
+        .assert()
+        .success()
+        .stdout(contains("1437 rows read"))
+        .stderr(contains("--resume: no checkpoint at file://"))
+        .stderr(contains("state/cp.json yet: starting from the beginning"));
+}
+
 #[test]
 fn usage_errors_exit_2() {
     sluice().arg("frobnicate").assert().code(2);

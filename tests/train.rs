@@ -179,6 +179,17 @@ fn trainer_config_errors_say_where_and_what() {
         "{err}"
     );
 
+    // --resume, but the trainer has no checkpoint to resume from.
+    std::fs::write(dir.path().join("quick.yaml"), &base).unwrap();
+    let out = run_in_for(
+        dir.path(),
+        &["train", "quick.yaml", "--resume"],
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`trainer` has no `checkpoint:`"), "{err}");
+
     // No trainer section at all.
     let none = &base[..base.find("\nloader:").unwrap()];
     std::fs::write(dir.path().join("none.yaml"), none).unwrap();

@@ -357,6 +357,11 @@ pub(crate) fn worker(
         None => None,
     };
     let mut resumed: Option<(CheckpointMeta, BTreeMap<String, Tensor>)> = None;
+    if options.resume && location.is_none() {
+        return Err(TrainError::Config(
+            "--resume: `trainer` has no `checkpoint:`, so no run of it recorded where it got to; add `checkpoint: {path: …, every_steps: N}` or train without --resume".into(),
+        ));
+    }
     if let Some(loc) = &location {
         let mut bytes = Vec::new();
         if rank == 0 {
@@ -375,7 +380,14 @@ pub(crate) fn worker(
                         })?
                         .to_vec();
                 }
-                Err(object_store::Error::NotFound { .. }) => {}
+                Err(object_store::Error::NotFound { .. }) => {
+                    if options.resume {
+                        tracing::warn!(
+                            "--resume: no checkpoint at {} yet: training from the beginning",
+                            loc.url
+                        );
+                    }
+                }
                 Err(e) => {
                     return Err(TrainError::Checkpoint(format!(
                         "{}: cannot read it: {e}",

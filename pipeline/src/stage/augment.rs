@@ -279,17 +279,22 @@ fn augment_column(
     }
 }
 
+/// [`row_ids`] of a batch whose lineage covers each of its rows (else a bug, reported).
+pub(crate) fn batch_row_ids(stage: &StageRef, batch: &Batch) -> Result<Vec<u64>> {
+    let ids = row_ids(&batch.lineage);
+    if ids.len() != batch.num_rows() {
+        return Err(Error::Internal(format!(
+            "{stage}: lineage covers {} rows of {}",
+            ids.len(),
+            batch.num_rows()
+        )));
+    }
+    Ok(ids)
+}
+
 impl super::Transform for Augment {
     fn apply(&self, batch: Batch) -> Result<Batch> {
-        let ids = row_ids(&batch.lineage);
-        if ids.len() != batch.num_rows() {
-            return Err(Error::Internal(format!(
-                "{}: lineage covers {} rows of {}",
-                self.stage,
-                ids.len(),
-                batch.num_rows()
-            )));
-        }
+        let ids = batch_row_ids(&self.stage, &batch)?;
         let mut cols = batch.data.columns().to_vec();
         for (i, key) in &self.columns {
             cols[*i] =

@@ -16,7 +16,7 @@ use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 use rand_distr::{Beta, Distribution};
 
-use super::augment::{column_key, row_ids, supported};
+use super::augment::{batch_row_ids, column_key, supported};
 use crate::batch::Batch;
 use crate::config::MixupConfig;
 use crate::error::{Error, Result, StageRef};
@@ -161,15 +161,7 @@ fn blend_column(col: &ArrayRef, lambdas: &[f64]) -> Result<ArrayRef, String> {
 
 impl super::Transform for Mixup {
     fn apply(&self, batch: Batch) -> Result<Batch> {
-        let ids = row_ids(&batch.lineage);
-        if ids.len() != batch.num_rows() {
-            return Err(Error::Internal(format!(
-                "{}: lineage covers {} rows of {}",
-                self.stage,
-                ids.len(),
-                batch.num_rows()
-            )));
-        }
+        let ids = batch_row_ids(&self.stage, &batch)?;
         let mut cols = batch.data.columns().to_vec();
         for (i, name) in &self.columns {
             if let Some(r) = first_null(&cols[*i]) {
@@ -198,6 +190,7 @@ mod tests {
     use super::*;
     use crate::batch::{Lineage, Name, Origin};
     use crate::stage::Transform;
+    use crate::stage::augment::row_ids;
     use arrow::array::{Float32Array, Float64Array, RecordBatch};
     use arrow::datatypes::{Field, Schema};
 

@@ -1,6 +1,6 @@
-//! `sluice run` with a shuffled, augmented Parquet pipeline: exact resume in a fresh process
-//! after SIGKILL, and the warning for a tiny window. (The spilling window's memory is
-//! measured alone, in tests/shuffle_memory.rs.)
+//! `sluice run` with a shuffled, augmented (noise, dropout, mixup) Parquet pipeline: exact
+//! resume in a fresh process after SIGKILL, and the warning for a tiny window. (The spilling
+//! window's memory is measured alone, in tests/shuffle_memory.rs.)
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -51,6 +51,7 @@ fn job(epochs: u64, out: &str) -> String {
          - {{type: shuffle, buffer_rows: 5000, seed: 9, batch_rows: 256}}\n\
          - {{type: feature_dropout, columns: [x], p: 0.2, seed: 6}}\n\
          - {{type: batch, size: 100}}\n\
+         - {{type: mixup, columns: [x], alpha: 0.4, seed: 7}}\n\
          checkpoint: {{path: state/cp.json, interval: 1h, every_batches: 1}}\n\
          sink: {{type: parquet, path: {out}, max_rows_per_file: 2000}}\n\
          runtime: {{threads: 2}}\n"
@@ -130,7 +131,7 @@ fn shuffled_run_killed_and_resumed_in_a_fresh_process_continues_exactly() {
     assert_eq!(resumed.len(), reference.len());
     assert!(
         resumed == reference,
-        "the resumed run's rows (order, noise, dropout) differ from the uninterrupted run"
+        "the resumed run's rows (order, noise, dropout, mixup) differ from the uninterrupted run"
     );
 }
 

@@ -226,57 +226,52 @@ fn per_row<T: Float>(
     PrimitiveArray::<T>::new(out.into(), values.nulls().cloned())
 }
 
+/// A float column's values as rows of `width`: the column itself (width 1), or a fixed-size
+/// list's values for exactly this batch (a sliced list included); `f` maps them, and the
+/// result is put back in the column's shape, with its nulls.
+pub(crate) fn map_float_rows(
+    col: &ArrayRef,
+    f: impl FnOnce(&ArrayRef, usize) -> std::result::Result<ArrayRef, String>,
+) -> std::result::Result<ArrayRef, String> {
+    match col.data_type() {
+        DataType::FixedSizeList(field, n) => {
+            let list = col.as_fixed_size_list();
+            let width = *n as usize;
+            let values = list
+                .values()
+                .slice(list.offset() * width, list.len() * width);
+            let inner = f(&values, width)?;
+            FixedSizeListArray::try_new(field.clone(), *n, inner, list.nulls().cloned())
+                .map(|a| Arc::new(a) as ArrayRef)
+                .map_err(|e| e.to_string())
+        }
+        _ => f(col, 1),
+    }
+}
+
 fn augment_column(
     col: &ArrayRef,
     ids: &[u64],
     key: [u8; 32],
     noise: Noise,
 ) -> std::result::Result<ArrayRef, String> {
-    match col.data_type() {
+    map_float_rows(col, |values, width| match values.data_type() {
         DataType::Float32 => Ok(Arc::new(augment_values(
-            col.as_primitive::<Float32Type>(),
-            1,
+            values.as_primitive::<Float32Type>(),
+            width,
             ids,
             key,
             noise,
         ))),
         DataType::Float64 => Ok(Arc::new(augment_values(
-            col.as_primitive::<Float64Type>(),
-            1,
+            values.as_primitive::<Float64Type>(),
+            width,
             ids,
             key,
             noise,
         ))),
-        DataType::FixedSizeList(field, n) => {
-            let list = col.as_fixed_size_list();
-            let width = *n as usize;
-            // A sliced list: take exactly this batch's values.
-            let values = list
-                .values()
-                .slice(list.offset() * width, list.len() * width);
-            let inner: ArrayRef = match field.data_type() {
-                DataType::Float32 => Arc::new(augment_values(
-                    values.as_primitive::<Float32Type>(),
-                    width,
-                    ids,
-                    key,
-                    noise,
-                )),
-                DataType::Float64 => Arc::new(augment_values(
-                    values.as_primitive::<Float64Type>(),
-                    width,
-                    ids,
-                    key,
-                    noise,
-                )),
-                other => return Err(format!("unsupported list element type {other}")),
-            };
-            FixedSizeListArray::try_new(field.clone(), *n, inner, list.nulls().cloned())
-                .map(|a| Arc::new(a) as ArrayRef)
-                .map_err(|e| e.to_string())
-        }
         other => Err(format!("unsupported type {other}")),
-    }
+    })
 }
 
 /// [`row_ids`] of a batch whose lineage covers each of its rows (else a bug, reported).

@@ -10,13 +10,13 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, PrimitiveArray};
+use arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type, SchemaRef};
 use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 use rand_distr::{Beta, Distribution};
 
-use super::augment::{batch_row_ids, column_key, supported};
+use super::augment::{batch_row_ids, column_key, map_float_rows, supported};
 use crate::batch::Batch;
 use crate::config::MixupConfig;
 use crate::error::{Error, Result, StageRef};
@@ -143,20 +143,7 @@ fn blend_values(values: &ArrayRef, width: usize, lambdas: &[f64]) -> Result<Arra
 }
 
 fn blend_column(col: &ArrayRef, lambdas: &[f64]) -> Result<ArrayRef, String> {
-    match col.data_type() {
-        DataType::FixedSizeList(field, w) => {
-            let list = col.as_fixed_size_list();
-            let width = *w as usize;
-            let values = list
-                .values()
-                .slice(list.offset() * width, list.len() * width);
-            let inner = blend_values(&values, width, lambdas)?;
-            FixedSizeListArray::try_new(field.clone(), *w, inner, None)
-                .map(|a| Arc::new(a) as ArrayRef)
-                .map_err(|e| e.to_string())
-        }
-        _ => blend_values(col, 1, lambdas),
-    }
+    map_float_rows(col, |values, width| blend_values(values, width, lambdas))
 }
 
 impl super::Transform for Mixup {
@@ -191,7 +178,7 @@ mod tests {
     use crate::batch::{Lineage, Name, Origin};
     use crate::stage::Transform;
     use crate::stage::augment::row_ids;
-    use arrow::array::{Float32Array, Float64Array, RecordBatch};
+    use arrow::array::{FixedSizeListArray, Float32Array, Float64Array, RecordBatch};
     use arrow::datatypes::{Field, Schema};
 
     /// `n` rows: `x` = [r, 10r] (float32 list), `y` = one-hot of `r % 3` (float32 list),

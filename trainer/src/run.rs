@@ -249,6 +249,11 @@ pub fn train(
     options: &TrainOptions,
     handle: &Handle,
 ) -> Result<TrainReport, TrainError> {
+    if options.resume && job.trainer.checkpoint.is_none() {
+        return Err(TrainError::Config(
+            "--resume: `trainer` has no `checkpoint:`, so no run of it recorded where it got to; add `checkpoint: {path: …, every_steps: N}` or train without --resume".into(),
+        ));
+    }
     let world = match job.trainer.allreduce.backend {
         Backend::Local => job.trainer.allreduce.workers,
         Backend::Mpi => {
@@ -357,11 +362,6 @@ pub(crate) fn worker(
         None => None,
     };
     let mut resumed: Option<(CheckpointMeta, BTreeMap<String, Tensor>)> = None;
-    if options.resume && location.is_none() {
-        return Err(TrainError::Config(
-            "--resume: `trainer` has no `checkpoint:`, so no run of it recorded where it got to; add `checkpoint: {path: …, every_steps: N}` or train without --resume".into(),
-        ));
-    }
     if let Some(loc) = &location {
         let mut bytes = Vec::new();
         if rank == 0 {

@@ -543,7 +543,11 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
                     JobError::Pipeline(PipelineError::Config(c)) => c.0.len(),
                     _ => 1,
                 };
-                eprintln!("{}: {n} problem(s) found", path.display());
+                eprintln!(
+                    "{}: {n} {} found",
+                    path.display(),
+                    if n == 1 { "problem" } else { "problems" }
+                );
                 failed = true;
                 continue;
             }

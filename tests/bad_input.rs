@@ -104,7 +104,7 @@ fn every_problem_is_reported_at_once() {
         err.contains("p.yaml:3:3: source (parquet): invalid type: integer `3`, expected a path"),
         "{err}"
     );
-    assert!(err.contains("6 problem(s) found"), "{err}");
+    assert!(err.contains("6 problems found"), "{err}");
 }
 
 #[test]

@@ -217,8 +217,9 @@ fn trainer_config_errors_say_where_and_what() {
     );
 }
 
-/// Smoothed one-hot labels blended by `mixup` train with the soft-label cross-entropy, and the
-/// evaluation (which leaves `mixup` out) scores them against the held-out digits.
+/// Smoothed one-hot labels blended by `mixup` (half the rows by CutMix boxes) train with the
+/// soft-label cross-entropy, and the evaluation (which leaves `mixup` out) scores them against
+/// the held-out digits.
 #[test]
 fn mixup_with_smoothed_one_hot_labels_trains_and_evaluates() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,7 +232,7 @@ stages:
   - {{type: one_hot, column: label, num_classes: 10, smoothing: 0.1}}
   - {{type: shuffle, buffer_rows: 500, seed: 1}}
   - {{type: batch, size: 64}}
-  - {{type: mixup, columns: [pixels, label], alpha: 0.2, seed: 2}}
+  - {{type: mixup, columns: [pixels, label], alpha: 0.2, seed: 2, cutmix: {{column: pixels, shape: [1, 8, 8], p: 0.5}}}}
 loader:
   tensors:
     x: {{column: pixels, dtype: f32}}

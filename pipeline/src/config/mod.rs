@@ -654,6 +654,37 @@ pub struct MixupConfig {
     /// Seed. Default: 0.
     #[serde(default)]
     pub seed: u64,
+    /// CutMix (Yun et al., 2019) instead of the blend for a share `p` of the rows (timm's
+    /// `switch_prob`): a box of the mirror row's image is pasted into the row's image, and the
+    /// other columns are blended by the share of the image left (`λ` corrected for clipping).
+    #[serde(default)]
+    pub cutmix: Option<CutmixConfig>,
+}
+
+/// `mixup.cutmix` — see [`MixupConfig::cutmix`].
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CutmixConfig {
+    /// The image column (one of the mixup `columns`): fixed-size lists of float32/float64
+    /// laid out channel-first as `shape`.
+    pub column: String,
+    /// `[channels, height, width]` of each image (the `image` stage's output is CHW).
+    pub shape: [usize; 3],
+    /// Beta parameter of the pasted share, > 0. Default: 1 (timm's default).
+    #[serde(default = "default_cutmix_alpha")]
+    pub alpha: f64,
+    /// Probability that a row gets CutMix instead of the blend, in `[0, 1]`. Default: 0.5
+    /// (timm's `switch_prob`).
+    #[serde(default = "default_cutmix_p")]
+    pub p: f64,
+}
+
+fn default_cutmix_alpha() -> f64 {
+    1.0
+}
+
+fn default_cutmix_p() -> f64 {
+    0.5
 }
 
 /// `type: shuffle` — a seeded shuffle in up to three levels: (1) the order of row groups is

@@ -999,7 +999,8 @@ pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>>
                 img.ops.retain(|op| match op {
                     ImageOp::HorizontalFlip { .. }
                     | ImageOp::VerticalFlip { .. }
-                    | ImageOp::ColorJitter { .. } => false,
+                    | ImageOp::ColorJitter { .. }
+                    | ImageOp::RandomErasing { .. } => false,
                     ImageOp::RandomCrop { size, .. } => *size != [h, w],
                     _ => true,
                 });
@@ -1020,6 +1021,15 @@ mod tests {
 stages:
   - {type: cast, columns: {x: float32}}
   - {type: gaussian_noise, columns: [x], std: 0.1}
+  - type: image
+    column: img
+    shape: [8, 8, 3]
+    ops:
+      - random_crop: {size: [8, 8], padding: 1}
+      - horizontal_flip: {}
+      - color_jitter: {brightness: 0.2}
+      - normalize: {mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}
+      - random_erasing: {p: 0.5}
   - {type: one_hot, column: y, num_classes: 3, smoothing: 0.1}
   - {type: shuffle}
   - {type: feature_dropout, columns: [x], p: 0.1}
@@ -1033,6 +1043,16 @@ stages:
             .iter()
             .map(|s| s.value.kind())
             .collect();
-        assert_eq!(kept, ["cast", "one_hot", "batch"]);
+        assert_eq!(kept, ["cast", "image", "one_hot", "batch"]);
+        let eval = eval_stages(&p.config().stages);
+        let StageConfig::Image(img) = &eval[1].value else {
+            panic!("{:?}", eval[1].value)
+        };
+        // Only the deterministic ops stay: a crop to the image's own size is left out too.
+        assert!(
+            matches!(img.ops[..], [ImageOp::Normalize { .. }]),
+            "{:?}",
+            img.ops
+        );
     }
 }

@@ -816,6 +816,31 @@ pub enum ImageOp {
         /// Per-channel standard deviation.
         std: Vec<f64>,
     },
+    /// With probability `p`, set a random box of the output (area fraction in `scale`, aspect
+    /// ratio height / width in `ratio`) to `value` in every channel, like torchvision's
+    /// `RandomErasing` after `Normalize` (Zhong et al., 2020). Must be the last op.
+    RandomErasing {
+        /// Probability. Default: 0.5.
+        #[serde(default = "default_half")]
+        p: f64,
+        /// Area fraction range. Default: [0.02, 0.33].
+        #[serde(default = "default_erase_scale")]
+        scale: [f64; 2],
+        /// Aspect ratio range (height / width). Default: [0.3, 3.3].
+        #[serde(default = "default_erase_ratio")]
+        ratio: [f64; 2],
+        /// The value written, in the output's units (after `normalize`: 0 is the mean).
+        /// Default: 0.
+        #[serde(default)]
+        value: f32,
+    },
+}
+
+fn default_erase_scale() -> [f64; 2] {
+    [0.02, 0.33]
+}
+fn default_erase_ratio() -> [f64; 2] {
+    [0.3, 3.3]
 }
 
 fn default_scale() -> [f64; 2] {

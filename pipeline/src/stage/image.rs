@@ -6,7 +6,9 @@
 //! `random_crop` draws top then left; `random_resized_crop` draws up to 10 (area, log-ratio,
 //! top, left) attempts like torchvision, falling back to the whole image centre-cropped to
 //! the ratio range; a flip draws one number; `color_jitter` draws brightness, contrast,
-//! saturation (in that fixed order, each only when enabled).
+//! saturation (in that fixed order, each only when enabled); `random_erasing` (always the
+//! last op) draws one number against `p`, then up to 10 (area, log-ratio) attempts and the
+//! box's top and left, like torchvision, and is applied to the finished output.
 //!
 //! Geometry is applied while sampling from the decoded pixels into a per-row float scratch
 //! buffer (reused across rows), colour ops work on that buffer, and the final pass writes
@@ -110,7 +112,7 @@ pub(crate) fn build(
     let mut crops = 0;
     let mut scale = vec![1.0f32 / 255.0; ch];
     let mut bias = vec![0.0f32; ch];
-    for op in &c.ops {
+    for (k, op) in c.ops.iter().enumerate() {
         match op {
             ImageOp::RandomCrop { size, padding } => {
                 crops += 1;
@@ -166,6 +168,38 @@ pub(crate) fn build(
                 }
                 if *saturation > 0.0 && ch != 3 {
                     return Err(err("color_jitter: `saturation` needs 3 channels".into()));
+                }
+            }
+            ImageOp::RandomErasing {
+                p,
+                scale,
+                ratio,
+                value,
+            } => {
+                if k + 1 < c.ops.len() {
+                    return Err(err(
+                        "random_erasing must be the last op: it erases a box of the finished (normalized) output".into(),
+                    ));
+                }
+                if !(0.0..=1.0).contains(p) {
+                    return Err(err(format!(
+                        "random_erasing: `p` must be in [0, 1], not {p}"
+                    )));
+                }
+                if !(0.0 < scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                    return Err(err(format!(
+                        "random_erasing: `scale` must satisfy 0 < min ≤ max ≤ 1, not {scale:?}"
+                    )));
+                }
+                if !(0.0 < ratio[0] && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
+                    return Err(err(format!(
+                        "random_erasing: `ratio` must satisfy 0 < min ≤ max, not {ratio:?}"
+                    )));
+                }
+                if !value.is_finite() {
+                    return Err(err(format!(
+                        "random_erasing: `value` must be a finite number, not {value}"
+                    )));
                 }
             }
             ImageOp::Normalize { mean, std } => {
@@ -248,6 +282,28 @@ const NO_COLOUR: Colour = Colour {
     saturation: 1.0,
 };
 
+/// A `random_erasing` box of the output: rows `top..top + height`, columns
+/// `left..left + width` of every channel are set to `value`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Erase {
+    pub top: usize,
+    pub left: usize,
+    pub height: usize,
+    pub width: usize,
+    pub value: f32,
+}
+
+impl Erase {
+    /// Erases the box in one CHW output image (`[oh, ow]` per channel).
+    fn apply(&self, dst: &mut [f32], [oh, ow]: [usize; 2]) {
+        for plane in dst.chunks_exact_mut(oh * ow) {
+            for y in self.top..self.top + self.height {
+                plane[y * ow + self.left..y * ow + self.left + self.width].fill(self.value);
+            }
+        }
+    }
+}
+
 /// Colour factors (1.0 = unchanged).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Colour {
@@ -257,6 +313,49 @@ pub(crate) struct Colour {
 }
 
 impl ImageStage {
+    /// Draws the `random_erasing` box of one row (`[oh, ow]` output) from its stream, after
+    /// [`Self::draw`]: like torchvision, one number against `p`, then up to 10 (area,
+    /// log-ratio) attempts for a box smaller than the image, then its top and left; `None`
+    /// when the row is not erased (or no attempt fits).
+    pub(crate) fn draw_erase(&self, rng: &mut ChaCha8Rng, [oh, ow]: [usize; 2]) -> Option<Erase> {
+        let Some(ImageOp::RandomErasing {
+            p,
+            scale,
+            ratio,
+            value,
+        }) = self.ops.last()
+        else {
+            return None;
+        };
+        if rng.random::<f64>() >= *p {
+            return None;
+        }
+        let area = (oh * ow) as f64;
+        let (lr0, lr1) = (ratio[0].ln(), ratio[1].ln());
+        for _ in 0..10 {
+            let target = area * rng.random_range(scale[0]..=scale[1]);
+            let aspect = if lr0 < lr1 {
+                rng.random_range(lr0..=lr1).exp()
+            } else {
+                ratio[0]
+            };
+            let h = (target * aspect).sqrt().round() as usize;
+            let w = (target / aspect).sqrt().round() as usize;
+            if h < oh && w < ow {
+                let top = rng.random_range(0..=oh - h);
+                let left = rng.random_range(0..=ow - w);
+                return Some(Erase {
+                    top,
+                    left,
+                    height: h,
+                    width: w,
+                    value: *value,
+                });
+            }
+        }
+        None
+    }
+
     /// Draws the geometry and colour of one row from its stream.
     pub(crate) fn draw(&self, rng: &mut ChaCha8Rng, h: usize, w: usize) -> (Geometry, Colour) {
         let mut g = Geometry {
@@ -342,7 +441,8 @@ impl ImageStage {
                     col.contrast = factor(rng, *contrast);
                     col.saturation = factor(rng, *saturation);
                 }
-                ImageOp::Normalize { .. } => {}
+                // Drawn by `draw_erase`, after everything else (it is the last op).
+                ImageOp::Normalize { .. } | ImageOp::RandomErasing { .. } => {}
             }
         }
         (g, col)
@@ -603,19 +703,23 @@ impl Transform for ImageStage {
             };
             rng.set_stream(*id);
             let (g, c) = self.draw(&mut rng, h, w);
+            let erase = self.draw_erase(&mut rng, [oh, ow]);
             if g.exact && c == NO_COLOUR {
                 self.crop_normalize(src, h, w, &g, dst);
-                continue;
-            }
-            self.sample(src, h, w, &g, &mut scratch);
-            self.colour(&mut scratch, &c);
-            // HWC (0–255) → normalized CHW.
-            for k in 0..ch {
-                let (s, b) = (self.scale[k], self.bias[k]);
-                let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
-                for (i, v) in plane.iter_mut().enumerate() {
-                    *v = scratch[i * ch + k] * s + b;
+            } else {
+                self.sample(src, h, w, &g, &mut scratch);
+                self.colour(&mut scratch, &c);
+                // HWC (0–255) → normalized CHW.
+                for k in 0..ch {
+                    let (s, b) = (self.scale[k], self.bias[k]);
+                    let plane = &mut dst[k * oh * ow..(k + 1) * oh * ow];
+                    for (i, v) in plane.iter_mut().enumerate() {
+                        *v = scratch[i * ch + k] * s + b;
+                    }
                 }
+            }
+            if let Some(e) = erase {
+                e.apply(dst, [oh, ow]);
             }
         }
         if let Some((r, e)) = bad.first()
@@ -1100,5 +1204,146 @@ mod tests {
         assert_eq!(out.lineage.spans()[0].first, 100);
         assert_eq!(out.lineage.spans()[1].first, 104);
         let _ = Schema::empty();
+    }
+
+    fn erasing(p: f64, scale: [f64; 2], ratio: [f64; 2]) -> ImageOp {
+        ImageOp::RandomErasing {
+            p,
+            scale,
+            ratio,
+            value: -7.5,
+        }
+    }
+
+    #[test]
+    fn random_erasing_sets_one_drawn_box_and_leaves_the_rest() {
+        // 6×8 RGB, crop (padding 1) + flip + normalize, then erase a quarter of the area
+        // (12 pixels) as a square (ratio 1): √12 = 3.46, rounded to a 3×3 box.
+        let shape = [6, 8, 3];
+        let input = || batch(shape, 200, |r, y, x, c| (r * 7 + y * 20 + x * 3 + c) as u8);
+        let ops = |erase: Option<ImageOp>| {
+            let mut v = vec![
+                ImageOp::RandomCrop {
+                    size: [6, 8],
+                    padding: 1,
+                },
+                ImageOp::HorizontalFlip { p: 0.5 },
+                identity(3),
+            ];
+            v.extend(erase);
+            v
+        };
+        let plain = build_stage(shape, &input(), ops(None), OnError::Fail, ImageFormat::Raw);
+        let st = build_stage(
+            shape,
+            &input(),
+            ops(Some(erasing(0.5, [0.25, 0.25], [1.0, 1.0]))),
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let ids = row_ids(&input().lineage);
+        let (a, b) = (plain.apply(input()).unwrap(), st.apply(input()).unwrap());
+        let mut erased = 0;
+        let mut tops = std::collections::BTreeSet::new();
+        for (r, id) in ids.iter().enumerate() {
+            let mut rng = ChaCha8Rng::from_seed(st.key);
+            rng.set_stream(*id);
+            let _ = st.draw(&mut rng, 6, 8);
+            let e = st.draw_erase(&mut rng, [6, 8]);
+            let (want, got) = (row(&a, r), row(&b, r));
+            let inside = |y: usize, x: usize| {
+                e.is_some_and(|e| {
+                    (e.top..e.top + 3).contains(&y) && (e.left..e.left + 3).contains(&x)
+                })
+            };
+            if let Some(e) = e {
+                erased += 1;
+                tops.insert((e.top, e.left));
+                assert_eq!((e.height, e.width, e.value), (3, 3, -7.5));
+                assert!(e.top <= 3 && e.left <= 5, "{e:?}");
+            }
+            for k in 0..3 {
+                for y in 0..6 {
+                    for x in 0..8 {
+                        let i = k * 48 + y * 8 + x;
+                        let expect = if inside(y, x) { -7.5 } else { want[i] };
+                        assert_eq!(got[i], expect, "row {r} channel {k} ({y}, {x}), {e:?}");
+                    }
+                }
+            }
+        }
+        // p = 0.5 of 200 rows; the boxes land in many places (4 × 6 possible).
+        assert!((70..=130).contains(&erased), "{erased} of 200 erased");
+        assert!(tops.len() >= 12, "{tops:?}");
+    }
+
+    #[test]
+    fn random_erasing_that_never_fits_or_never_fires_changes_nothing() {
+        let shape = [4, 4, 1];
+        let input = || batch(shape, 50, |r, y, x, _| (r + y * 4 + x) as u8);
+        let plain = build_stage(
+            shape,
+            &input(),
+            vec![identity(1)],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let want = plain.apply(input()).unwrap();
+        // The whole area never fits (the box must be smaller than the image); p = 0 never
+        // draws a box.
+        for op in [
+            erasing(1.0, [1.0, 1.0], [1.0, 1.0]),
+            erasing(0.0, [0.1, 0.3], [0.3, 3.3]),
+        ] {
+            let st = build_stage(
+                shape,
+                &input(),
+                vec![identity(1), op],
+                OnError::Fail,
+                ImageFormat::Raw,
+            );
+            let got = st.apply(input()).unwrap();
+            for r in 0..50 {
+                assert_eq!(row(&got, r), row(&want, r), "row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn random_erasing_settings_and_place_are_checked() {
+        let shape = [4, 4, 1];
+        let input = batch(shape, 1, |_, _, _, _| 0);
+        let c = |ops: Vec<ImageOp>| ImageConfig {
+            column: "img".into(),
+            output: None,
+            format: ImageFormat::Raw,
+            shape,
+            ops,
+            seed: 7,
+            on_error: OnError::Fail,
+        };
+        for (ops, expected) in [
+            (
+                vec![erasing(0.5, [0.02, 0.33], [0.3, 3.3]), identity(1)],
+                "random_erasing must be the last op",
+            ),
+            (
+                vec![erasing(1.5, [0.02, 0.33], [0.3, 3.3])],
+                "`p` must be in [0, 1]",
+            ),
+            (
+                vec![erasing(0.5, [0.0, 0.33], [0.3, 3.3])],
+                "`scale` must satisfy",
+            ),
+            (
+                vec![erasing(0.5, [0.02, 0.33], [3.3, 0.3])],
+                "`ratio` must satisfy",
+            ),
+        ] {
+            let e = build(&stage_ref(), &c(ops), &input.data.schema())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{e}");
+        }
     }
 }

@@ -217,6 +217,58 @@ fn trainer_config_errors_say_where_and_what() {
     );
 }
 
+/// Digits as images through the training-only image ops (random resized crop, erasing,
+/// CutMix): the evaluation turns the crop into the resize of the whole image and leaves the
+/// rest out, and scores the held-out digits well.
+#[test]
+fn image_augmentation_trains_and_evaluates_with_the_deterministic_counterparts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = repo().join("data/digits");
+    let yaml = format!(
+        "source: {{type: parquet, path: '{d}/train.parquet'}}
+stages:
+  - type: image
+    column: pixels
+    output: image
+    shape: [8, 8, 1]
+    seed: 7
+    ops:
+      - random_resized_crop: {{size: [6, 6], scale: [0.6, 1.0]}}
+      - normalize: {{mean: [0.0191], std: [0.0236]}}
+      - random_erasing: {{p: 0.3}}
+  - {{type: one_hot, column: label, num_classes: 10}}
+  - {{type: select, columns: [image, label]}}
+  - {{type: shuffle, buffer_rows: 500, seed: 1}}
+  - {{type: batch, size: 64}}
+  - {{type: mixup, columns: [image, label], alpha: 0.2, seed: 2, cutmix: {{column: image, shape: [1, 6, 6]}}}}
+loader:
+  tensors:
+    x: {{column: image, dtype: f32}}
+    y: {{column: label, dtype: f32}}
+trainer:
+  model: {{type: mlp, hidden: [128], outputs: 10}}
+  optimizer: {{type: sgd, lr: 0.1, momentum: 0.9}}
+  epochs: 20
+  eval: {{path: '{d}/test.parquet'}}
+  allreduce: {{workers: 2}}
+",
+        d = data.display()
+    );
+    std::fs::write(dir.path().join("img.yaml"), yaml).unwrap();
+    let output = run_in_for(
+        dir.path(),
+        &["train", "img.yaml", "--summary-json", "s.json"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&output);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(eval["rows"], 360);
+    let acc = eval["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.9, "test accuracy {acc}");
+}
+
 /// Smoothed one-hot labels blended by `mixup` (half the rows by CutMix boxes) train with the
 /// soft-label cross-entropy, and the evaluation (which leaves `mixup` out) scores them against
 /// the held-out digits.

@@ -996,14 +996,22 @@ pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>>
             let mut s = s.clone();
             if let StageConfig::Image(img) = &mut s.value {
                 let [h, w, _] = img.shape;
-                img.ops.retain(|op| match op {
-                    ImageOp::HorizontalFlip { .. }
-                    | ImageOp::VerticalFlip { .. }
-                    | ImageOp::ColorJitter { .. }
-                    | ImageOp::RandomErasing { .. } => false,
-                    ImageOp::RandomCrop { size, .. } => *size != [h, w],
-                    _ => true,
-                });
+                // The deterministic counterparts, as torchvision evaluates: a random crop to
+                // another size becomes the centre crop, a random resized crop the resize of
+                // the whole image; the random flips, jitter and erasing go.
+                img.ops = std::mem::take(&mut img.ops)
+                    .into_iter()
+                    .filter_map(|op| match op {
+                        ImageOp::HorizontalFlip { .. }
+                        | ImageOp::VerticalFlip { .. }
+                        | ImageOp::ColorJitter { .. }
+                        | ImageOp::RandomErasing { .. } => None,
+                        ImageOp::RandomCrop { size, .. } if size == [h, w] => None,
+                        ImageOp::RandomCrop { size, .. } => Some(ImageOp::CenterCrop { size }),
+                        ImageOp::RandomResizedCrop { size, .. } => Some(ImageOp::Resize { size }),
+                        op => Some(op),
+                    })
+                    .collect();
             }
             s
         })
@@ -1054,5 +1062,28 @@ stages:
             "{:?}",
             img.ops
         );
+        // Crops to another size become their centre / whole-image counterparts.
+        for (train, eval) in [
+            (
+                "random_crop: {size: [6, 6], padding: 2}",
+                ImageOp::CenterCrop { size: [6, 6] },
+            ),
+            (
+                "random_resized_crop: {size: [4, 5]}",
+                ImageOp::Resize { size: [4, 5] },
+            ),
+        ] {
+            let p = Pipeline::from_yaml(&format!(
+                "source: {{type: parquet, path: d.parquet}}
+stages:
+  - {{type: image, column: img, shape: [8, 8, 3], ops: [{{{train}}}, {{horizontal_flip: {{}}}}]}}
+"
+            ))
+            .unwrap();
+            let StageConfig::Image(img) = &eval_stages(&p.config().stages)[0].value else {
+                panic!()
+            };
+            assert_eq!(img.ops, [eval], "{train}");
+        }
     }
 }

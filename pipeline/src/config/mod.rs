@@ -785,6 +785,17 @@ pub enum ImageOp {
         #[serde(default = "default_ratio")]
         ratio: [f64; 2],
     },
+    /// Cut the centre `size` window, zero-padded where it is larger than the image (like
+    /// torchvision's `CenterCrop`): the deterministic crop, for evaluation.
+    CenterCrop {
+        /// Output `[height, width]`.
+        size: [usize; 2],
+    },
+    /// Resize the whole image (bilinear) to `size`.
+    Resize {
+        /// Output `[height, width]`.
+        size: [usize; 2],
+    },
     /// Mirror left-right with probability `p` (default 0.5).
     HorizontalFlip {
         /// Probability. Default: 0.5.

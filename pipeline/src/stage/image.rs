@@ -3,9 +3,9 @@
 //!
 //! Per row, every random draw comes from ChaCha8 keyed by (seed, stage, column) on the stream
 //! of the row's identity (lineage + epoch; see [`super::augment::row_ids`]), in op order:
-//! `random_crop` draws top then left; `random_resized_crop` draws up to 10 (area, log-ratio,
-//! top, left) attempts like torchvision, falling back to the whole image centre-cropped to
-//! the ratio range; a flip draws one number; `color_jitter` draws brightness, contrast,
+//! `random_crop` draws top then left (`center_crop` and `resize` draw nothing);
+//! `random_resized_crop` draws up to 10 (area, log-ratio, top, left) attempts like
+//! torchvision, falling back to the whole image centre-cropped to the ratio range; a flip draws one number; `color_jitter` draws brightness, contrast,
 //! saturation (in that fixed order, each only when enabled); `random_erasing` (always the
 //! last op) draws one number against `p`, then up to 10 (area, log-ratio) attempts and the
 //! box's top and left, like torchvision, and is applied to the finished output.
@@ -145,6 +145,20 @@ pub(crate) fn build(
                 }
                 out_hw = *size;
             }
+            ImageOp::CenterCrop { size } | ImageOp::Resize { size } => {
+                crops += 1;
+                if size[0] == 0 || size[1] == 0 {
+                    return Err(err(format!(
+                        "{}: `size` must be positive",
+                        if matches!(op, ImageOp::Resize { .. }) {
+                            "resize"
+                        } else {
+                            "center_crop"
+                        }
+                    )));
+                }
+                out_hw = *size;
+            }
             ImageOp::HorizontalFlip { p } | ImageOp::VerticalFlip { p } => {
                 if !(0.0..=1.0).contains(p) {
                     return Err(err(format!("flip: `p` must be in [0, 1], not {p}")));
@@ -220,7 +234,7 @@ pub(crate) fn build(
     }
     if crops > 1 {
         return Err(err(
-            "at most one crop (random_crop or random_resized_crop)".into()
+            "at most one crop (random_crop, random_resized_crop, center_crop or resize)".into(),
         ));
     }
     let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
@@ -281,6 +295,17 @@ const NO_COLOUR: Colour = Colour {
     contrast: 1.0,
     saturation: 1.0,
 };
+
+/// Where a centre crop of `size` starts in `n` pixels, as torchvision's `CenterCrop`: a crop
+/// larger than the image is padded by `(size - n) / 2` (rounded down) before it, a smaller one
+/// starts at `(n - size) / 2` rounded half to even (Python's `round`).
+fn centre_offset(n: usize, size: usize) -> f64 {
+    if size > n {
+        -(((size - n) / 2) as f64)
+    } else {
+        ((n - size) as f64 / 2.0).round_ties_even()
+    }
+}
 
 /// A `random_erasing` box of the output: rows `top..top + height`, columns
 /// `left..left + width` of every channel are set to `value`.
@@ -430,6 +455,13 @@ impl ImageStage {
                     g.width = cw as f64;
                     g.exact = chh == size[0] && cw == size[1];
                 }
+                ImageOp::CenterCrop { size } => {
+                    g.top = centre_offset(h, size[0]);
+                    g.left = centre_offset(w, size[1]);
+                    g.height = size[0] as f64;
+                    g.width = size[1] as f64;
+                }
+                ImageOp::Resize { size } => g.exact = *size == [h, w],
                 ImageOp::HorizontalFlip { p } => g.flip_h = rng.random::<f64>() < *p,
                 ImageOp::VerticalFlip { p } => g.flip_v = rng.random::<f64>() < *p,
                 ImageOp::ColorJitter {
@@ -622,7 +654,10 @@ impl ImageStage {
         let has_crop = self.ops.iter().any(|o| {
             matches!(
                 o,
-                ImageOp::RandomCrop { .. } | ImageOp::RandomResizedCrop { .. }
+                ImageOp::RandomCrop { .. }
+                    | ImageOp::RandomResizedCrop { .. }
+                    | ImageOp::CenterCrop { .. }
+                    | ImageOp::Resize { .. }
             )
         });
         let cropped_fits = self.ops.iter().all(|o| match o {
@@ -1344,6 +1379,85 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(expected), "{e}");
+        }
+    }
+
+    #[test]
+    fn center_crop_cuts_the_middle_like_torchvision() {
+        // 5×7 image: (y, x) holds 10 y + x + 1 (0 is left for padding), every channel.
+        for ch in [1, 3] {
+            let shape = [5, 7, ch];
+            let input = batch(shape, 2, |_, y, x, _| (10 * y + x + 1) as u8);
+            // [size], its first source row and column (torchvision: round((n - size) / 2)
+            // half to even when smaller, −⌊(size − n) / 2⌋ when larger).
+            for (size, top, left) in [
+                ([4, 4], 0, 2),
+                ([5, 7], 0, 0),
+                ([6, 3], 0, 2),
+                ([8, 9], -1, -1),
+                ([1, 2], 2, 2),
+            ] {
+                let st = build_stage(
+                    shape,
+                    &input,
+                    vec![ImageOp::CenterCrop { size }, identity(ch)],
+                    OnError::Fail,
+                    ImageFormat::Raw,
+                );
+                let v = row(&st.apply(input.clone()).unwrap(), 1);
+                let [oh, ow] = size;
+                for k in 0..ch {
+                    for y in 0..oh {
+                        for x in 0..ow {
+                            let (sy, sx) = (y as i64 + top, x as i64 + left);
+                            let want = if (0..5).contains(&sy) && (0..7).contains(&sx) {
+                                (10 * sy + sx + 1) as f32
+                            } else {
+                                0.0
+                            };
+                            assert_eq!(
+                                v[(k * oh + y) * ow + x],
+                                want,
+                                "{ch} channel(s), size {size:?} at ({y}, {x})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn resize_is_the_whole_image_resized() {
+        let shape = [4, 4, 1];
+        let input = batch(shape, 2, |r, y, x, _| (r * 50 + y * 4 + x) as u8);
+        let run = |op: ImageOp| {
+            let st = build_stage(
+                shape,
+                &input,
+                vec![op, identity(1)],
+                OnError::Fail,
+                ImageFormat::Raw,
+            );
+            let out = st.apply(input.clone()).unwrap();
+            (row(&out, 0), row(&out, 1))
+        };
+        // To its own size: the image itself.
+        let same = run(ImageOp::Resize { size: [4, 4] });
+        assert_eq!(same.1, (0..16).map(|v| (50 + v) as f32).collect::<Vec<_>>());
+        // Up: the same bilinear values as a random resized crop that must take the whole
+        // (square) image.
+        let whole = |size| ImageOp::RandomResizedCrop {
+            size,
+            scale: [1.0, 1.0],
+            ratio: [1.0, 1.0],
+        };
+        for size in [[8, 8], [2, 2], [3, 6]] {
+            let got = run(ImageOp::Resize { size });
+            assert_eq!(got.0.len(), size[0] * size[1]);
+            if size[0] == size[1] {
+                assert_eq!(got, run(whole(size)), "{size:?}");
+            }
         }
     }
 }

@@ -217,6 +217,23 @@ fn trainer_config_errors_say_where_and_what() {
     );
 }
 
+/// Writes `yaml` to `dir/name`, trains it, and returns its last evaluation (of the 360
+/// held-out digits).
+fn train_digits(dir: &std::path::Path, name: &str, yaml: &str) -> serde_json::Value {
+    std::fs::write(dir.join(name), yaml).unwrap();
+    let output = run_in_for(
+        dir,
+        &["train", name, "--summary-json", "s.json"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&output);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("s.json")).unwrap()).unwrap();
+    let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(eval["rows"], 360);
+    eval
+}
+
 /// Digits as images through the training-only image ops (random resized crop, erasing,
 /// CutMix): the evaluation turns the crop into the resize of the whole image and leaves the
 /// rest out, and scores the held-out digits well.
@@ -254,17 +271,7 @@ trainer:
 ",
         d = data.display()
     );
-    std::fs::write(dir.path().join("img.yaml"), yaml).unwrap();
-    let output = run_in_for(
-        dir.path(),
-        &["train", "img.yaml", "--summary-json", "s.json"],
-        Duration::from_secs(300),
-    );
-    assert_ok(&output);
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
-    let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!(eval["rows"], 360);
+    let eval = train_digits(dir.path(), "img.yaml", &yaml);
     let acc = eval["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.9, "test accuracy {acc}");
 }
@@ -298,17 +305,7 @@ trainer:
 ",
         d = data.display()
     );
-    std::fs::write(dir.path().join("mixup.yaml"), yaml).unwrap();
-    let output = run_in_for(
-        dir.path(),
-        &["train", "mixup.yaml", "--summary-json", "s.json"],
-        Duration::from_secs(300),
-    );
-    assert_ok(&output);
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
-    let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!(eval["rows"], 360);
+    let eval = train_digits(dir.path(), "mixup.yaml", &yaml);
     let acc = eval["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.93, "test accuracy {acc}");
     // Smoothed targets bound the loss from below by their entropy (0.5 nats for ε = 0.1

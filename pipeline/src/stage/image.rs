@@ -296,6 +296,28 @@ const NO_COLOUR: Colour = Colour {
     saturation: 1.0,
 };
 
+/// One torchvision-style attempt at a box (random resized crop, random erasing): an area of
+/// `area · U(scale)` pixels and an aspect ratio `exp(U(ln ratio))` (the first bound when the
+/// range is a single value), as `(round(√(area · aspect)), round(√(area / aspect)))`.
+fn box_attempt(
+    rng: &mut ChaCha8Rng,
+    area: f64,
+    scale: &[f64; 2],
+    ratio: &[f64; 2],
+) -> (usize, usize) {
+    let target = area * rng.random_range(scale[0]..=scale[1]);
+    let (lr0, lr1) = (ratio[0].ln(), ratio[1].ln());
+    let aspect = if lr0 < lr1 {
+        rng.random_range(lr0..=lr1).exp()
+    } else {
+        ratio[0]
+    };
+    (
+        (target * aspect).sqrt().round() as usize,
+        (target / aspect).sqrt().round() as usize,
+    )
+}
+
 /// Where a centre crop of `size` starts in `n` pixels, as torchvision's `CenterCrop`: a crop
 /// larger than the image is padded by `(size - n) / 2` (rounded down) before it, a smaller one
 /// starts at `(n - size) / 2` rounded half to even (Python's `round`).
@@ -355,17 +377,9 @@ impl ImageStage {
         if rng.random::<f64>() >= *p {
             return None;
         }
-        let area = (oh * ow) as f64;
-        let (lr0, lr1) = (ratio[0].ln(), ratio[1].ln());
         for _ in 0..10 {
-            let target = area * rng.random_range(scale[0]..=scale[1]);
-            let aspect = if lr0 < lr1 {
-                rng.random_range(lr0..=lr1).exp()
-            } else {
-                ratio[0]
-            };
-            let h = (target * aspect).sqrt().round() as usize;
-            let w = (target / aspect).sqrt().round() as usize;
+            // torchvision's erasing ratio is height / width.
+            let (h, w) = box_attempt(rng, (oh * ow) as f64, scale, ratio);
             if h < oh && w < ow {
                 let top = rng.random_range(0..=oh - h);
                 let left = rng.random_range(0..=ow - w);
@@ -418,18 +432,10 @@ impl ImageStage {
                     g.width = size[1] as f64;
                 }
                 ImageOp::RandomResizedCrop { size, scale, ratio } => {
-                    let area = (h * w) as f64;
-                    let (lr0, lr1) = (ratio[0].ln(), ratio[1].ln());
                     let mut found = None;
                     for _ in 0..10 {
-                        let target = area * rng.random_range(scale[0]..=scale[1]);
-                        let aspect = if lr0 < lr1 {
-                            rng.random_range(lr0..=lr1).exp()
-                        } else {
-                            ratio[0]
-                        };
-                        let cw = (target * aspect).sqrt().round() as usize;
-                        let chh = (target / aspect).sqrt().round() as usize;
+                        // The crop's ratio is width / height.
+                        let (cw, chh) = box_attempt(rng, (h * w) as f64, scale, ratio);
                         if cw > 0 && cw <= w && chh > 0 && chh <= h {
                             let top = rng.random_range(0..=h - chh);
                             let left = rng.random_range(0..=w - cw);

@@ -1165,11 +1165,11 @@ fn a_resumed_shuffle_window_does_not_dead_letter_its_bad_records_again() {
     }
     assert_eq!(rt.block_on(kafka::produce(&topic, records)), 4100);
     let dir = tempfile::tempdir().unwrap();
-    let yaml = |dlq: &str| {
+    let yaml_with = |dlq: &str, budget: &str| {
         let source = json_source(
             &topic,
             &format!(
-                "  batch_rows: 250\n  batch_timeout: 5s\n  dead_letter: {{type: file, path: '{}'}}\n",
+                "  batch_rows: 250\n  batch_timeout: 5s\n  dead_letter: {{type: file, path: '{}'}}\n{budget}",
                 dir.path().join(dlq).display()
             ),
         );
@@ -1177,8 +1177,31 @@ fn a_resumed_shuffle_window_does_not_dead_letter_its_bad_records_again() {
             "{source}stages:\n  - {{type: shuffle, buffer_rows: 1000, seed: 7, batch_rows: 100}}\n"
         )
     };
+    let yaml = |dlq: &str| yaml_with(dlq, "");
     let full = ids_and_states(&rt, Pipeline::from_yaml(&yaml("full")).unwrap());
     assert_eq!(dead_lettered(&dir.path().join("full")), bad, "each once");
+    // Every state carries the error budget's counts below its positions: the topic's offsets
+    // are dense, so the records below are the positions' sum, and the bad ones are known.
+    for (_, s) in &full {
+        let k = s.kafka.as_ref().unwrap();
+        let below: i64 = (0..4)
+            .filter_map(|p| k.get(&topic, p))
+            .map(|p| p.offset)
+            .sum();
+        let p1 = k.get(&topic, 1).map_or(0, |p| p.offset);
+        let expected = sluice::pipeline::ErrorCounts {
+            records: below as u64,
+            bad: bad.iter().filter(|&&o| o < p1).count() as u64,
+        };
+        assert_eq!(s.kafka_errors, Some(expected));
+    }
+    assert_eq!(
+        full.last().unwrap().1.kafka_errors,
+        Some(sluice::pipeline::ErrorCounts {
+            records: 4100,
+            bad: 100
+        })
+    );
 
     // A state inside a window whose rows of partition 1 are read again on resume (from the
     // window's start to the position) and hold bad records.
@@ -1222,6 +1245,42 @@ fn a_resumed_shuffle_window_does_not_dead_letter_its_bad_records_again() {
         dead_lettered(&dir.path().join("resumed")),
         after,
         "the resumed run writes the bad records past its position, once each"
+    );
+    // The resumed run goes on from the counts of the run it continues: it ends where the
+    // uninterrupted one did, and its error budget is the whole run's — 100 bad records
+    // pass `max_records: 100` and stop `max_records: 99`, with the earlier ones named.
+    assert_eq!(
+        rest.last().unwrap().1.kafka_errors,
+        full.last().unwrap().1.kafka_errors
+    );
+    let resumed_with = |max: u64| {
+        let yaml = yaml_with(
+            &format!("budget-{max}"),
+            &format!("  error_budget: {{max_records: {max}}}\n"),
+        );
+        let pipeline = Pipeline::from_yaml(&yaml)
+            .unwrap()
+            .resume_from(state.clone());
+        rt.block_on(async {
+            let mut s = pipeline.stream();
+            while let Some(b) = s.next().await {
+                if let Err(e) = b {
+                    return Err(e.to_string());
+                }
+            }
+            Ok(())
+        })
+    };
+    resumed_with(100).unwrap();
+    let e = resumed_with(99).unwrap_err();
+    let before = state.kafka_errors.unwrap();
+    assert!(
+        e.contains("100 records could not be decoded, more than `error_budget.max_records` (99)")
+            && e.contains(&format!(
+                "{} of the {} records before this resumed run were bad",
+                before.bad, before.records
+            )),
+        "{e}"
     );
 }
 

@@ -6,7 +6,7 @@
 //! [`SourceState`] to store in a checkpoint and, for Kafka consumer groups, stores the offsets
 //! with the group. Positions are derived from lineage, so they are exact per partition.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -183,6 +183,116 @@ pub struct SourceState {
     /// pipeline whose plan differs is refused (see [`PlanStamp`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanStamp>,
+    /// Kafka: the records below `kafka` and how many of them could not be decoded — what the
+    /// source's `error_budget` has spent, carried into a resumed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_errors: Option<ErrorCounts>,
+}
+
+/// Records a Kafka source consumed, and how many of them could not be decoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorCounts {
+    /// Records (messages) consumed, good and bad.
+    pub records: u64,
+    /// Records that could not be decoded (dead-lettered).
+    pub bad: u64,
+}
+
+/// Consecutive offsets `first..first + len` of one partition, all decoded or all bad.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    first: i64,
+    len: u64,
+    bad: bool,
+}
+
+/// The error budget's counts of a Kafka source, to be split at the positions of a state:
+/// `base` counts the records under every position any acknowledger sharing the ledger has
+/// taken a state at (and what a restored state carried), `pending` the records counted
+/// since, per partition, as runs of consecutive offsets (a partition's records arrive in
+/// offset order; a gap, from compaction or transaction markers, starts a new run, so the
+/// split at a position is exact). Runs below every sharer's last state are folded into
+/// `base`, so `pending` holds about the records in flight.
+#[derive(Debug, Default)]
+struct ErrorLedger {
+    base: ErrorCounts,
+    /// Set once a Kafka source counted anything or a state carried counts.
+    used: bool,
+    pending: BTreeMap<(Arc<str>, i32), VecDeque<Run>>,
+    /// Per sharer, the positions of its last state (`None`: it has taken none).
+    seen: Vec<Option<KafkaPositions>>,
+}
+
+impl ErrorLedger {
+    /// Adds `run` of `topic`/`partition` (after every earlier offset of the partition).
+    fn consumed(&mut self, topic: &Arc<str>, partition: i32, run: Run) {
+        self.used = true;
+        let runs = self.pending.entry((topic.clone(), partition)).or_default();
+        match runs.back_mut() {
+            Some(r) if r.bad == run.bad && r.first + r.len as i64 == run.first => {
+                r.len += run.len;
+            }
+            _ => runs.push_back(run),
+        }
+    }
+
+    /// The counts below `positions`, for sharer `who`.
+    fn count(&mut self, who: usize, positions: &KafkaPositions) -> ErrorCounts {
+        let mut c = self.base;
+        for ((topic, partition), runs) in &self.pending {
+            let Some(end) = positions.get(topic, *partition).map(|p| p.offset) else {
+                continue;
+            };
+            for r in runs {
+                let n = ((end - r.first).max(0) as u64).min(r.len);
+                if n == 0 {
+                    break;
+                }
+                c.records += n;
+                if r.bad {
+                    c.bad += n;
+                }
+            }
+        }
+        if let Some(slot) = self.seen.get_mut(who) {
+            *slot = Some(positions.clone());
+        }
+        self.fold();
+        c
+    }
+
+    /// Folds the runs below every sharer's last state into `base`.
+    fn fold(&mut self) {
+        let seen: Vec<&KafkaPositions> = self.seen.iter().flatten().collect();
+        if seen.is_empty() {
+            return;
+        }
+        for ((topic, partition), runs) in &mut self.pending {
+            let Some(end) = seen
+                .iter()
+                .map(|s| s.get(topic, *partition).map_or(i64::MIN, |p| p.offset))
+                .min()
+            else {
+                continue;
+            };
+            while let Some(r) = runs.front_mut() {
+                let n = ((end - r.first).max(0) as u64).min(r.len);
+                if n == 0 {
+                    break;
+                }
+                self.base.records += n;
+                if r.bad {
+                    self.base.bad += n;
+                }
+                r.first += n as i64;
+                r.len -= n;
+                if r.len > 0 {
+                    break;
+                }
+                runs.pop_front();
+            }
+        }
+    }
 }
 
 /// What the positions of a Parquet pipeline ([`Mark`]: epoch, unit, row, shuffle window) are
@@ -371,7 +481,7 @@ pub(crate) trait OffsetStore: Send + Sync + std::fmt::Debug {
 }
 
 /// Tracks what the consumer of a stream has handed off and made durable. Cheap to share.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Acknowledger {
     written: Mutex<KafkaPositions>,
     mark: Mutex<Option<Mark>>,
@@ -381,6 +491,16 @@ pub struct Acknowledger {
     plan: OnceLock<Arc<PlanSource>>,
     /// The plan of the state this one was restored from, until the pipeline sets its own.
     resumed_plan: Option<PlanStamp>,
+    /// The Kafka error budget's counts, shared with the acknowledgers that follow this one
+    /// ([`Acknowledger::follower`]), and this one's place among them.
+    errors: Arc<Mutex<ErrorLedger>>,
+    errors_slot: usize,
+}
+
+impl Default for Acknowledger {
+    fn default() -> Self {
+        Acknowledger::new(None)
+    }
 }
 
 impl Acknowledger {
@@ -393,6 +513,70 @@ impl Acknowledger {
             store: OnceLock::new(),
             plan: OnceLock::new(),
             resumed_plan: resume.and_then(|s| s.plan.clone()),
+            errors: Arc::new(Mutex::new(ErrorLedger {
+                base: resume.and_then(|s| s.kafka_errors).unwrap_or_default(),
+                used: resume.is_some_and(|s| s.kafka_errors.is_some()),
+                pending: BTreeMap::new(),
+                seen: vec![None],
+            })),
+            errors_slot: 0,
+        }
+    }
+
+    /// Another acknowledger of the same stream, starting from `resume` (another consumer's
+    /// view: what the stream yielded, say, where this one tracks what a sink made durable).
+    /// It shares the error budget's counts the source reports here.
+    pub(crate) fn follower(&self, resume: Option<&SourceState>) -> Acknowledger {
+        let mut a = Acknowledger::new(resume);
+        a.errors = self.errors.clone();
+        a.errors_slot = match self.errors.lock() {
+            Ok(mut l) => {
+                l.seen.push(None);
+                l.seen.len() - 1
+            }
+            Err(_) => usize::MAX,
+        };
+        a
+    }
+
+    /// The error budget's counts a resumed run starts from (zero without a state).
+    pub(crate) fn restored_errors(&self) -> ErrorCounts {
+        self.errors.lock().map(|l| l.base).unwrap_or_default()
+    }
+
+    /// Records that a Kafka source counted these records (`(topic, partition, offset,
+    /// bad)`, each partition's in offset order) against its error budget.
+    pub(crate) fn consumed<'a>(
+        &self,
+        records: impl Iterator<Item = (&'a Arc<str>, i32, i64, bool)>,
+    ) {
+        let Ok(mut l) = self.errors.lock() else {
+            return;
+        };
+        // Consecutive records of a partition go in as one run (one lookup per run).
+        let mut open: Option<(&Arc<str>, i32, Run)> = None;
+        for (topic, partition, offset, bad) in records {
+            if let Some((t, p, r)) = &mut open
+                && Arc::ptr_eq(t, topic)
+                && *p == partition
+                && r.bad == bad
+                && r.first + r.len as i64 == offset
+            {
+                r.len += 1;
+                continue;
+            }
+            if let Some((t, p, r)) = open.take() {
+                l.consumed(t, p, r);
+            }
+            let run = Run {
+                first: offset,
+                len: 1,
+                bad,
+            };
+            open = Some((topic, partition, run));
+        }
+        if let Some((t, p, r)) = open {
+            l.consumed(t, p, r);
         }
     }
 
@@ -442,9 +626,26 @@ impl Acknowledger {
     /// The positions just past everything observed so far: what a checkpoint records once
     /// those rows are durable.
     pub fn state(&self) -> SourceState {
+        self.state_as(self.errors_slot)
+    }
+
+    /// [`Acknowledger::state`] without taking part in when the error counts are folded: the
+    /// state a follower starts from.
+    pub(crate) fn peek_state(&self) -> SourceState {
+        self.state_as(usize::MAX)
+    }
+
+    fn state_as(&self, slot: usize) -> SourceState {
         let positions = self.written.lock().map(|w| w.clone()).unwrap_or_default();
         let parquet = self.mark.lock().ok().and_then(|m| *m);
+        let kafka_errors = self
+            .errors
+            .lock()
+            .ok()
+            .filter(|l| l.used)
+            .map(|mut l| l.count(slot, &positions));
         SourceState {
+            kafka_errors,
             kafka: (!positions.0.is_empty()).then_some(positions),
             kafka_shuffle: self.window.lock().ok().and_then(|w| w.clone()),
             parquet,
@@ -648,9 +849,83 @@ mod tests {
             kafka_shuffle: None,
             parquet: None,
             plan: None,
+            kafka_errors: None,
         })
         .unwrap();
         let back: SourceState = serde_json::from_str(&json).unwrap();
         assert_eq!(back.kafka, Some(p));
+    }
+
+    #[test]
+    fn error_counts_split_exactly_at_each_sharers_positions() {
+        let topic: Arc<str> = Arc::from("t");
+        let at = |offset: i64| {
+            let mut k = KafkaPositions::default();
+            k.set(
+                "t",
+                0,
+                Position {
+                    offset,
+                    skip_rows: 0,
+                },
+            );
+            k
+        };
+        let leader = Acknowledger::new(None);
+        let follower = leader.follower(None);
+        // Offsets 0..7 and 8..11 of partition 0 (7 is missing: compacted); 3 and 4 are bad.
+        leader.consumed(
+            (0..7)
+                .chain(8..11)
+                .map(|o| (&topic, 0, o, o == 3 || o == 4)),
+        );
+        let count =
+            |a: &Acknowledger, slot: usize, o: i64| a.errors.lock().unwrap().count(slot, &at(o));
+        assert_eq!(count(&leader, 0, 5), ErrorCounts { records: 5, bad: 2 });
+        assert_eq!(count(&follower, 1, 9), ErrorCounts { records: 8, bad: 2 });
+        // Folded below 5 (the smaller of the two): the counts stay exact for both.
+        assert_eq!(
+            leader.errors.lock().unwrap().base,
+            ErrorCounts { records: 5, bad: 2 }
+        );
+        assert_eq!(
+            count(&follower, 1, 11),
+            ErrorCounts {
+                records: 10,
+                bad: 2
+            }
+        );
+        assert_eq!(count(&leader, 0, 9), ErrorCounts { records: 8, bad: 2 });
+        assert_eq!(
+            count(&leader, 0, 11),
+            ErrorCounts {
+                records: 10,
+                bad: 2
+            }
+        );
+        assert!(
+            leader
+                .errors
+                .lock()
+                .unwrap()
+                .pending
+                .values()
+                .all(|r| r.is_empty())
+        );
+
+        // Through states: the counts below the positions, carried into a resumed acknowledger.
+        let a = Acknowledger::new(None);
+        a.consumed((0..6).map(|o| (&topic, 0, o, o == 1)));
+        *a.written.lock().unwrap() = at(4);
+        let state = a.state();
+        assert_eq!(state.kafka_errors, Some(ErrorCounts { records: 4, bad: 1 }));
+        let json = serde_json::to_string(&state).unwrap();
+        let back: SourceState = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            Acknowledger::new(Some(&back)).restored_errors(),
+            ErrorCounts { records: 4, bad: 1 }
+        );
+        // A Parquet pipeline's state has none.
+        assert_eq!(Acknowledger::new(None).state().kafka_errors, None);
     }
 }

@@ -548,7 +548,7 @@ impl Pipeline {
         let metrics = Arc::new(PipelineMetrics::default());
         let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
         let (m, a) = (metrics.clone(), acker.clone());
-        let delivered = Acknowledger::new(self.resume.as_ref());
+        let delivered = acker.follower(self.resume.as_ref());
         BatchStream {
             state: State::Preparing(async move { self.prepare_with(m, a).await }.boxed()),
             metrics,
@@ -706,7 +706,7 @@ impl PreparedPipeline {
     pub fn stream(self) -> BatchStream {
         let metrics = self.metrics.clone();
         let acker = self.acker.clone();
-        let delivered = Acknowledger::new(Some(&acker.state()));
+        let delivered = acker.follower(Some(&acker.peek_state()));
         BatchStream {
             state: State::Running(self.start()),
             metrics,

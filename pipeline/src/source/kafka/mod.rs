@@ -39,7 +39,8 @@ use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
 use crate::exec::metrics::PipelineMetrics;
 use crate::state::{
-    Acknowledger, KafkaPositions, KafkaShuffleState, OffsetStore, Position, SourceState,
+    Acknowledger, ErrorCounts, KafkaPositions, KafkaShuffleState, OffsetStore, Position,
+    SourceState,
 };
 
 /// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag.
@@ -363,15 +364,39 @@ impl KafkaSource {
                 let pool = pool.clone();
                 async move {
                     let chunk = item?;
-                    pool.run(move || decoder.decode(chunk)).await
+                    // Where its records are, for the error budget's ledger (the records
+                    // themselves go to the decoder).
+                    let at: Vec<(u16, i32, i64)> = chunk
+                        .records
+                        .iter()
+                        .map(|r| (r.topic, r.partition, r.offset))
+                        .collect();
+                    let d = pool.run(move || decoder.decode(chunk)).await?;
+                    Ok::<_, Error>((at, d))
                 }
             })
             .buffered(parallelism);
-        let mut budget = Budget::default();
+        // A resumed run goes on spending the budget of the run it continues: the counts of
+        // the records below its positions come with the state, and those records, when read
+        // again (a shuffle window rebuilt), are not counted twice.
+        let restored = self.acker.restored_errors();
+        let resume_at: HashMap<(u16, i32), i64> = self
+            .resume_positions
+            .iter()
+            .flat_map(|done| done.iter())
+            .filter_map(|(topic, p, pos)| {
+                let t = self.topics.iter().position(|x| &**x == topic)?;
+                Some(((t as u16, p), pos.offset))
+            })
+            .collect();
+        let mut budget = Budget {
+            records: restored.records,
+            bad: restored.bad,
+        };
         let m = &self.metrics.source;
         let mut result = Ok(());
         while let Some(d) = decoded.next().await {
-            let mut d = match d {
+            let (at, mut d) = match d {
                 Ok(d) => d,
                 Err(e) => {
                     result = Err(e);
@@ -415,10 +440,34 @@ impl KafkaSource {
                     }
                 }
             }
-            if let Err(why) = budget.add(d.records, d.bad.len() as u64, &self.config.error_budget) {
+            // The records past the restored positions: counted, and handed to the ledger
+            // that splits the counts at the positions a checkpoint records.
+            let counted = at
+                .iter()
+                .filter(|(t, p, o)| resume_at.get(&(*t, *p)).is_none_or(|done| o >= done));
+            let bad_at: HashSet<(&str, i32, i64)> = d
+                .bad
+                .iter()
+                .map(|b| (&*b.topic, b.partition, b.offset))
+                .collect();
+            self.acker.consumed(counted.clone().map(|&(t, p, o)| {
+                let topic = &self.topics[t as usize];
+                let bad = !bad_at.is_empty() && bad_at.contains(&(&**topic, p, o));
+                (topic, p, o, bad)
+            }));
+            let records = counted.count() as u64;
+            if let Err(why) = budget.add(records, d.bad.len() as u64, &self.config.error_budget) {
+                let before = if restored == ErrorCounts::default() {
+                    String::new()
+                } else {
+                    format!(
+                        "; counted from the first run: {} of the {} records before this resumed run were bad",
+                        restored.bad, restored.records
+                    )
+                };
                 result = Err(Error::BadRecords {
                     message: format!(
-                        "error budget exceeded: {why} (source at {}; last: {}). The bad records are in the dead-letter sink; the rows before them were delivered",
+                        "error budget exceeded: {why}{before} (source at {}; last: {}). The bad records are in the dead-letter sink; the rows before them were delivered",
                         self.at,
                         d.bad.last().map(describe).unwrap_or_default()
                     ),

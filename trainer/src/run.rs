@@ -1005,6 +1005,7 @@ pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>>
                         ImageOp::HorizontalFlip { .. }
                         | ImageOp::VerticalFlip { .. }
                         | ImageOp::ColorJitter { .. }
+                        | ImageOp::RandomGrayscale { .. }
                         | ImageOp::RandomErasing { .. } => None,
                         ImageOp::RandomCrop { size, .. } if size == [h, w] => None,
                         ImageOp::RandomCrop { size, .. } => Some(ImageOp::CenterCrop { size }),
@@ -1035,7 +1036,8 @@ stages:
     ops:
       - random_crop: {size: [8, 8], padding: 1}
       - horizontal_flip: {}
-      - color_jitter: {brightness: 0.2}
+      - color_jitter: {brightness: 0.2, hue: 0.1}
+      - random_grayscale: {p: 0.2}
       - normalize: {mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}
       - random_erasing: {p: 0.5}
   - {type: one_hot, column: y, num_classes: 3, smoothing: 0.1}

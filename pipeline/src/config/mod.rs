@@ -808,7 +808,8 @@ pub enum ImageOp {
         #[serde(default = "default_half")]
         p: f64,
     },
-    /// Random brightness/contrast/saturation factors in `[1 - x, 1 + x]`.
+    /// Random brightness/contrast/saturation factors in `[1 - x, 1 + x]`, and a hue shift in
+    /// `[-hue, hue]` (a fraction of the colour wheel).
     ColorJitter {
         /// Default: 0.
         #[serde(default)]
@@ -819,6 +820,16 @@ pub enum ImageOp {
         /// Default: 0.
         #[serde(default)]
         saturation: f64,
+        /// In `[0, 0.5]`. Default: 0.
+        #[serde(default)]
+        hue: f64,
+    },
+    /// Grey with probability `p` (default 0.1): every channel becomes the luma
+    /// `0.299 R + 0.587 G + 0.114 B`, like torchvision's `RandomGrayscale`.
+    RandomGrayscale {
+        /// Probability. Default: 0.1.
+        #[serde(default = "default_grayscale_p")]
+        p: f64,
     },
     /// `(pixel / 255 - mean[c]) / std[c]` per channel.
     Normalize {
@@ -847,6 +858,9 @@ pub enum ImageOp {
     },
 }
 
+fn default_grayscale_p() -> f64 {
+    0.1
+}
 fn default_erase_scale() -> [f64; 2] {
     [0.02, 0.33]
 }

@@ -5,10 +5,12 @@
 //! of the row's identity (lineage + epoch; see [`super::augment::row_ids`]), in op order:
 //! `random_crop` draws top then left (`center_crop` and `resize` draw nothing);
 //! `random_resized_crop` draws up to 10 (area, log-ratio, top, left) attempts like
-//! torchvision, falling back to the whole image centre-cropped to the ratio range; a flip draws one number; `color_jitter` draws brightness, contrast,
-//! saturation (in that fixed order, each only when enabled); `random_erasing` (always the
-//! last op) draws one number against `p`, then up to 10 (area, log-ratio) attempts and the
-//! box's top and left, like torchvision, and is applied to the finished output.
+//! torchvision, falling back to the whole image centre-cropped to the ratio range; a flip
+//! draws one number; `color_jitter` draws brightness, contrast, saturation, hue (in that
+//! fixed order, each only when enabled) and applies them in that order; `random_grayscale`
+//! (after `color_jitter`) draws one number; `random_erasing` (always the last op) draws one
+//! number against `p`, then up to 10 (area, log-ratio) attempts and the box's top and left,
+//! like torchvision, and is applied to the finished output.
 //!
 //! Geometry is applied while sampling from the decoded pixels into a per-row float scratch
 //! buffer (reused across rows), colour ops work on that buffer, and the final pass writes
@@ -168,6 +170,7 @@ pub(crate) fn build(
                 brightness,
                 contrast,
                 saturation,
+                hue,
             } => {
                 for (name, v) in [
                     ("brightness", brightness),
@@ -180,8 +183,33 @@ pub(crate) fn build(
                         )));
                     }
                 }
-                if *saturation > 0.0 && ch != 3 {
-                    return Err(err("color_jitter: `saturation` needs 3 channels".into()));
+                if !(0.0..=0.5).contains(hue) {
+                    return Err(err(format!(
+                        "color_jitter: `hue` must be in [0, 0.5], not {hue}"
+                    )));
+                }
+                if (*saturation > 0.0 || *hue > 0.0) && ch != 3 {
+                    return Err(err(
+                        "color_jitter: `saturation` and `hue` need 3 channels".into()
+                    ));
+                }
+            }
+            ImageOp::RandomGrayscale { p } => {
+                if !(0.0..=1.0).contains(p) {
+                    return Err(err(format!(
+                        "random_grayscale: `p` must be in [0, 1], not {p}"
+                    )));
+                }
+                if ch != 3 {
+                    return Err(err("random_grayscale needs 3 channels".into()));
+                }
+                if c.ops[k + 1..]
+                    .iter()
+                    .any(|o| matches!(o, ImageOp::ColorJitter { .. }))
+                {
+                    return Err(err(
+                        "list random_grayscale after color_jitter: the colour ops apply in that order".into(),
+                    ));
                 }
             }
             ImageOp::RandomErasing {
@@ -294,6 +322,8 @@ const NO_COLOUR: Colour = Colour {
     brightness: 1.0,
     contrast: 1.0,
     saturation: 1.0,
+    hue: 0.0,
+    grey: false,
 };
 
 /// One torchvision-style attempt at a box (random resized crop, random erasing): an area of
@@ -316,6 +346,44 @@ fn box_attempt(
         (target * aspect).sqrt().round() as usize,
         (target / aspect).sqrt().round() as usize,
     )
+}
+
+/// Shifts the hue of one RGB pixel (0–255) by `shift` of the colour wheel, through HSV as
+/// torchvision's `adjust_hue` (`_rgb2hsv`, `(h + shift) mod 1`, `_hsv2rgb`).
+fn shift_hue(px: &mut [f32], shift: f32) {
+    let [r, g, b] = [px[0] / 255.0, px[1] / 255.0, px[2] / 255.0];
+    let (max, min) = (r.max(g).max(b), r.min(g).min(b));
+    let range = max - min;
+    if range == 0.0 {
+        return; // grey: no hue
+    }
+    let s = range / max;
+    let (rc, gc, bc) = ((max - r) / range, (max - g) / range, (max - b) / range);
+    let h = if max == r {
+        bc - gc
+    } else if max == g {
+        2.0 + rc - bc
+    } else {
+        4.0 + gc - rc
+    };
+    let h = ((h / 6.0 + 1.0) % 1.0 + shift).rem_euclid(1.0);
+    let v = max;
+    let i = (h * 6.0).floor();
+    let f = h * 6.0 - i;
+    let p = (v * (1.0 - s)).clamp(0.0, 1.0);
+    let q = (v * (1.0 - s * f)).clamp(0.0, 1.0);
+    let t = (v * (1.0 - s * (1.0 - f))).clamp(0.0, 1.0);
+    let (r, g, b) = match i as i32 % 6 {
+        0 => (v, t, p),
+        1 => (q, v, p),
+        2 => (p, v, t),
+        3 => (p, q, v),
+        4 => (t, p, v),
+        _ => (v, p, q),
+    };
+    px[0] = r * 255.0;
+    px[1] = g * 255.0;
+    px[2] = b * 255.0;
 }
 
 /// Where a centre crop of `size` starts in `n` pixels, as torchvision's `CenterCrop`: a crop
@@ -357,6 +425,10 @@ pub(crate) struct Colour {
     pub brightness: f32,
     pub contrast: f32,
     pub saturation: f32,
+    /// Hue shift, a fraction of the colour wheel (0.0 = unchanged).
+    pub hue: f32,
+    /// Turned to grey.
+    pub grey: bool,
 }
 
 impl ImageStage {
@@ -406,11 +478,7 @@ impl ImageStage {
             flip_v: false,
             exact: true,
         };
-        let mut col = Colour {
-            brightness: 1.0,
-            contrast: 1.0,
-            saturation: 1.0,
-        };
+        let mut col = NO_COLOUR;
         let factor = |rng: &mut ChaCha8Rng, x: f64| -> f32 {
             if x > 0.0 {
                 rng.random_range(1.0 - x..=1.0 + x) as f32
@@ -474,11 +542,16 @@ impl ImageStage {
                     brightness,
                     contrast,
                     saturation,
+                    hue,
                 } => {
                     col.brightness = factor(rng, *brightness);
                     col.contrast = factor(rng, *contrast);
                     col.saturation = factor(rng, *saturation);
+                    if *hue > 0.0 {
+                        col.hue = rng.random_range(-hue..=*hue) as f32;
+                    }
                 }
+                ImageOp::RandomGrayscale { p } => col.grey = rng.random::<f64>() < *p,
                 // Drawn by `draw_erase`, after everything else (it is the last op).
                 ImageOp::Normalize { .. } | ImageOp::RandomErasing { .. } => {}
             }
@@ -626,6 +699,16 @@ impl ImageStage {
                 for v in px.iter_mut() {
                     *v = clamp((*v - g) * c.saturation + g);
                 }
+            }
+        }
+        if c.hue != 0.0 && ch == 3 {
+            for px in scratch.chunks_exact_mut(3) {
+                shift_hue(px, c.hue);
+            }
+        }
+        if c.grey && ch == 3 {
+            for px in scratch.chunks_exact_mut(3) {
+                px.fill(grey(px));
             }
         }
     }
@@ -1153,6 +1236,7 @@ mod tests {
                     brightness: 0.2,
                     contrast: 0.0,
                     saturation: 0.0,
+                    hue: 0.0,
                 },
                 identity(3),
             ],
@@ -1464,6 +1548,122 @@ mod tests {
             if size[0] == size[1] {
                 assert_eq!(got, run(whole(size)), "{size:?}");
             }
+        }
+    }
+
+    #[test]
+    fn hue_shifts_around_the_colour_wheel_like_torchvision() {
+        let px = |rgb: [f32; 3], shift: f32| {
+            let mut p = rgb;
+            shift_hue(&mut p, shift);
+            p
+        };
+        let close = |a: [f32; 3], b: [f32; 3]| a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-3);
+        // Red → yellow (1/6) → green (1/3) → blue (2/3, or -1/3) and back to red (1).
+        assert!(close(px([255.0, 0.0, 0.0], 1.0 / 6.0), [255.0, 255.0, 0.0]));
+        assert!(close(px([255.0, 0.0, 0.0], 1.0 / 3.0), [0.0, 255.0, 0.0]));
+        assert!(close(px([255.0, 0.0, 0.0], -1.0 / 3.0), [0.0, 0.0, 255.0]));
+        assert!(close(px([255.0, 0.0, 0.0], 0.5), [0.0, 255.0, 255.0]));
+        // Saturation and value are kept: (200, 100, 50) is h 1/18, s 0.75, v 200; + 1/3 is
+        // h 7/18, in the green-to-cyan sixth at 1/3 of it → (50, 200, 200 (1 − 0.75 · 2/3)).
+        let shifted = px([200.0, 100.0, 50.0], 1.0 / 3.0);
+        assert!(close(shifted, [50.0, 200.0, 100.0]), "{shifted:?}");
+        // Greys have no hue.
+        assert_eq!(px([90.0, 90.0, 90.0], 0.25), [90.0, 90.0, 90.0]);
+    }
+
+    #[test]
+    fn hue_and_grayscale_draw_within_their_settings() {
+        let shape = [2, 2, 3];
+        let input = batch(shape, 400, |r, y, x, c| {
+            ((r * 13 + y * 50 + x * 30 + c * 80) % 256) as u8
+        });
+        let st = build_stage(
+            shape,
+            &input,
+            vec![
+                ImageOp::ColorJitter {
+                    brightness: 0.0,
+                    contrast: 0.0,
+                    saturation: 0.0,
+                    hue: 0.1,
+                },
+                ImageOp::RandomGrayscale { p: 0.25 },
+                identity(3),
+            ],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let ids = row_ids(&input.lineage);
+        let out = st.apply(input).unwrap();
+        let mut greys = 0;
+        for (r, id) in ids.iter().enumerate() {
+            let mut rng = ChaCha8Rng::from_seed(st.key);
+            rng.set_stream(*id);
+            let (_, c) = st.draw(&mut rng, 2, 2);
+            assert!(c.hue.abs() <= 0.1 && c.hue != 0.0, "{c:?}");
+            let v = row(&out, r);
+            if c.grey {
+                greys += 1;
+                // Every pixel grey: its three channel planes agree.
+                for i in 0..4 {
+                    assert_eq!((v[i], v[4 + i]), (v[8 + i], v[8 + i]), "row {r} pixel {i}");
+                }
+            }
+        }
+        assert!((70..=130).contains(&greys), "{greys} of 400 grey");
+    }
+
+    #[test]
+    fn colour_settings_are_checked() {
+        let rgb = batch([2, 2, 3], 1, |_, _, _, _| 0);
+        let grey = batch([2, 2, 1], 1, |_, _, _, _| 0);
+        let jitter = |hue: f64| ImageOp::ColorJitter {
+            brightness: 0.0,
+            contrast: 0.0,
+            saturation: 0.0,
+            hue,
+        };
+        for (input, shape, ops, expected) in [
+            (
+                &rgb,
+                [2, 2, 3],
+                vec![jitter(0.6)],
+                "`hue` must be in [0, 0.5]",
+            ),
+            (&grey, [2, 2, 1], vec![jitter(0.1)], "need 3 channels"),
+            (
+                &grey,
+                [2, 2, 1],
+                vec![ImageOp::RandomGrayscale { p: 0.5 }],
+                "random_grayscale needs 3 channels",
+            ),
+            (
+                &rgb,
+                [2, 2, 3],
+                vec![ImageOp::RandomGrayscale { p: 1.5 }],
+                "`p` must be in [0, 1]",
+            ),
+            (
+                &rgb,
+                [2, 2, 3],
+                vec![ImageOp::RandomGrayscale { p: 0.5 }, jitter(0.1)],
+                "list random_grayscale after color_jitter",
+            ),
+        ] {
+            let c = ImageConfig {
+                column: "img".into(),
+                output: None,
+                format: ImageFormat::Raw,
+                shape,
+                ops,
+                seed: 7,
+                on_error: OnError::Fail,
+            };
+            let e = build(&stage_ref(), &c, &input.data.schema())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{e}");
         }
     }
 }

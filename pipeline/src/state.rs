@@ -206,6 +206,23 @@ struct Run {
     bad: bool,
 }
 
+impl Run {
+    /// How many of its records lie below offset `end`.
+    fn below(&self, end: i64) -> u64 {
+        ((end - self.first).max(0) as u64).min(self.len)
+    }
+}
+
+impl ErrorCounts {
+    /// Adds `n` records, all bad or all decoded.
+    fn add(&mut self, n: u64, bad: bool) {
+        self.records += n;
+        if bad {
+            self.bad += n;
+        }
+    }
+}
+
 /// The error budget's counts of a Kafka source, to be split at the positions of a state:
 /// `base` counts the records under every position any acknowledger sharing the ledger has
 /// taken a state at (and what a restored state carried), `pending` the records counted
@@ -246,11 +263,7 @@ impl ErrorLedger {
             // Every run (not up to the first past `end`): a consumer group that replays
             // a partition after a rebalance reports lower offsets again.
             for r in runs {
-                let n = ((end - r.first).max(0) as u64).min(r.len);
-                c.records += n;
-                if r.bad {
-                    c.bad += n;
-                }
+                c.add(r.below(end), r.bad);
             }
         }
         if let Some(slot) = self.seen.get_mut(who) {
@@ -275,14 +288,11 @@ impl ErrorLedger {
                 continue;
             };
             while let Some(r) = runs.front_mut() {
-                let n = ((end - r.first).max(0) as u64).min(r.len);
+                let n = r.below(end);
                 if n == 0 {
                     break;
                 }
-                self.base.records += n;
-                if r.bad {
-                    self.base.bad += n;
-                }
+                self.base.add(n, r.bad);
                 r.first += n as i64;
                 r.len -= n;
                 if r.len > 0 {
@@ -544,17 +554,19 @@ impl Acknowledger {
     }
 
     /// Records that a Kafka source counted these records (`(topic, partition, offset,
-    /// bad)`, each partition's in offset order) against its error budget.
+    /// bad)`, each partition's in offset order) against its error budget; returns how many.
     pub(crate) fn consumed<'a>(
         &self,
         records: impl Iterator<Item = (&'a Arc<str>, i32, i64, bool)>,
-    ) {
+    ) -> u64 {
         let Ok(mut l) = self.errors.lock() else {
-            return;
+            return records.count() as u64;
         };
+        let mut n = 0;
         // Consecutive records of a partition go in as one run (one lookup per run).
         let mut open: Option<(&Arc<str>, i32, Run)> = None;
         for (topic, partition, offset, bad) in records {
+            n += 1;
             if let Some((t, p, r)) = &mut open
                 && Arc::ptr_eq(t, topic)
                 && *p == partition
@@ -577,6 +589,7 @@ impl Acknowledger {
         if let Some((t, p, r)) = open {
             l.consumed(t, p, r);
         }
+        n
     }
 
     /// Sets what the states this acknowledger returns are relative to (once).

@@ -17,6 +17,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use super::decode::BadRecord;
 use crate::config::{DeadLetterConfig, ErrorBudget, KafkaSourceConfig};
 use crate::error::{Error, Result};
+use crate::state::ErrorCounts;
 use crate::storage::resolve;
 
 /// An open dead-letter sink.
@@ -196,39 +197,36 @@ fn run_id(rank: usize) -> String {
     )
 }
 
-/// Counts records and bad records against the budget.
-#[derive(Debug, Default)]
-pub(crate) struct Budget {
-    pub records: u64,
-    pub bad: u64,
-}
-
-impl Budget {
-    /// Adds a chunk's counts; `Err` with the reason once the budget is exceeded.
-    pub fn add(&mut self, records: u64, bad: u64, limits: &ErrorBudget) -> Result<(), String> {
-        self.records += records;
-        self.bad += bad;
-        if let Some(max) = limits.max_records
-            && self.bad > max
-        {
-            return Err(format!(
-                "{} records could not be decoded, more than `error_budget.max_records` ({max})",
-                self.bad
-            ));
-        }
-        if let Some(ratio) = limits.max_ratio
-            && self.records >= 100
-            && self.bad as f64 > ratio * self.records as f64
-        {
-            return Err(format!(
-                "{} of {} records ({:.2}%) could not be decoded, more than `error_budget.max_ratio` ({ratio})",
-                self.bad,
-                self.records,
-                100.0 * self.bad as f64 / self.records as f64
-            ));
-        }
-        Ok(())
+/// Adds a chunk's counts to what the budget has spent; `Err` with the reason once the
+/// budget is exceeded.
+pub(crate) fn spend(
+    spent: &mut ErrorCounts,
+    records: u64,
+    bad: u64,
+    limits: &ErrorBudget,
+) -> Result<(), String> {
+    spent.records += records;
+    spent.bad += bad;
+    if let Some(max) = limits.max_records
+        && spent.bad > max
+    {
+        return Err(format!(
+            "{} records could not be decoded, more than `error_budget.max_records` ({max})",
+            spent.bad
+        ));
     }
+    if let Some(ratio) = limits.max_ratio
+        && spent.records >= 100
+        && spent.bad as f64 > ratio * spent.records as f64
+    {
+        return Err(format!(
+            "{} of {} records ({:.2}%) could not be decoded, more than `error_budget.max_ratio` ({ratio})",
+            spent.bad,
+            spent.records,
+            100.0 * spent.bad as f64 / spent.records as f64
+        ));
+    }
+    Ok(())
 }
 
 /// A shareable description of a bad record for error messages.

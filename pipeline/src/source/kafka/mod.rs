@@ -30,7 +30,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use self::dead_letter::{Budget, DeadLetter, describe};
+use self::dead_letter::{DeadLetter, describe, spend};
 use self::decode::{ChunkDecoder, RawChunk, RecordMeta, ipc_schema, raw_schema};
 use crate::batch::Name;
 use crate::config::{Assignment, KafkaFormat, KafkaSourceConfig, StartPosition, Until};
@@ -389,10 +389,7 @@ impl KafkaSource {
                 Some(((t as u16, p), pos.offset))
             })
             .collect();
-        let mut budget = Budget {
-            records: restored.records,
-            bad: restored.bad,
-        };
+        let mut spent = restored;
         let m = &self.metrics.source;
         let mut result = Ok(());
         while let Some(d) = decoded.next().await {
@@ -442,21 +439,26 @@ impl KafkaSource {
             }
             // The records past the restored positions: counted, and handed to the ledger
             // that splits the counts at the positions a checkpoint records.
-            let counted = at
-                .iter()
-                .filter(|(t, p, o)| resume_at.get(&(*t, *p)).is_none_or(|done| o >= done));
             let bad_at: HashSet<(&str, i32, i64)> = d
                 .bad
                 .iter()
                 .map(|b| (&*b.topic, b.partition, b.offset))
                 .collect();
-            self.acker.consumed(counted.clone().map(|&(t, p, o)| {
-                let topic = &self.topics[t as usize];
-                let bad = !bad_at.is_empty() && bad_at.contains(&(&**topic, p, o));
-                (topic, p, o, bad)
-            }));
-            let records = counted.count() as u64;
-            if let Err(why) = budget.add(records, d.bad.len() as u64, &self.config.error_budget) {
+            let records = self.acker.consumed(
+                at.iter()
+                    .filter(|(t, p, o)| resume_at.get(&(*t, *p)).is_none_or(|done| o >= done))
+                    .map(|&(t, p, o)| {
+                        let topic = &self.topics[t as usize];
+                        let bad = !bad_at.is_empty() && bad_at.contains(&(&**topic, p, o));
+                        (topic, p, o, bad)
+                    }),
+            );
+            if let Err(why) = spend(
+                &mut spent,
+                records,
+                d.bad.len() as u64,
+                &self.config.error_budget,
+            ) {
                 let before = if restored == ErrorCounts::default() {
                     String::new()
                 } else {

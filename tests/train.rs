@@ -217,9 +217,24 @@ fn trainer_config_errors_say_where_and_what() {
     );
 }
 
-/// Writes `yaml` to `dir/name`, trains it, and returns its last evaluation (of the 360
-/// held-out digits).
-fn train_digits(dir: &std::path::Path, name: &str, yaml: &str) -> serde_json::Value {
+/// Writes `dir/name`: the digits pipeline `stages` (source and stages) feeding its float32
+/// column `x` and one-hot labels to an MLP for 20 epochs on 2 workers, evaluated on the 360
+/// held-out digits; trains it and returns its last evaluation.
+fn train_digits(dir: &std::path::Path, name: &str, stages: &str, x: &str) -> serde_json::Value {
+    let yaml = format!(
+        "{stages}loader:
+  tensors:
+    x: {{column: {x}, dtype: f32}}
+    y: {{column: label, dtype: f32}}
+trainer:
+  model: {{type: mlp, hidden: [128], outputs: 10}}
+  optimizer: {{type: sgd, lr: 0.1, momentum: 0.9}}
+  epochs: 20
+  eval: {{path: '{d}/test.parquet'}}
+  allreduce: {{workers: 2}}
+",
+        d = repo().join("data/digits").display()
+    );
     std::fs::write(dir.join(name), yaml).unwrap();
     let output = run_in_for(
         dir,
@@ -241,7 +256,7 @@ fn train_digits(dir: &std::path::Path, name: &str, yaml: &str) -> serde_json::Va
 fn image_augmentation_trains_and_evaluates_with_the_deterministic_counterparts() {
     let dir = tempfile::tempdir().unwrap();
     let data = repo().join("data/digits");
-    let yaml = format!(
+    let stages = format!(
         "source: {{type: parquet, path: '{d}/train.parquet'}}
 stages:
   - type: image
@@ -258,20 +273,10 @@ stages:
   - {{type: shuffle, buffer_rows: 500, seed: 1}}
   - {{type: batch, size: 64}}
   - {{type: mixup, columns: [image, label], alpha: 0.2, seed: 2, cutmix: {{column: image, shape: [1, 6, 6]}}}}
-loader:
-  tensors:
-    x: {{column: image, dtype: f32}}
-    y: {{column: label, dtype: f32}}
-trainer:
-  model: {{type: mlp, hidden: [128], outputs: 10}}
-  optimizer: {{type: sgd, lr: 0.1, momentum: 0.9}}
-  epochs: 20
-  eval: {{path: '{d}/test.parquet'}}
-  allreduce: {{workers: 2}}
 ",
         d = data.display()
     );
-    let eval = train_digits(dir.path(), "img.yaml", &yaml);
+    let eval = train_digits(dir.path(), "img.yaml", &stages, "image");
     let acc = eval["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.9, "test accuracy {acc}");
 }
@@ -283,7 +288,7 @@ trainer:
 fn mixup_with_smoothed_one_hot_labels_trains_and_evaluates() {
     let dir = tempfile::tempdir().unwrap();
     let data = repo().join("data/digits");
-    let yaml = format!(
+    let stages = format!(
         "source: {{type: parquet, path: '{d}/train.parquet', columns: [label, pixels]}}
 stages:
   - {{type: cast, columns: {{pixels: float32}}}}
@@ -292,20 +297,10 @@ stages:
   - {{type: shuffle, buffer_rows: 500, seed: 1}}
   - {{type: batch, size: 64}}
   - {{type: mixup, columns: [pixels, label], alpha: 0.2, seed: 2, cutmix: {{column: pixels, shape: [1, 8, 8], p: 0.5}}}}
-loader:
-  tensors:
-    x: {{column: pixels, dtype: f32}}
-    y: {{column: label, dtype: f32}}
-trainer:
-  model: {{type: mlp, hidden: [128], outputs: 10}}
-  optimizer: {{type: sgd, lr: 0.1, momentum: 0.9}}
-  epochs: 20
-  eval: {{path: '{d}/test.parquet'}}
-  allreduce: {{workers: 2}}
 ",
         d = data.display()
     );
-    let eval = train_digits(dir.path(), "mixup.yaml", &yaml);
+    let eval = train_digits(dir.path(), "mixup.yaml", &stages, "pixels");
     let acc = eval["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.93, "test accuracy {acc}");
     // Smoothed targets bound the loss from below by their entropy (0.5 nats for ε = 0.1

@@ -998,7 +998,7 @@ pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>>
                 let [h, w, _] = img.shape;
                 // The deterministic counterparts, as torchvision evaluates: a random crop to
                 // another size becomes the centre crop, a random resized crop the resize of
-                // the whole image; the random flips, jitter and erasing go.
+                // the whole image; the random flips, jitter, grayscale and erasing go.
                 img.ops = std::mem::take(&mut img.ops)
                     .into_iter()
                     .filter_map(|op| match op {

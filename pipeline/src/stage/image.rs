@@ -955,7 +955,17 @@ mod tests {
         on_error: OnError,
         format: ImageFormat,
     ) -> ImageStage {
-        let c = ImageConfig {
+        let c = config(shape, ops, on_error, format);
+        build(&stage_ref(), &c, &input.data.schema()).unwrap().0
+    }
+
+    fn config(
+        shape: [usize; 3],
+        ops: Vec<ImageOp>,
+        on_error: OnError,
+        format: ImageFormat,
+    ) -> ImageConfig {
+        ImageConfig {
             column: "img".into(),
             output: None,
             format,
@@ -963,8 +973,15 @@ mod tests {
             ops,
             seed: 7,
             on_error,
-        };
-        build(&stage_ref(), &c, &input.data.schema()).unwrap().0
+        }
+    }
+
+    /// Why a raw-image stage with these ops is refused.
+    fn refusal(shape: [usize; 3], input: &Batch, ops: Vec<ImageOp>) -> String {
+        let c = config(shape, ops, OnError::Fail, ImageFormat::Raw);
+        build(&stage_ref(), &c, &input.data.schema())
+            .unwrap_err()
+            .to_string()
     }
 
     /// Output row `r` as a CHW vector.
@@ -1438,15 +1455,6 @@ mod tests {
     fn random_erasing_settings_and_place_are_checked() {
         let shape = [4, 4, 1];
         let input = batch(shape, 1, |_, _, _, _| 0);
-        let c = |ops: Vec<ImageOp>| ImageConfig {
-            column: "img".into(),
-            output: None,
-            format: ImageFormat::Raw,
-            shape,
-            ops,
-            seed: 7,
-            on_error: OnError::Fail,
-        };
         for (ops, expected) in [
             (
                 vec![erasing(0.5, [0.02, 0.33], [0.3, 3.3]), identity(1)],
@@ -1465,9 +1473,7 @@ mod tests {
                 "`ratio` must satisfy",
             ),
         ] {
-            let e = build(&stage_ref(), &c(ops), &input.data.schema())
-                .unwrap_err()
-                .to_string();
+            let e = refusal(shape, &input, ops);
             assert!(e.contains(expected), "{e}");
         }
     }
@@ -1651,18 +1657,7 @@ mod tests {
                 "list random_grayscale after color_jitter",
             ),
         ] {
-            let c = ImageConfig {
-                column: "img".into(),
-                output: None,
-                format: ImageFormat::Raw,
-                shape,
-                ops,
-                seed: 7,
-                on_error: OnError::Fail,
-            };
-            let e = build(&stage_ref(), &c, &input.data.schema())
-                .unwrap_err()
-                .to_string();
+            let e = refusal(shape, input, ops);
             assert!(e.contains(expected), "{e}");
         }
     }

@@ -6,8 +6,11 @@
 //! `random_crop` draws top then left (`center_crop` and `resize` draw nothing);
 //! `random_resized_crop` draws up to 10 (area, log-ratio, top, left) attempts like
 //! torchvision, falling back to the whole image centre-cropped to the ratio range; a flip
-//! draws one number; `color_jitter` draws brightness, contrast, saturation, hue (in that
-//! fixed order, each only when enabled) and applies them in that order; `random_grayscale`
+//! draws one number; `color_jitter`, like torchvision's `ColorJitter`, first draws the order of
+//! its adjustments (a uniform permutation of brightness, contrast, saturation, hue; drawn
+//! only when two or more are enabled), then the brightness, contrast, saturation and hue
+//! factors (in that order, each only when enabled), and applies them in the drawn order;
+//! `random_grayscale`
 //! (after `color_jitter`) draws one number; `random_erasing` (always the last op) draws one
 //! number against `p`, then up to 10 (area, log-ratio) attempts and the box's top and left,
 //! like torchvision, and is applied to the finished output.
@@ -323,8 +326,23 @@ const NO_COLOUR: Colour = Colour {
     contrast: 1.0,
     saturation: 1.0,
     hue: 0.0,
+    order: [
+        Adjust::Brightness,
+        Adjust::Contrast,
+        Adjust::Saturation,
+        Adjust::Hue,
+    ],
     grey: false,
 };
+
+/// One of `color_jitter`'s adjustments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Adjust {
+    Brightness,
+    Contrast,
+    Saturation,
+    Hue,
+}
 
 /// One torchvision-style attempt at a box (random resized crop, random erasing): an area of
 /// `area · U(scale)` pixels and an aspect ratio `exp(U(ln ratio))` (the first bound when the
@@ -427,7 +445,9 @@ pub(crate) struct Colour {
     pub saturation: f32,
     /// Hue shift, a fraction of the colour wheel (0.0 = unchanged).
     pub hue: f32,
-    /// Turned to grey.
+    /// The order the four adjustments are applied in.
+    pub order: [Adjust; 4],
+    /// Turned to grey (after the adjustments).
     pub grey: bool,
 }
 
@@ -544,6 +564,14 @@ impl ImageStage {
                     saturation,
                     hue,
                 } => {
+                    // torchvision draws a permutation of the four first (`randperm(4)`); with
+                    // fewer than two enabled the order changes nothing, so none is drawn.
+                    let on = [*brightness, *contrast, *saturation, *hue];
+                    if on.iter().filter(|&&x| x > 0.0).count() > 1 {
+                        for i in (1..4).rev() {
+                            col.order.swap(i, rng.random_range(0..=i));
+                        }
+                    }
                     col.brightness = factor(rng, *brightness);
                     col.contrast = factor(rng, *contrast);
                     col.saturation = factor(rng, *saturation);
@@ -668,17 +696,12 @@ impl ImageStage {
         }
     }
 
-    /// Brightness, contrast, saturation on the 0–255 scratch buffer, clamping like
-    /// torchvision (contrast blends with the mean grey level, saturation with each pixel's
-    /// grey).
+    /// Brightness, contrast, saturation and hue on the 0–255 scratch buffer, in the drawn
+    /// order, clamping like torchvision (contrast blends with the mean grey level of the image
+    /// as it is at that step, saturation with each pixel's grey), then grey.
     fn colour(&self, scratch: &mut [f32], c: &Colour) {
         let ch = self.shape[2];
         let clamp = |v: f32| v.clamp(0.0, 255.0);
-        if c.brightness != 1.0 {
-            for v in scratch.iter_mut() {
-                *v = clamp(*v * c.brightness);
-            }
-        }
         let grey = |px: &[f32]| -> f32 {
             if ch == 3 {
                 0.299 * px[0] + 0.587 * px[1] + 0.114 * px[2]
@@ -686,24 +709,34 @@ impl ImageStage {
                 px[0]
             }
         };
-        if c.contrast != 1.0 {
-            let n = scratch.len() / ch;
-            let mean = scratch.chunks_exact(ch).map(grey).sum::<f32>() / n as f32;
-            for v in scratch.iter_mut() {
-                *v = clamp((*v - mean) * c.contrast + mean);
-            }
-        }
-        if c.saturation != 1.0 {
-            for px in scratch.chunks_exact_mut(ch) {
-                let g = grey(px);
-                for v in px.iter_mut() {
-                    *v = clamp((*v - g) * c.saturation + g);
+        for step in c.order {
+            match step {
+                Adjust::Brightness if c.brightness != 1.0 => {
+                    for v in scratch.iter_mut() {
+                        *v = clamp(*v * c.brightness);
+                    }
                 }
-            }
-        }
-        if c.hue != 0.0 && ch == 3 {
-            for px in scratch.chunks_exact_mut(3) {
-                shift_hue(px, c.hue);
+                Adjust::Contrast if c.contrast != 1.0 => {
+                    let n = scratch.len() / ch;
+                    let mean = scratch.chunks_exact(ch).map(grey).sum::<f32>() / n as f32;
+                    for v in scratch.iter_mut() {
+                        *v = clamp((*v - mean) * c.contrast + mean);
+                    }
+                }
+                Adjust::Saturation if c.saturation != 1.0 => {
+                    for px in scratch.chunks_exact_mut(ch) {
+                        let g = grey(px);
+                        for v in px.iter_mut() {
+                            *v = clamp((*v - g) * c.saturation + g);
+                        }
+                    }
+                }
+                Adjust::Hue if c.hue != 0.0 && ch == 3 => {
+                    for px in scratch.chunks_exact_mut(3) {
+                        shift_hue(px, c.hue);
+                    }
+                }
+                _ => {}
             }
         }
         if c.grey && ch == 3 {
@@ -1618,6 +1651,81 @@ mod tests {
             }
         }
         assert!((70..=130).contains(&greys), "{greys} of 400 grey");
+    }
+
+    #[test]
+    fn jitter_order_is_a_uniform_permutation_applied_as_drawn() {
+        let jitter = |brightness, contrast, saturation, hue| ImageOp::ColorJitter {
+            brightness,
+            contrast,
+            saturation,
+            hue,
+        };
+        let shape = [2, 2, 3];
+        let input = batch(shape, 2400, |_, _, _, _| 0);
+        let ids = row_ids(&input.lineage);
+        let orders = |op: ImageOp| -> Vec<[Adjust; 4]> {
+            let st = build_stage(
+                shape,
+                &input,
+                vec![op, identity(3)],
+                OnError::Fail,
+                ImageFormat::Raw,
+            );
+            ids.iter()
+                .map(|id| {
+                    let mut rng = ChaCha8Rng::from_seed(st.key);
+                    rng.set_stream(*id);
+                    st.draw(&mut rng, 2, 2).1.order
+                })
+                .collect()
+        };
+        // All four on: each of the 24 orders ~100 times of 2400 (σ ≈ 9.8).
+        let mut counts = std::collections::HashMap::new();
+        for o in orders(jitter(0.4, 0.4, 0.4, 0.1)) {
+            *counts.entry(o).or_insert(0) += 1;
+        }
+        assert_eq!(counts.len(), 24, "{counts:?}");
+        assert!(
+            counts.values().all(|&n| (60..=140).contains(&n)),
+            "{counts:?}"
+        );
+        // One on: nothing to order, nothing drawn.
+        assert!(
+            orders(jitter(0.4, 0.0, 0.0, 0.0))
+                .iter()
+                .all(|o| *o == NO_COLOUR.order)
+        );
+
+        // Applied in the drawn order, by hand: pixels 100 and 200 of a grey image, brightness
+        // ×2 and contrast ×0.5.
+        let grey = batch([1, 2, 1], 1, |_, _, _, _| 0);
+        let st = build_stage(
+            [1, 2, 1],
+            &grey,
+            vec![jitter(0.9, 0.9, 0.0, 0.0), identity(1)],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let run = |order| {
+            let mut px = [100.0f32, 200.0];
+            let c = Colour {
+                brightness: 2.0,
+                contrast: 0.5,
+                order,
+                ..NO_COLOUR
+            };
+            st.colour(&mut px, &c);
+            px
+        };
+        use Adjust::*;
+        // Brightness first: [200, 255 (400 clamped)], mean 227.5, halved around it.
+        assert_eq!(
+            run([Brightness, Contrast, Saturation, Hue]),
+            [213.75, 241.25]
+        );
+        // Contrast first: mean 150 → [125, 175], then doubled: [250, 255 (350 clamped)].
+        assert_eq!(run([Hue, Contrast, Saturation, Brightness]), [250.0, 255.0]);
     }
 
     #[test]

@@ -125,7 +125,7 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
          stages:\n\
          {filter}\
          - {{type: gaussian_noise, columns: [x], std: 1.0, seed: 9}}\n\
-         - {{type: image, column: img, output: pix, shape: [2, 2, 3], seed: 5, ops: [{{random_crop: {{size: [2, 2], padding: 1}}}}, {{horizontal_flip: {{}}}}, {{color_jitter: {{brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.1}}}}, {{random_grayscale: {{p: 0.3}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
+         - {{type: image, column: img, output: pix, shape: [2, 2, 3], seed: 5, ops: [{{random_crop: {{size: [2, 2], padding: 1, padding_mode: reflect}}}}, {{horizontal_flip: {{}}}}, {{color_jitter: {{brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.1}}}}, {{random_grayscale: {{p: 0.3}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
          - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
          - {{type: feature_dropout, columns: [x], p: 0.3, seed: 2}}\n\
          - {{type: mask_tokens, column: tok, p: 0.3, mask_token: 0, seed: 4}}\n\

@@ -750,6 +750,47 @@ pub enum ImageFormat {
     Auto,
 }
 
+/// What `random_crop`'s padding holds (torchvision's `padding_mode`), for an image row
+/// `a b c d`, padded by 2 on the left.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PaddingMode {
+    /// Zeros: `0 0 | a b c d`.
+    #[default]
+    Constant,
+    /// The edge pixel repeated: `a a | a b c d`.
+    Edge,
+    /// Mirrored without repeating the edge: `c b | a b c d`.
+    Reflect,
+    /// Mirrored, repeating the edge: `b a | a b c d`.
+    Symmetric,
+}
+
+impl PaddingMode {
+    /// The source index (of `n`) that position `i` reads under this mode; `None` when it is
+    /// constant padding. Beyond one image width the pattern repeats (as numpy's `pad`).
+    pub(crate) fn index(self, i: i64, n: usize) -> Option<usize> {
+        let n_i = n as i64;
+        if (0..n_i).contains(&i) {
+            return Some(i as usize);
+        }
+        let j = match self {
+            PaddingMode::Constant => return None,
+            PaddingMode::Edge => i.clamp(0, n_i - 1),
+            PaddingMode::Reflect if n == 1 => 0,
+            PaddingMode::Reflect => {
+                let m = i.rem_euclid(2 * (n_i - 1));
+                if m < n_i { m } else { 2 * (n_i - 1) - m }
+            }
+            PaddingMode::Symmetric => {
+                let m = i.rem_euclid(2 * n_i);
+                if m < n_i { m } else { 2 * n_i - 1 - m }
+            }
+        };
+        Some(j as usize)
+    }
+}
+
 /// What the `image` stage does with a row it cannot decode.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -765,13 +806,16 @@ pub enum OnError {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum ImageOp {
-    /// Pad every side with `padding` zero pixels, then cut a random `size` window.
+    /// Pad every side with `padding` pixels (`padding_mode`), then cut a random `size` window.
     RandomCrop {
         /// Output `[height, width]`.
         size: [usize; 2],
-        /// Zero padding on each side. Default: 0.
+        /// Padding on each side. Default: 0.
         #[serde(default)]
         padding: usize,
+        /// What the padding holds. Default: `constant` (zeros).
+        #[serde(default)]
+        padding_mode: PaddingMode,
     },
     /// Cut a random area (fraction `scale` of the image, aspect ratio in `ratio`), resize
     /// (bilinear) to `size`.
@@ -997,6 +1041,39 @@ mod tests {
             "{all}"
         );
         assert!(all.contains("stages[4]: missing field `type`"), "{all}");
+    }
+
+    #[test]
+    fn padding_mode_is_read_and_a_wrong_one_is_placed() {
+        let doc = |mode: &str| {
+            format!(
+                "source: {{type: parquet, path: a.parquet}}\nstages:\n  - type: image\n    column: img\n    shape: [32, 32, 3]\n    ops:\n      - random_crop: {{size: [32, 32], padding: 4, padding_mode: {mode}}}\n"
+            )
+        };
+        let cfg = load(&doc("reflect")).unwrap();
+        let StageConfig::Image(img) = &cfg.stages[0].value else {
+            panic!("not an image stage")
+        };
+        assert_eq!(
+            img.ops[0],
+            ImageOp::RandomCrop {
+                size: [32, 32],
+                padding: 4,
+                padding_mode: PaddingMode::Reflect
+            }
+        );
+        let errs = load(&doc("mirror")).unwrap_err();
+        let all = errs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(all.contains("p.yaml:7:"), "{all}");
+        assert!(all.contains("unknown variant `mirror`"), "{all}");
+        assert!(
+            all.contains("constant") && all.contains("symmetric"),
+            "{all}"
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ use super::Transform;
 use super::augment::row_ids;
 use super::pixels;
 use crate::batch::Batch;
-use crate::config::{ImageConfig, ImageFormat, ImageOp, OnError};
+use crate::config::{ImageConfig, ImageFormat, ImageOp, OnError, PaddingMode};
 use crate::error::{Error, Result, StageRef};
 use crate::exec::recycle::F32Pool;
 
@@ -119,7 +119,7 @@ pub(crate) fn build(
     let mut bias = vec![0.0f32; ch];
     for (k, op) in c.ops.iter().enumerate() {
         match op {
-            ImageOp::RandomCrop { size, padding } => {
+            ImageOp::RandomCrop { size, padding, .. } => {
                 crops += 1;
                 if size[0] == 0 || size[1] == 0 {
                     return Err(err("random_crop: `size` must be positive".into()));
@@ -319,6 +319,18 @@ pub(crate) struct Geometry {
     pub flip_v: bool,
     /// Integer window without resizing (exact pixel copy).
     pub exact: bool,
+    /// What the window reads outside the image (exact windows).
+    pub pad: PaddingMode,
+}
+
+impl Geometry {
+    /// Whether the window lies within the `h`×`w` image (reads no padding).
+    fn inside(&self, h: usize, w: usize) -> bool {
+        self.top >= 0.0
+            && self.left >= 0.0
+            && self.top + self.height <= h as f64
+            && self.left + self.width <= w as f64
+    }
 }
 
 const NO_COLOUR: Colour = Colour {
@@ -497,6 +509,7 @@ impl ImageStage {
             flip_h: false,
             flip_v: false,
             exact: true,
+            pad: PaddingMode::Constant,
         };
         let mut col = NO_COLOUR;
         let factor = |rng: &mut ChaCha8Rng, x: f64| -> f32 {
@@ -508,7 +521,11 @@ impl ImageStage {
         };
         for op in &self.ops {
             match op {
-                ImageOp::RandomCrop { size, padding } => {
+                ImageOp::RandomCrop {
+                    size,
+                    padding,
+                    padding_mode,
+                } => {
                     let p = *padding as i64;
                     let max_top = h as i64 + 2 * p - size[0] as i64;
                     let max_left = w as i64 + 2 * p - size[1] as i64;
@@ -518,6 +535,7 @@ impl ImageStage {
                     g.left = left as f64;
                     g.height = size[0] as f64;
                     g.width = size[1] as f64;
+                    g.pad = *padding_mode;
                 }
                 ImageOp::RandomResizedCrop { size, scale, ratio } => {
                     let mut found = None;
@@ -640,7 +658,7 @@ impl ImageStage {
     }
 
     /// Samples `src` (HWC u8, `h`×`w`) through `g` into `scratch` (HWC f32, 0–255 scale,
-    /// output size); padding reads as 0.
+    /// output size); padding reads as `g.pad` says (constant: 0).
     fn sample(&self, src: &[u8], h: usize, w: usize, g: &Geometry, scratch: &mut [f32]) {
         let ch = self.shape[2];
         let [oh, ow] = self.out_hw;
@@ -648,23 +666,22 @@ impl ImageStage {
             let (top, left) = (g.top as i64, g.left as i64);
             for y in 0..oh {
                 let yy = if g.flip_v { oh - 1 - y } else { y };
-                let sy = top + yy as i64;
                 let row = &mut scratch[y * ow * ch..(y + 1) * ow * ch];
-                if sy < 0 || sy >= h as i64 {
+                let Some(sy) = g.pad.index(top + yy as i64, h) else {
                     row.fill(0.0);
                     continue;
-                }
-                let srow = &src[sy as usize * w * ch..(sy as usize + 1) * w * ch];
+                };
+                let srow = &src[sy * w * ch..(sy + 1) * w * ch];
                 for x in 0..ow {
                     let xx = if g.flip_h { ow - 1 - x } else { x };
-                    let sx = left + xx as i64;
                     let out = &mut row[x * ch..(x + 1) * ch];
-                    if sx < 0 || sx >= w as i64 {
-                        out.fill(0.0);
-                    } else {
-                        let s = &srow[sx as usize * ch..(sx as usize + 1) * ch];
-                        for k in 0..ch {
-                            out[k] = s[k] as f32;
+                    match g.pad.index(left + xx as i64, w) {
+                        None => out.fill(0.0),
+                        Some(sx) => {
+                            let s = &srow[sx * ch..(sx + 1) * ch];
+                            for k in 0..ch {
+                                out[k] = s[k] as f32;
+                            }
                         }
                     }
                 }
@@ -783,7 +800,7 @@ impl ImageStage {
             )
         });
         let cropped_fits = self.ops.iter().all(|o| match o {
-            ImageOp::RandomCrop { size, padding } => {
+            ImageOp::RandomCrop { size, padding, .. } => {
                 size[0] <= ih + 2 * padding && size[1] <= iw + 2 * padding
             }
             _ => true,
@@ -861,7 +878,7 @@ impl Transform for ImageStage {
             rng.set_stream(*id);
             let (g, c) = self.draw(&mut rng, h, w);
             let erase = self.draw_erase(&mut rng, [oh, ow]);
-            if g.exact && c == NO_COLOUR {
+            if g.exact && c == NO_COLOUR && (g.pad == PaddingMode::Constant || g.inside(h, w)) {
                 self.crop_normalize(src, h, w, &g, dst);
             } else {
                 self.sample(src, h, w, &g, &mut scratch);
@@ -1077,6 +1094,7 @@ mod tests {
                 ImageOp::RandomCrop {
                     size: [4, 5],
                     padding: 2,
+                    padding_mode: PaddingMode::Constant,
                 },
                 identity(1),
             ],
@@ -1132,7 +1150,11 @@ mod tests {
             shape,
             &input,
             vec![
-                ImageOp::RandomCrop { size, padding },
+                ImageOp::RandomCrop {
+                    size,
+                    padding,
+                    padding_mode: PaddingMode::Constant,
+                },
                 ImageOp::Normalize {
                     mean: vec![0.1, 0.2, 0.3][..ch].to_vec(),
                     std: vec![0.3, 0.2, 0.1][..ch].to_vec(),
@@ -1155,6 +1177,7 @@ mod tests {
                         flip_h: fh,
                         flip_v: fv,
                         exact: true,
+                        pad: PaddingMode::Constant,
                     };
                     let mut fast = vec![0f32; n * ch];
                     st.crop_normalize(&src, h, w, &g, &mut fast);
@@ -1171,6 +1194,115 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The four padding modes by hand, on a 3×3 image (1..9) read through windows that stick
+    /// out 2 pixels at the top-left and 1–2 at the bottom-right.
+    #[test]
+    fn padding_modes_read_like_torchvision() {
+        let shape = [3, 3, 1];
+        let input = batch(shape, 1, |_, _, _, _| 0);
+        let src: Vec<u8> = (1..=9).collect();
+        let read = |mode: PaddingMode, top: f64, left: f64| -> Vec<f32> {
+            let st = build_stage(
+                shape,
+                &input,
+                vec![ImageOp::RandomCrop {
+                    size: [3, 3],
+                    padding: 2,
+                    padding_mode: mode,
+                }],
+                OnError::Fail,
+                ImageFormat::Raw,
+            );
+            let g = Geometry {
+                top,
+                left,
+                height: 3.0,
+                width: 3.0,
+                flip_h: false,
+                flip_v: false,
+                exact: true,
+                pad: mode,
+            };
+            let mut out = vec![f32::NAN; 9];
+            st.sample(&src, 3, 3, &g, &mut out);
+            out
+        };
+        use PaddingMode::*;
+        // Rows and columns -2, -1, 0.
+        let corner = |m| read(m, -2.0, -2.0);
+        assert_eq!(corner(Constant), [0., 0., 0., 0., 0., 0., 0., 0., 1.]);
+        assert_eq!(corner(Edge), [1.; 9]);
+        assert_eq!(corner(Reflect), [9., 8., 7., 6., 5., 4., 3., 2., 1.]);
+        assert_eq!(corner(Symmetric), [5., 4., 4., 2., 1., 1., 2., 1., 1.]);
+        // Rows 1, 2, 3 and columns 2, 3, 4.
+        let far = |m| read(m, 1.0, 2.0);
+        assert_eq!(far(Constant), [6., 0., 0., 9., 0., 0., 0., 0., 0.]);
+        assert_eq!(far(Edge), [6., 6., 6., 9., 9., 9., 9., 9., 9.]);
+        assert_eq!(far(Reflect), [6., 5., 4., 9., 8., 7., 6., 5., 4.]);
+        assert_eq!(far(Symmetric), [6., 6., 5., 9., 9., 8., 9., 9., 8.]);
+        // Beyond one width the pattern repeats, as numpy's `pad` (checked against
+        // `np.pad(np.arange(3), 7, mode)`).
+        let line = |m: PaddingMode| (-7..=7).map(|i| m.index(i, 3).unwrap()).collect::<Vec<_>>();
+        assert_eq!(line(Reflect), [1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1]);
+        assert_eq!(
+            line(Symmetric),
+            [0, 0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0, 0, 1]
+        );
+        assert_eq!(line(Edge), [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2]);
+        assert_eq!(Reflect.index(-3, 1), Some(0));
+    }
+
+    /// Through the whole stage: a mode changes only the rows whose window sticks out, and
+    /// there it reads image pixels, never the zeros of constant padding.
+    #[test]
+    fn padding_mode_changes_only_windows_that_stick_out() {
+        let shape = [4, 5, 3];
+        let input = || {
+            batch(shape, 200, |r, y, x, c| {
+                (1 + (r * 7 + y * 20 + x * 3 + c) % 250) as u8
+            })
+        };
+        let run = |mode| {
+            let ops = vec![
+                ImageOp::RandomCrop {
+                    size: [4, 5],
+                    padding: 2,
+                    padding_mode: mode,
+                },
+                ImageOp::HorizontalFlip { p: 0.5 },
+                identity(3),
+            ];
+            let st = build_stage(shape, &input(), ops, OnError::Fail, ImageFormat::Raw);
+            let out = st.apply(input()).unwrap();
+            (0..200).map(|r| row(&out, r)).collect::<Vec<_>>()
+        };
+        let zero = run(PaddingMode::Constant);
+        let (mut inside, mut outside) = (0, 0);
+        for mode in [
+            PaddingMode::Edge,
+            PaddingMode::Reflect,
+            PaddingMode::Symmetric,
+        ] {
+            for (r, (a, b)) in run(mode).iter().zip(&zero).enumerate() {
+                assert!(
+                    a.iter().all(|&v| v > 0.0),
+                    "{mode:?} row {r} reads a zero: {a:?}"
+                );
+                if b.iter().all(|&v| v > 0.0) {
+                    assert_eq!(a, b, "{mode:?} row {r}: window inside the image");
+                    inside += 1;
+                } else {
+                    outside += 1;
+                }
+            }
+        }
+        // 1 of 5 tops and 1 of 5 lefts is inside: ~4 % of rows.
+        assert!(
+            inside > 0 && outside > inside,
+            "{inside} inside, {outside} outside"
+        );
     }
 
     #[test]
@@ -1401,6 +1533,7 @@ mod tests {
                 ImageOp::RandomCrop {
                     size: [6, 8],
                     padding: 1,
+                    padding_mode: PaddingMode::Constant,
                 },
                 ImageOp::HorizontalFlip { p: 0.5 },
                 identity(3),

@@ -129,7 +129,7 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
          - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
          - {{type: feature_dropout, columns: [x], p: 0.3, seed: 2}}\n\
          - {{type: mask_tokens, column: tok, p: 0.3, mask_token: 0, mask_replace_prob: 0.8, random_replace_prob: 0.1, vocab_size: 50, special_tokens: [1], labels_column: tok_labels, seed: 4}}\n\
-         - {{type: image, column: img, output: img2, shape: [2, 2, 3], ops: [{{random_resized_crop: {{size: [3, 3]}}}}, {{vertical_flip: {{p: 0.5}}}}, {{random_erasing: {{p: 0.5, scale: [0.1, 0.5]}}}}]}}\n\
+         - {{type: image, column: img, output: img2, shape: [2, 2, 3], ops: [{{random_resized_crop: {{size: [3, 3]}}}}, {{vertical_flip: {{p: 0.5}}}}, {{random_erasing: {{p: 0.5, scale: [0.1, 0.5], value: random}}}}]}}\n\
          - {{type: batch, size: {}}}\n\
          - {{type: mixup, columns: [x, pix], alpha: 0.4, seed: 6, cutmix: {{column: pix, shape: [3, 2, 2], p: 0.5}}}}\n\
          runtime: {{threads: {threads}, parallelism: {threads}, queue_bytes: 4 KiB{extra_runtime}}}\n",

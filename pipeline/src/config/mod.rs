@@ -895,11 +895,65 @@ pub enum ImageOp {
         /// Aspect ratio range (height / width). Default: [0.3, 3.3].
         #[serde(default = "default_erase_ratio")]
         ratio: [f64; 2],
-        /// The value written, in the output's units (after `normalize`: 0 is the mean).
-        /// Default: 0.
+        /// What the box holds, in the output's units (after `normalize`: 0 is the mean): one
+        /// value, one per channel, or `random` (standard normal noise per value, like
+        /// torchvision's `value='random'`). Default: 0.
         #[serde(default)]
-        value: f32,
+        value: EraseValue,
     },
+}
+
+/// What `random_erasing` writes into its box.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EraseValue {
+    /// One value per channel (a single number is used for every channel).
+    Values(Vec<f32>),
+    /// Standard normal noise, one draw per erased value.
+    Random,
+}
+
+impl Default for EraseValue {
+    fn default() -> Self {
+        EraseValue::Values(vec![0.0])
+    }
+}
+
+impl<'de> Deserialize<'de> for EraseValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EraseValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number, a list of numbers (one per channel), or `random`")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<EraseValue, E> {
+                Ok(EraseValue::Values(vec![v as f32]))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<EraseValue, E> {
+                Ok(EraseValue::Values(vec![v as f32]))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<EraseValue, E> {
+                Ok(EraseValue::Values(vec![v as f32]))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<EraseValue, E> {
+                match v {
+                    "random" => Ok(EraseValue::Random),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<EraseValue, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = seq.next_element::<f32>()? {
+                    v.push(x);
+                }
+                Ok(EraseValue::Values(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 fn default_grayscale_p() -> f64 {
@@ -1104,6 +1158,43 @@ mod tests {
         assert!(all.contains("unknown variant `mirror`"), "{all}");
         assert!(
             all.contains("constant") && all.contains("symmetric"),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn erase_value_is_a_number_a_list_or_random() {
+        let doc = |value: &str| {
+            format!(
+                "source: {{type: parquet, path: a.parquet}}\nstages:\n  - type: image\n    column: img\n    shape: [32, 32, 3]\n    ops:\n      - random_erasing: {{p: 0.5, value: {value}}}\n"
+            )
+        };
+        let value = |text: &str| {
+            let cfg = load(&doc(text)).unwrap();
+            let StageConfig::Image(img) = &cfg.stages[0].value else {
+                panic!("not an image stage")
+            };
+            let ImageOp::RandomErasing { value, .. } = &img.ops[0] else {
+                panic!("not erasing")
+            };
+            value.clone()
+        };
+        assert_eq!(value("-1"), EraseValue::Values(vec![-1.0]));
+        assert_eq!(value("0.5"), EraseValue::Values(vec![0.5]));
+        assert_eq!(
+            value("[0.1, 0.2, 0.3]"),
+            EraseValue::Values(vec![0.1, 0.2, 0.3])
+        );
+        assert_eq!(value("random"), EraseValue::Random);
+        let errs = load(&doc("noise")).unwrap_err();
+        let all = errs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(all.contains("p.yaml:7:"), "{all}");
+        assert!(
+            all.contains("a number, a list of numbers (one per channel), or `random`"),
             "{all}"
         );
     }

@@ -33,7 +33,7 @@ use super::Transform;
 use super::augment::row_ids;
 use super::pixels;
 use crate::batch::Batch;
-use crate::config::{ImageConfig, ImageFormat, ImageOp, OnError, PaddingMode};
+use crate::config::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PaddingMode};
 use crate::error::{Error, Result, StageRef};
 use crate::exec::recycle::F32Pool;
 
@@ -241,10 +241,18 @@ pub(crate) fn build(
                         "random_erasing: `ratio` must satisfy 0 < min ≤ max, not {ratio:?}"
                     )));
                 }
-                if !value.is_finite() {
-                    return Err(err(format!(
-                        "random_erasing: `value` must be a finite number, not {value}"
-                    )));
+                if let EraseValue::Values(v) = value {
+                    if v.len() != 1 && v.len() != ch {
+                        return Err(err(format!(
+                            "random_erasing: `value` has {} values; give one, or one per channel ({ch})",
+                            v.len()
+                        )));
+                    }
+                    if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
+                        return Err(err(format!(
+                            "random_erasing: `value` must be finite numbers, not {bad}"
+                        )));
+                    }
                 }
             }
             ImageOp::Normalize { mean, std } => {
@@ -428,22 +436,30 @@ fn centre_offset(n: usize, size: usize) -> f64 {
 }
 
 /// A `random_erasing` box of the output: rows `top..top + height`, columns
-/// `left..left + width` of every channel are set to `value`.
+/// `left..left + width` of every channel are set to `value` (its channel's, or noise).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Erase {
+pub(crate) struct Erase<'a> {
     pub top: usize,
     pub left: usize,
     pub height: usize,
     pub width: usize,
-    pub value: f32,
+    pub value: &'a EraseValue,
 }
 
-impl Erase {
-    /// Erases the box in one CHW output image (`[oh, ow]` per channel).
-    fn apply(&self, dst: &mut [f32], [oh, ow]: [usize; 2]) {
-        for plane in dst.chunks_exact_mut(oh * ow) {
+impl Erase<'_> {
+    /// Erases the box in one CHW output image (`[oh, ow]` per channel). With
+    /// `value: random`, the noise is drawn from `rng` (the row's stream, after the box),
+    /// channel by channel, row by row.
+    fn apply(&self, dst: &mut [f32], [oh, ow]: [usize; 2], rng: &mut ChaCha8Rng) {
+        for (k, plane) in dst.chunks_exact_mut(oh * ow).enumerate() {
             for y in self.top..self.top + self.height {
-                plane[y * ow + self.left..y * ow + self.left + self.width].fill(self.value);
+                let row = &mut plane[y * ow + self.left..y * ow + self.left + self.width];
+                match self.value {
+                    EraseValue::Values(v) => row.fill(v[k.min(v.len() - 1)]),
+                    EraseValue::Random => row
+                        .iter_mut()
+                        .for_each(|x| *x = rng.sample(rand_distr::StandardNormal)),
+                }
             }
         }
     }
@@ -468,7 +484,11 @@ impl ImageStage {
     /// [`Self::draw`]: like torchvision, one number against `p`, then up to 10 (area,
     /// log-ratio) attempts for a box smaller than the image, then its top and left; `None`
     /// when the row is not erased (or no attempt fits).
-    pub(crate) fn draw_erase(&self, rng: &mut ChaCha8Rng, [oh, ow]: [usize; 2]) -> Option<Erase> {
+    pub(crate) fn draw_erase(
+        &self,
+        rng: &mut ChaCha8Rng,
+        [oh, ow]: [usize; 2],
+    ) -> Option<Erase<'_>> {
         let Some(ImageOp::RandomErasing {
             p,
             scale,
@@ -492,7 +512,7 @@ impl ImageStage {
                     left,
                     height: h,
                     width: w,
-                    value: *value,
+                    value,
                 });
             }
         }
@@ -893,7 +913,7 @@ impl Transform for ImageStage {
                 }
             }
             if let Some(e) = erase {
-                e.apply(dst, [oh, ow]);
+                e.apply(dst, [oh, ow], &mut rng);
             }
         }
         if let Some((r, e)) = bad.first()
@@ -1518,7 +1538,7 @@ mod tests {
             p,
             scale,
             ratio,
-            value: -7.5,
+            value: EraseValue::Values(vec![-7.5]),
         }
     }
 
@@ -1567,7 +1587,8 @@ mod tests {
             if let Some(e) = e {
                 erased += 1;
                 tops.insert((e.top, e.left));
-                assert_eq!((e.height, e.width, e.value), (3, 3, -7.5));
+                assert_eq!((e.height, e.width), (3, 3));
+                assert_eq!(e.value, &EraseValue::Values(vec![-7.5]));
                 assert!(e.top <= 3 && e.left <= 5, "{e:?}");
             }
             for k in 0..3 {
@@ -1583,6 +1604,104 @@ mod tests {
         // p = 0.5 of 200 rows; the boxes land in many places (4 × 6 possible).
         assert!((70..=130).contains(&erased), "{erased} of 200 erased");
         assert!(tops.len() >= 12, "{tops:?}");
+    }
+
+    /// `value` per channel, and `random`: standard normal noise in the box (drawn from the
+    /// row's stream, so the same in any batch), the rest untouched.
+    #[test]
+    fn random_erasing_values_per_channel_and_random() {
+        let shape = [6, 8, 3];
+        let input = || batch(shape, 200, |r, y, x, c| (r * 7 + y * 20 + x * 3 + c) as u8);
+        let stage = |value| {
+            let erase = ImageOp::RandomErasing {
+                p: 0.5,
+                scale: [0.25, 0.25],
+                ratio: [1.0, 1.0],
+                value,
+            };
+            build_stage(
+                shape,
+                &input(),
+                vec![identity(3), erase],
+                OnError::Fail,
+                ImageFormat::Raw,
+            )
+        };
+        let base = build_stage(
+            shape,
+            &input(),
+            vec![identity(3)],
+            OnError::Fail,
+            ImageFormat::Raw,
+        )
+        .apply(input())
+        .unwrap();
+        let per_channel = stage(EraseValue::Values(vec![1.0, 2.0, 3.0]));
+        let random = stage(EraseValue::Random);
+        let (a, b) = (
+            per_channel.apply(input()).unwrap(),
+            random.apply(input()).unwrap(),
+        );
+        let ids = row_ids(&input().lineage);
+        let mut noise = Vec::new();
+        for (r, id) in ids.iter().enumerate() {
+            // Same key and ops but the value: the same boxes in both stages.
+            let mut rng = ChaCha8Rng::from_seed(random.key);
+            rng.set_stream(*id);
+            let _ = random.draw(&mut rng, 6, 8);
+            let e = random.draw_erase(&mut rng, [6, 8]);
+            let (want, pc, rn) = (row(&base, r), row(&a, r), row(&b, r));
+            for k in 0..3 {
+                for y in 0..6 {
+                    for x in 0..8 {
+                        let i = k * 48 + y * 8 + x;
+                        let inside = e.is_some_and(|e| {
+                            (e.top..e.top + 3).contains(&y) && (e.left..e.left + 3).contains(&x)
+                        });
+                        if inside {
+                            assert_eq!(pc[i], (k + 1) as f32, "row {r} channel {k}");
+                            noise.push(f64::from(rn[i]));
+                        } else {
+                            assert_eq!((pc[i], rn[i]), (want[i], want[i]), "row {r}");
+                        }
+                    }
+                }
+            }
+        }
+        let n = noise.len() as f64;
+        let mean = noise.iter().sum::<f64>() / n;
+        let var = noise.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        assert!(n > 2000.0, "{n} noise values");
+        assert!(
+            mean.abs() < 0.1 && (0.85..1.15).contains(&var),
+            "mean {mean}, var {var}"
+        );
+        // The noise belongs to the row: the same when the rows come in other batches.
+        let parts =
+            [input().slice(0, 77), input().slice(77, 123)].map(|p| random.apply(p).unwrap());
+        for r in 0..200 {
+            let (p, i) = if r < 77 {
+                (&parts[0], r)
+            } else {
+                (&parts[1], r - 77)
+            };
+            assert_eq!(row(p, i), row(&b, r), "row {r}");
+        }
+        // One value per channel, or one for all.
+        let e = refusal(
+            shape,
+            &input(),
+            vec![ImageOp::RandomErasing {
+                p: 0.5,
+                scale: [0.02, 0.33],
+                ratio: [0.3, 3.3],
+                value: EraseValue::Values(vec![1.0, 2.0]),
+            }],
+        );
+        assert!(
+            e.contains("`value` has 2 values; give one, or one per channel (3)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1129,31 +1129,41 @@ mod tests {
         assert!(all.contains("stages[4]: missing field `type`"), "{all}");
     }
 
+    /// One image op read from its YAML (`- <op>` in an image stage's `ops`, on line 7 of the
+    /// document), or every error, joined.
+    fn image_op(op: &str) -> Result<ImageOp, String> {
+        let doc = format!(
+            "source: {{type: parquet, path: a.parquet}}\nstages:\n  - type: image\n    column: img\n    shape: [32, 32, 3]\n    ops:\n      - {op}\n"
+        );
+        match load(&doc) {
+            Ok(cfg) => match &cfg.stages[0].value {
+                StageConfig::Image(img) => Ok(img.ops[0].clone()),
+                other => panic!("not an image stage: {other:?}"),
+            },
+            Err(errs) => Err(errs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")),
+        }
+    }
+
     #[test]
     fn padding_mode_is_read_and_a_wrong_one_is_placed() {
-        let doc = |mode: &str| {
-            format!(
-                "source: {{type: parquet, path: a.parquet}}\nstages:\n  - type: image\n    column: img\n    shape: [32, 32, 3]\n    ops:\n      - random_crop: {{size: [32, 32], padding: 4, padding_mode: {mode}}}\n"
-            )
-        };
-        let cfg = load(&doc("reflect")).unwrap();
-        let StageConfig::Image(img) = &cfg.stages[0].value else {
-            panic!("not an image stage")
+        let crop = |mode: &str| {
+            image_op(&format!(
+                "random_crop: {{size: [32, 32], padding: 4, padding_mode: {mode}}}"
+            ))
         };
         assert_eq!(
-            img.ops[0],
+            crop("reflect").unwrap(),
             ImageOp::RandomCrop {
                 size: [32, 32],
                 padding: 4,
                 padding_mode: PaddingMode::Reflect
             }
         );
-        let errs = load(&doc("mirror")).unwrap_err();
-        let all = errs
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n");
+        let all = crop("mirror").unwrap_err();
         assert!(all.contains("p.yaml:7:"), "{all}");
         assert!(all.contains("unknown variant `mirror`"), "{all}");
         assert!(
@@ -1164,20 +1174,10 @@ mod tests {
 
     #[test]
     fn erase_value_is_a_number_a_list_or_random() {
-        let doc = |value: &str| {
-            format!(
-                "source: {{type: parquet, path: a.parquet}}\nstages:\n  - type: image\n    column: img\n    shape: [32, 32, 3]\n    ops:\n      - random_erasing: {{p: 0.5, value: {value}}}\n"
-            )
-        };
-        let value = |text: &str| {
-            let cfg = load(&doc(text)).unwrap();
-            let StageConfig::Image(img) = &cfg.stages[0].value else {
-                panic!("not an image stage")
-            };
-            let ImageOp::RandomErasing { value, .. } = &img.ops[0] else {
-                panic!("not erasing")
-            };
-            value.clone()
+        let erase = |value: &str| image_op(&format!("random_erasing: {{p: 0.5, value: {value}}}"));
+        let value = |text: &str| match erase(text).unwrap() {
+            ImageOp::RandomErasing { value, .. } => value,
+            other => panic!("not erasing: {other:?}"),
         };
         assert_eq!(value("-1"), EraseValue::Values(vec![-1.0]));
         assert_eq!(value("0.5"), EraseValue::Values(vec![0.5]));
@@ -1186,12 +1186,7 @@ mod tests {
             EraseValue::Values(vec![0.1, 0.2, 0.3])
         );
         assert_eq!(value("random"), EraseValue::Random);
-        let errs = load(&doc("noise")).unwrap_err();
-        let all = errs
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n");
+        let all = erase("noise").unwrap_err();
         assert!(all.contains("p.yaml:7:"), "{all}");
         assert!(
             all.contains("a number, a list of numbers (one per channel), or `random`"),

@@ -331,6 +331,68 @@ pub(crate) struct Geometry {
     pub pad: PaddingMode,
 }
 
+/// The weights of one axis of an antialiased bilinear resize, as PyTorch computes them for
+/// `_upsample_bilinear2d_aa` (torchvision's `resize(antialias=True)`; PIL's bilinear filter):
+/// output `i` of `out` centred at `scale · (i + 0.5)` (`scale = input / out`) averages the input
+/// samples within `max(scale, 1)` of it, weighted by a triangle `max(0, 1 − |d| / max(scale,
+/// 1))` and normalized — plain bilinear when enlarging, an area-like filter when shrinking.
+#[derive(Debug, Default)]
+pub(crate) struct Axis {
+    /// Taps per output (the widest window).
+    width: usize,
+    /// First input sample and number of samples of each output.
+    first: Vec<(usize, usize)>,
+    /// `width` weights per output (zero past its window).
+    weights: Vec<f32>,
+}
+
+impl Axis {
+    /// Computes the weights for `input` samples to `out` (buffers reused).
+    fn compute(&mut self, input: usize, out: usize) {
+        let scale = input as f32 / out as f32;
+        let (support, invscale) = if scale >= 1.0 {
+            (scale, 1.0 / scale)
+        } else {
+            (1.0, 1.0)
+        };
+        self.width = (support.ceil() as usize) * 2 + 1;
+        self.first.clear();
+        self.weights.clear();
+        self.weights.resize(out * self.width, 0.0);
+        for i in 0..out {
+            let center = scale * (i as f32 + 0.5);
+            // Truncation toward zero, as PyTorch's `static_cast<int64_t>`.
+            let lo = ((center - support + 0.5) as i64).max(0) as usize;
+            let hi = ((center + support + 0.5) as i64).clamp(0, input as i64) as usize;
+            let w = &mut self.weights[i * self.width..(i + 1) * self.width];
+            let mut total = 0.0f32;
+            for (j, wt) in w.iter_mut().enumerate().take(hi.saturating_sub(lo)) {
+                let d = ((j + lo) as f32 - center + 0.5) * invscale;
+                *wt = (1.0 - d.abs()).max(0.0);
+                total += *wt;
+            }
+            if total != 0.0 {
+                w.iter_mut().for_each(|wt| *wt /= total);
+            }
+            self.first.push((lo, hi.saturating_sub(lo)));
+        }
+    }
+
+    /// The first input sample and the weights of output `i` (its window, within the input).
+    fn taps(&self, i: usize) -> (usize, &[f32]) {
+        let (first, n) = self.first[i];
+        (first, &self.weights[i * self.width..i * self.width + n])
+    }
+}
+
+/// Reused buffers of the resizing path: both axes' weights and the rows resized across.
+#[derive(Debug, Default)]
+pub(crate) struct Resampler {
+    x: Axis,
+    y: Axis,
+    rows: Vec<f32>,
+}
+
 impl Geometry {
     /// Whether the window lies within the `h`×`w` image (reads no padding).
     fn inside(&self, h: usize, w: usize) -> bool {
@@ -679,7 +741,15 @@ impl ImageStage {
 
     /// Samples `src` (HWC u8, `h`×`w`) through `g` into `scratch` (HWC f32, 0–255 scale,
     /// output size); padding reads as `g.pad` says (constant: 0).
-    fn sample(&self, src: &[u8], h: usize, w: usize, g: &Geometry, scratch: &mut [f32]) {
+    fn sample(
+        &self,
+        src: &[u8],
+        h: usize,
+        w: usize,
+        g: &Geometry,
+        scratch: &mut [f32],
+        aa: &mut Resampler,
+    ) {
         let ch = self.shape[2];
         let [oh, ow] = self.out_hw;
         if g.exact {
@@ -708,26 +778,41 @@ impl ImageStage {
             }
             return;
         }
-        // Bilinear resize of the window (half-pixel centres, edges clamped).
-        let sy_scale = g.height / oh as f64;
-        let sx_scale = g.width / ow as f64;
+        // Bilinear resize of the window, antialiased when shrinking: torchvision's
+        // `resize(..., antialias=True)` of the cropped window (PIL's filter), one axis at a
+        // time — rows across into `aa.rows`, then down.
+        let (top, left) = (g.top as usize, g.left as usize);
+        let (wh, ww) = (g.height as usize, g.width as usize);
+        aa.x.compute(ww, ow);
+        aa.y.compute(wh, oh);
+        aa.rows.clear();
+        aa.rows.resize(wh * ow * ch, 0.0);
+        for sy in 0..wh {
+            let at = ((top + sy) * w + left) * ch;
+            let srow = &src[at..at + ww * ch];
+            let out = &mut aa.rows[sy * ow * ch..(sy + 1) * ow * ch];
+            for x in 0..ow {
+                let (first, weights) = aa.x.taps(x);
+                for k in 0..ch {
+                    out[x * ch + k] = weights
+                        .iter()
+                        .enumerate()
+                        .map(|(j, wt)| f32::from(srow[(first + j) * ch + k]) * wt)
+                        .sum();
+                }
+            }
+        }
         for y in 0..oh {
             let yy = if g.flip_v { oh - 1 - y } else { y };
-            let fy = (g.top + (yy as f64 + 0.5) * sy_scale - 0.5).clamp(0.0, (h - 1) as f64);
-            let y0 = fy.floor() as usize;
-            let y1 = (y0 + 1).min(h - 1);
-            let wy = (fy - y0 as f64) as f32;
+            let (first, weights) = aa.y.taps(yy);
             for x in 0..ow {
                 let xx = if g.flip_h { ow - 1 - x } else { x };
-                let fx = (g.left + (xx as f64 + 0.5) * sx_scale - 0.5).clamp(0.0, (w - 1) as f64);
-                let x0 = fx.floor() as usize;
-                let x1 = (x0 + 1).min(w - 1);
-                let wx = (fx - x0 as f64) as f32;
                 for k in 0..ch {
-                    let p = |yy: usize, xx: usize| src[(yy * w + xx) * ch + k] as f32;
-                    let top = p(y0, x0) * (1.0 - wx) + p(y0, x1) * wx;
-                    let bottom = p(y1, x0) * (1.0 - wx) + p(y1, x1) * wx;
-                    scratch[(y * ow + x) * ch + k] = top * (1.0 - wy) + bottom * wy;
+                    scratch[(y * ow + x) * ch + k] = weights
+                        .iter()
+                        .enumerate()
+                        .map(|(j, wt)| aa.rows[((first + j) * ow + xx) * ch + k] * wt)
+                        .sum();
                 }
             }
         }
@@ -850,6 +935,7 @@ impl Transform for ImageStage {
         // Every element is overwritten below (bad rows with zeros).
         let mut out = self.buffers.take(n * width);
         let mut scratch = vec![0.0f32; oh * ow * ch];
+        let mut resampler = Resampler::default();
         let mut owned = Vec::new();
         let mut rng = ChaCha8Rng::from_seed(self.key);
         let mut bad: Vec<(usize, String)> = Vec::new();
@@ -901,7 +987,7 @@ impl Transform for ImageStage {
             if g.exact && c == NO_COLOUR && (g.pad == PaddingMode::Constant || g.inside(h, w)) {
                 self.crop_normalize(src, h, w, &g, dst);
             } else {
-                self.sample(src, h, w, &g, &mut scratch);
+                self.sample(src, h, w, &g, &mut scratch, &mut resampler);
                 self.colour(&mut scratch, &c);
                 // HWC (0–255) → normalized CHW.
                 for k in 0..ch {
@@ -1202,7 +1288,7 @@ mod tests {
                     let mut fast = vec![0f32; n * ch];
                     st.crop_normalize(&src, h, w, &g, &mut fast);
                     let mut scratch = vec![0f32; n * ch];
-                    st.sample(&src, h, w, &g, &mut scratch);
+                    st.sample(&src, h, w, &g, &mut scratch, &mut Resampler::default());
                     let slow: Vec<f32> = (0..ch)
                         .flat_map(|k| (0..n).map(move |i| (k, i)))
                         .map(|(k, i)| scratch[i * ch + k] * st.scale[k] + st.bias[k])
@@ -1246,7 +1332,7 @@ mod tests {
                 pad: mode,
             };
             let mut out = vec![f32::NAN; 9];
-            st.sample(&src, 3, 3, &g, &mut out);
+            st.sample(&src, 3, 3, &g, &mut out, &mut Resampler::default());
             out
         };
         use PaddingMode::*;
@@ -1378,6 +1464,60 @@ mod tests {
         let out = st.apply(input).unwrap();
         let flipped = (0..4000).filter(|r| row(&out, *r)[0] == 1.0).count();
         assert!((1800..2200).contains(&flipped), "{flipped}");
+    }
+
+    /// A resized crop reads exactly its window: the same as resizing a copy of the window
+    /// cut out of the image (whose resize `tests/torch_parity.rs` checks against libtorch).
+    #[test]
+    fn resized_crop_resizes_exactly_its_window() {
+        let (h, w) = (23usize, 31usize);
+        let shape = [h, w, 3];
+        let input = batch(shape, 100, |r, y, x, c| {
+            ((r * 5 + y * 11 + x * 7 + c * 40) % 256) as u8
+        });
+        let st = build_stage(
+            shape,
+            &input,
+            vec![
+                ImageOp::RandomResizedCrop {
+                    size: [9, 12],
+                    scale: [0.1, 0.9],
+                    ratio: [0.5, 2.0],
+                },
+                ImageOp::HorizontalFlip { p: 0.5 },
+            ],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let col = input.data.column(0).as_fixed_size_binary().clone();
+        let ids = row_ids(&input.lineage);
+        let (mut inside, mut aa) = (0, Resampler::default());
+        for (r, id) in ids.iter().enumerate() {
+            let mut rng = ChaCha8Rng::from_seed(st.key);
+            rng.set_stream(*id);
+            let (g, _) = st.draw(&mut rng, h, w);
+            let (top, left) = (g.top as usize, g.left as usize);
+            let (wh, ww) = (g.height as usize, g.width as usize);
+            inside += usize::from(wh < h && ww < w);
+            let cut: Vec<u8> = (top..top + wh)
+                .flat_map(|y| col.value(r)[(y * w + left) * 3..(y * w + left + ww) * 3].to_vec())
+                .collect();
+            let whole = Geometry {
+                top: 0.0,
+                left: 0.0,
+                height: wh as f64,
+                width: ww as f64,
+                ..g
+            };
+            let (mut a, mut b) = (vec![0f32; 9 * 12 * 3], vec![0f32; 9 * 12 * 3]);
+            st.sample(col.value(r), h, w, &g, &mut a, &mut aa);
+            st.sample(&cut, wh, ww, &whole, &mut b, &mut aa);
+            assert_eq!(a, b, "row {r}: {g:?}");
+        }
+        assert!(
+            inside > 50,
+            "{inside} of 100 windows strictly inside the image"
+        );
     }
 
     #[test]

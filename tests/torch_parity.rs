@@ -1,0 +1,120 @@
+//! The `image` stage against libtorch's own kernels — what torchvision runs: `resize` (and
+//! the resize of `random_resized_crop`) is `F.resize(antialias=True)`, i.e.
+//! `torch._C._nn._upsample_bilinear2d_aa`, and a flip is `Tensor.flip`.
+#![cfg(feature = "torch")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
+use arrow::datatypes::Float32Type;
+use futures::StreamExt;
+use sluice::pipeline::Pipeline;
+use tch::{Kind, Tensor};
+
+const H: usize = 37;
+const W: usize = 53;
+
+/// Four RGB images of `H`×`W` with varied pixels, and the Parquet file holding them.
+fn images(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let imgs: Vec<Vec<u8>> = (0..4)
+        .map(|_| {
+            (0..H * W * 3)
+                .map(|i| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    // Smooth gradients plus noise: both kinds of content a resize meets.
+                    ((i % (W * 3)) as u64 * 2 + (state >> 58)) as u8
+                })
+                .collect()
+        })
+        .collect();
+    let col = FixedSizeBinaryArray::try_from_iter(imgs.iter()).unwrap();
+    let batch = RecordBatch::try_from_iter([("image", common::arc(col))]).unwrap();
+    common::write_parquet(&dir.join("images.parquet"), &[batch], 4);
+    imgs
+}
+
+/// The stage's output rows (CHW float32, pixel / 255) for `ops`.
+fn sluice_rows(dir: &std::path::Path, ops: &str) -> Vec<Vec<f32>> {
+    let yaml = format!(
+        "source: {{type: parquet, path: '{}/images.parquet'}}\n\
+         stages:\n  - {{type: image, column: image, shape: [{H}, {W}, 3], ops: [{ops}]}}\n",
+        dir.display()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut stream = Pipeline::from_yaml(&yaml).unwrap().stream();
+        let mut rows = Vec::new();
+        while let Some(b) = stream.next().await {
+            let b = b.unwrap();
+            let list = b.data.column(0).as_fixed_size_list();
+            for r in 0..list.len() {
+                rows.push(
+                    list.value(r)
+                        .as_primitive::<Float32Type>()
+                        .values()
+                        .to_vec(),
+                );
+            }
+        }
+        rows
+    })
+}
+
+/// libtorch's antialiased bilinear resize of one HWC image to `[oh, ow]`, as CHW / 255.
+fn torch_resize(img: &[u8], [oh, ow]: [i64; 2], flip_h: bool) -> Vec<f32> {
+    let t = Tensor::from_slice(img)
+        .reshape([1, H as i64, W as i64, 3])
+        .permute([0, 3, 1, 2])
+        .to_kind(Kind::Float);
+    let mut out = t.internal_upsample_bilinear2d_aa([oh, ow], false, None, None) / 255.0;
+    if flip_h {
+        out = out.flip([3]);
+    }
+    Vec::<f32>::try_from(out.contiguous().view([-1])).unwrap()
+}
+
+#[test]
+fn resize_matches_libtorch_antialiased_bilinear() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = images(dir.path());
+    // Shrinking both ways (~2.3×, the antialiasing filter), enlarging both ways (plain
+    // bilinear), one of each, a non-integer ratio, and flipped.
+    for (size, flip) in [
+        ([16, 24], false),
+        ([80, 100], false),
+        ([20, 90], false),
+        ([37, 20], false),
+        ([29, 41], true),
+    ] {
+        let ops = format!(
+            "{{resize: {{size: [{}, {}]}}}}{}",
+            size[0],
+            size[1],
+            if flip {
+                ", {horizontal_flip: {p: 1.0}}"
+            } else {
+                ""
+            }
+        );
+        let got = sluice_rows(dir.path(), &ops);
+        assert_eq!(got.len(), imgs.len());
+        for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
+            let want = torch_resize(img, size.map(|v| v as i64), flip);
+            assert_eq!(row.len(), want.len());
+            let worst = row
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            // Sums of the same weighted taps in another order: float rounding only.
+            assert!(
+                worst < 2e-5,
+                "resize to {size:?} (flip {flip}), row {r}: differs from libtorch by {worst}"
+            );
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The `image` stage against libtorch's own kernels — what torchvision runs: `resize` (and
 //! the resize of `random_resized_crop`) is `F.resize(antialias=True)`, i.e.
-//! `torch._C._nn._upsample_bilinear2d_aa`, and a flip is `Tensor.flip`.
+//! `torch._C._nn._upsample_bilinear2d_aa`; `RandomCrop`'s padding is `F.pad` (constant,
+//! `replicate` for edge, `reflect`); a flip is `Tensor.flip`.
 #![cfg(feature = "torch")]
 #![allow(clippy::unwrap_used)]
 
@@ -37,11 +38,11 @@ fn images(dir: &std::path::Path) -> Vec<Vec<u8>> {
     imgs
 }
 
-/// The stage's output rows (CHW float32, pixel / 255) for `ops`.
-fn sluice_rows(dir: &std::path::Path, ops: &str) -> Vec<Vec<f32>> {
+/// The stage's output rows (CHW float32, pixel / 255) for `ops` and `seed`.
+fn sluice_rows(dir: &std::path::Path, ops: &str, seed: u64) -> Vec<Vec<f32>> {
     let yaml = format!(
         "source: {{type: parquet, path: '{}/images.parquet'}}\n\
-         stages:\n  - {{type: image, column: image, shape: [{H}, {W}, 3], ops: [{ops}]}}\n",
+         stages:\n  - {{type: image, column: image, shape: [{H}, {W}, 3], seed: {seed}, ops: [{ops}]}}\n",
         dir.display()
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -64,13 +65,17 @@ fn sluice_rows(dir: &std::path::Path, ops: &str) -> Vec<Vec<f32>> {
     })
 }
 
-/// libtorch's antialiased bilinear resize of one HWC image to `[oh, ow]`, as CHW / 255.
-fn torch_resize(img: &[u8], [oh, ow]: [i64; 2], flip_h: bool) -> Vec<f32> {
-    let t = Tensor::from_slice(img)
+/// One HWC image as a `[1, 3, H, W]` float tensor.
+fn chw(img: &[u8]) -> Tensor {
+    Tensor::from_slice(img)
         .reshape([1, H as i64, W as i64, 3])
         .permute([0, 3, 1, 2])
-        .to_kind(Kind::Float);
-    let mut out = t.internal_upsample_bilinear2d_aa([oh, ow], false, None, None) / 255.0;
+        .to_kind(Kind::Float)
+}
+
+/// libtorch's antialiased bilinear resize of one HWC image to `[oh, ow]`, as CHW / 255.
+fn torch_resize(img: &[u8], [oh, ow]: [i64; 2], flip_h: bool) -> Vec<f32> {
+    let mut out = chw(img).internal_upsample_bilinear2d_aa([oh, ow], false, None, None) / 255.0;
     if flip_h {
         out = out.flip([3]);
     }
@@ -100,7 +105,7 @@ fn resize_matches_libtorch_antialiased_bilinear() {
                 ""
             }
         );
-        let got = sluice_rows(dir.path(), &ops);
+        let got = sluice_rows(dir.path(), &ops, 0);
         assert_eq!(got.len(), imgs.len());
         for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
             let want = torch_resize(img, size.map(|v| v as i64), flip);
@@ -116,5 +121,55 @@ fn resize_matches_libtorch_antialiased_bilinear() {
                 "resize to {size:?} (flip {flip}), row {r}: differs from libtorch by {worst}"
             );
         }
+    }
+}
+
+/// Every output of `random_crop` with padding is one window (at some offset, flipped or not)
+/// of the image padded by libtorch's `constant_pad_nd`, `replication_pad2d` (torchvision's
+/// `edge`) or `reflection_pad2d` (`reflect`); over the rows, windows that reach into the
+/// padding occur.
+#[test]
+fn random_crop_padding_matches_libtorch_pad() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = images(dir.path());
+    let p = 4i64;
+    for mode in ["constant", "edge", "reflect"] {
+        let ops = format!(
+            "{{random_crop: {{size: [{H}, {W}], padding: {p}, padding_mode: {mode}}}}}, \
+             {{horizontal_flip: {{p: 0.5}}}}"
+        );
+        // Several epochs' worth of draws: the same images, other windows.
+        let mut reached_padding = 0;
+        for seed in 0..6 {
+            let got = sluice_rows(dir.path(), &ops, seed);
+            for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
+                let t = chw(img);
+                let padded = match mode {
+                    "constant" => t.constant_pad_nd([p, p, p, p]),
+                    "edge" => t.replication_pad2d([p, p, p, p]),
+                    _ => t.reflection_pad2d([p, p, p, p]),
+                } / 255.0;
+                let found = (0..=2 * p).flat_map(|top| (0..=2 * p).map(move |left| (top, left)));
+                let hit = found
+                    .flat_map(|(top, left)| [(top, left, false), (top, left, true)])
+                    .find(|&(top, left, flip)| {
+                        let mut win = padded.narrow(2, top, H as i64).narrow(3, left, W as i64);
+                        if flip {
+                            win = win.flip([3]);
+                        }
+                        // Sluice scales by 1/255, the reference divides: the last bit may differ.
+                        let want = Vec::<f32>::try_from(win.contiguous().view([-1])).unwrap();
+                        want.iter().zip(row).all(|(a, b)| (a - b).abs() < 1e-6)
+                    });
+                let (top, left, _) = hit.unwrap_or_else(|| {
+                    panic!("{mode}, seed {seed}, row {r}: no window of libtorch's padded image")
+                });
+                reached_padding += usize::from(top != p || left != p);
+            }
+        }
+        assert!(
+            reached_padding > 12,
+            "{mode}: {reached_padding} of 24 windows in the padding"
+        );
     }
 }

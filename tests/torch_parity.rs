@@ -124,6 +124,70 @@ fn resize_matches_libtorch_antialiased_bilinear() {
     }
 }
 
+/// `center_crop` as torchvision's `F.center_crop` (ported line by line onto libtorch): pad
+/// with zeros to the crop size where the image is smaller (`(crop − size) // 2` before,
+/// the rest after), then cut at `round((size − crop) / 2)`, rounding half to even as Python.
+#[test]
+fn center_crop_matches_torchvision() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = images(dir.path());
+    // 37×53: (37 − 20) / 2 = 8.5 and (53 − 30) / 2 = 11.5 round to 8 and 12.
+    for [ch, cw] in [[20i64, 30], [41, 60], [30, 60], [37, 53]] {
+        let ops = format!("{{center_crop: {{size: [{ch}, {cw}]}}}}");
+        let got = sluice_rows(dir.path(), &ops, 0);
+        for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
+            let (h, w) = (H as i64, W as i64);
+            let mut t = chw(img) / 255.0;
+            let (ph, pw) = ((ch - h).max(0), (cw - w).max(0));
+            if ph > 0 || pw > 0 {
+                t = t.constant_pad_nd([pw / 2, (pw + 1) / 2, ph / 2, (ph + 1) / 2]);
+            }
+            let (ih, iw) = (h + ph, w + pw);
+            let top = ((ih - ch) as f64 / 2.0).round_ties_even() as i64;
+            let left = ((iw - cw) as f64 / 2.0).round_ties_even() as i64;
+            let want = t.narrow(2, top, ch).narrow(3, left, cw);
+            let want = Vec::<f32>::try_from(want.contiguous().view([-1])).unwrap();
+            assert_eq!(row.len(), want.len());
+            let worst = row
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst < 1e-6,
+                "crop [{ch}, {cw}], row {r}: differs by {worst}"
+            );
+        }
+    }
+}
+
+/// `normalize` after a resize: torchvision's `Normalize` of the resized image,
+/// `(x / 255 − mean) / std` per channel.
+#[test]
+fn normalize_matches_torchvision_formula() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = images(dir.path());
+    let (mean, std) = ([0.4914f32, 0.4822, 0.4465], [0.2470f32, 0.2435, 0.2616]);
+    let ops =
+        format!("{{resize: {{size: [20, 30]}}}}, {{normalize: {{mean: {mean:?}, std: {std:?}}}}}");
+    let got = sluice_rows(dir.path(), &ops, 0);
+    for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
+        let m = Tensor::from_slice(&mean).view([1, 3, 1, 1]);
+        let s = Tensor::from_slice(&std).view([1, 3, 1, 1]);
+        let t = chw(img).internal_upsample_bilinear2d_aa([20, 30], false, None, None) / 255.0;
+        let want = Vec::<f32>::try_from(((t - m) / s).contiguous().view([-1])).unwrap();
+        let worst = row
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-4,
+            "row {r}: differs from torchvision's by {worst}"
+        );
+    }
+}
+
 /// Every output of `random_crop` with padding is one window (at some offset, flipped or not)
 /// of the image padded by libtorch's `constant_pad_nd`, `replication_pad2d` (torchvision's
 /// `edge`) or `reflection_pad2d` (`reflect`); over the rows, windows that reach into the

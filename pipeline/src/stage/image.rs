@@ -824,9 +824,11 @@ impl ImageStage {
     fn colour(&self, scratch: &mut [f32], c: &Colour) {
         let ch = self.shape[2];
         let clamp = |v: f32| v.clamp(0.0, 255.0);
+        // torchvision's `rgb_to_grayscale` on tensors (v1 and v2): 0.2989 for red (PIL's
+        // integer formula has 0.299).
         let grey = |px: &[f32]| -> f32 {
             if ch == 3 {
-                0.299 * px[0] + 0.587 * px[1] + 0.114 * px[2]
+                0.2989 * px[0] + 0.587 * px[1] + 0.114 * px[2]
             } else {
                 px[0]
             }

@@ -73,13 +73,25 @@ fn chw(img: &[u8]) -> Tensor {
         .to_kind(Kind::Float)
 }
 
-/// libtorch's antialiased bilinear resize of one HWC image to `[oh, ow]`, as CHW / 255.
-fn torch_resize(img: &[u8], [oh, ow]: [i64; 2], flip_h: bool) -> Vec<f32> {
-    let mut out = chw(img).internal_upsample_bilinear2d_aa([oh, ow], false, None, None) / 255.0;
-    if flip_h {
-        out = out.flip([3]);
-    }
-    Vec::<f32>::try_from(out.contiguous().view([-1])).unwrap()
+/// A tensor's values in order, as the stage's rows hold them.
+fn flat(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(t.contiguous().view([-1])).unwrap()
+}
+
+/// The largest difference between a stage row and the reference (of the same length).
+fn worst(row: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(row.len(), want.len());
+    row.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max)
+}
+
+/// libtorch's antialiased bilinear resize of one HWC image to `[oh, ow]`, as `[1, 3, oh, ow]`
+/// / 255.
+fn torch_resize(img: &[u8], [oh, ow]: [i64; 2], flip_h: bool) -> Tensor {
+    let out = chw(img).internal_upsample_bilinear2d_aa([oh, ow], false, None, None) / 255.0;
+    if flip_h { out.flip([3]) } else { out }
 }
 
 #[test]
@@ -108,13 +120,7 @@ fn resize_matches_libtorch_antialiased_bilinear() {
         let got = sluice_rows(dir.path(), &ops, 0);
         assert_eq!(got.len(), imgs.len());
         for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
-            let want = torch_resize(img, size.map(|v| v as i64), flip);
-            assert_eq!(row.len(), want.len());
-            let worst = row
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let worst = worst(row, &flat(&torch_resize(img, size.map(|v| v as i64), flip)));
             // Sums of the same weighted taps in another order: float rounding only.
             assert!(
                 worst < 2e-5,
@@ -145,14 +151,7 @@ fn center_crop_matches_torchvision() {
             let (ih, iw) = (h + ph, w + pw);
             let top = ((ih - ch) as f64 / 2.0).round_ties_even() as i64;
             let left = ((iw - cw) as f64 / 2.0).round_ties_even() as i64;
-            let want = t.narrow(2, top, ch).narrow(3, left, cw);
-            let want = Vec::<f32>::try_from(want.contiguous().view([-1])).unwrap();
-            assert_eq!(row.len(), want.len());
-            let worst = row
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let worst = worst(row, &flat(&t.narrow(2, top, ch).narrow(3, left, cw)));
             assert!(
                 worst < 1e-6,
                 "crop [{ch}, {cw}], row {r}: differs by {worst}"
@@ -174,13 +173,7 @@ fn normalize_matches_torchvision_formula() {
     for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
         let m = Tensor::from_slice(&mean).view([1, 3, 1, 1]);
         let s = Tensor::from_slice(&std).view([1, 3, 1, 1]);
-        let t = chw(img).internal_upsample_bilinear2d_aa([20, 30], false, None, None) / 255.0;
-        let want = Vec::<f32>::try_from(((t - m) / s).contiguous().view([-1])).unwrap();
-        let worst = row
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let worst = worst(row, &flat(&((torch_resize(img, [20, 30], false) - m) / s)));
         assert!(
             worst < 1e-4,
             "row {r}: differs from torchvision's by {worst}"
@@ -222,8 +215,7 @@ fn random_crop_padding_matches_libtorch_pad() {
                             win = win.flip([3]);
                         }
                         // Sluice scales by 1/255, the reference divides: the last bit may differ.
-                        let want = Vec::<f32>::try_from(win.contiguous().view([-1])).unwrap();
-                        want.iter().zip(row).all(|(a, b)| (a - b).abs() < 1e-6)
+                        worst(row, &flat(&win)) < 1e-6
                     });
                 let (top, left, _) = hit.unwrap_or_else(|| {
                     panic!("{mode}, seed {seed}, row {r}: no window of libtorch's padded image")

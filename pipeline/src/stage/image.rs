@@ -338,6 +338,8 @@ pub(crate) struct Geometry {
 /// 1))` and normalized — plain bilinear when enlarging, an area-like filter when shrinking.
 #[derive(Debug, Default)]
 pub(crate) struct Axis {
+    /// The `(input, out)` sizes the weights are for.
+    sizes: (usize, usize),
     /// Taps per output (the widest window).
     width: usize,
     /// First input sample and number of samples of each output.
@@ -347,8 +349,13 @@ pub(crate) struct Axis {
 }
 
 impl Axis {
-    /// Computes the weights for `input` samples to `out` (buffers reused).
+    /// Computes the weights for `input` samples to `out` (buffers reused), unless they are
+    /// already those: every row of a `resize`, or random windows of the same size.
     fn compute(&mut self, input: usize, out: usize) {
+        if self.sizes == (input, out) {
+            return;
+        }
+        self.sizes = (input, out);
         let scale = input as f32 / out as f32;
         let (support, invscale) = if scale >= 1.0 {
             (scale, 1.0 / scale)

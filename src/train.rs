@@ -228,6 +228,9 @@ fn print_summary(config: &Path, r: &TrainReport) {
         r.data_wait_seconds,
         r.allreduce_seconds
     );
+    for n in &r.notes {
+        println!("  pipeline {n}");
+    }
     if r.rows_untrained > 0 {
         println!(
             "  warning  {} rows were held by ranks when another ran out of data and were not trained",

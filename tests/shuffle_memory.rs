@@ -220,3 +220,107 @@ fn large_row_groups_are_read_ahead_within_prefetch_bytes() {
         bounded / MIB
     );
 }
+
+/// `across_ranks` with windows ten times the memory cap, under `sluice train` (2 workers:
+/// ranks as threads of one process, exchanging rows through the local collective): each
+/// rank's window spills, goes out in rounds of a quarter of the cap, and what it receives
+/// spills again; every row is trained exactly once and the two shuffles together stay
+/// within twice their cap plus a stated overhead over the same job without them.
+#[cfg(feature = "torch")]
+#[test]
+fn across_ranks_windows_ten_times_their_memory_cap_spill_and_stay_within_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 160,000 rows of 256 float32 (1 KiB) and a label: each rank's window holds its whole
+    // share, ~80 MiB of Arrow data, with a 16 MiB cap.
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in 0..8i64 {
+        let ids = f * 20_000..(f + 1) * 20_000;
+        let values = Float32Array::from_iter_values(
+            ids.clone()
+                .flat_map(|i| (0..256).map(move |k| ((i * 31 + k) % 97) as f32 / 97.0)),
+        );
+        let x = FixedSizeListArray::try_new(
+            Arc::new(Field::new("item", DataType::Float32, false)),
+            256,
+            Arc::new(values),
+            None,
+        )
+        .unwrap();
+        let rb = RecordBatch::try_from_iter([
+            (
+                "label",
+                Arc::new(Int64Array::from_iter_values(ids.map(|i| i % 10))) as ArrayRef,
+            ),
+            ("x", Arc::new(x) as ArrayRef),
+        ])
+        .unwrap();
+        write_parquet(&data.join(format!("part-{f}.parquet")), &[rb], 1000);
+    }
+    let cap_mib = 16;
+    let job = |stage: &str| {
+        format!(
+            "source: {{type: parquet, path: data/*.parquet, batch_rows: 1000, prefetch: 2}}\n\
+             stages:\n\
+             {stage}\
+             - {{type: batch, size: 1000}}\n\
+             runtime: {{threads: 2, queue_bytes: 2 MiB}}\n\
+             loader:\n  tensors:\n    x: {{column: x, dtype: f32}}\n    y: {{column: label, dtype: i64}}\n\
+             trainer:\n  model: {{type: mlp, hidden: [8], outputs: 10}}\n\
+             \x20 optimizer: {{type: sgd, lr: 0.01}}\n  epochs: 1\n  allreduce: {{workers: 2}}\n"
+        )
+    };
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let train = |yaml: String| {
+        std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+        let mut peaks = Vec::new();
+        let mut last = None;
+        for _ in 0..3 {
+            let out = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
+                .args(["train", "job.yaml", "--summary-json", "summary.json"])
+                .current_dir(dir.path())
+                .env_remove("RUST_LOG")
+                .env("MIMALLOC_PURGE_DELAY", "0")
+                .output()
+                .unwrap();
+            assert_ok(&out);
+            let summary: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap())
+                    .unwrap();
+            peaks.push(summary["peak_rss_bytes"].as_u64().unwrap());
+            last = Some((out, summary));
+        }
+        (last.unwrap(), peaks)
+    };
+    let (_, baseline) = train(job(""));
+    let ((out, summary), shuffled) = train(job(&format!(
+        "- {{type: shuffle, buffer_rows: 80000, max_memory: {cap_mib} MiB, seed: 3, across_ranks: true}}\n"
+    )));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("spilled"),
+        "the windows must have spilled:\n{stdout}"
+    );
+    // 80,000 rows a rank: every row trained, none left over.
+    assert_eq!(summary["rows_trained"], 160_000, "{summary}");
+    assert_eq!(summary["rows_untrained"], 0, "{summary}");
+    let (base, rss) = (
+        *baseline.iter().min().unwrap(),
+        *shuffled.iter().min().unwrap(),
+    );
+    let extra = rss.saturating_sub(base);
+    eprintln!(
+        "peak RSS (MiB) with two across-ranks shuffles: {}; without: {}; they added {:.1} MiB \
+         (least of each) with a {cap_mib} MiB cap each over ~80 MiB of rows each",
+        mib(&shuffled),
+        mib(&baseline),
+        extra as f64 / MIB as f64
+    );
+    assert!(
+        extra < 2 * (cap_mib + 32) * MIB,
+        "the shuffles added {} MiB of RSS; their cap is {cap_mib} MiB each (peaks with: {}; without: {})",
+        extra / MIB,
+        mib(&shuffled),
+        mib(&baseline)
+    );
+}

@@ -337,21 +337,7 @@ impl Batch {
     /// array (a shuffle's window handed on without copying) the views plus the bytes they
     /// point at, not every buffer they point into (the window is the shuffle's memory).
     pub fn memory_size(&self) -> usize {
-        self.data
-            .columns()
-            .iter()
-            .map(|c| {
-                if let Some(v) = c.as_binary_view_opt() {
-                    return view_bytes(v.views(), v.nulls());
-                }
-                if let Some(v) = c.as_string_view_opt() {
-                    return view_bytes(v.views(), v.nulls());
-                }
-                c.to_data()
-                    .get_slice_memory_size()
-                    .unwrap_or_else(|_| c.get_array_memory_size())
-            })
-            .sum()
+        data_bytes(&self.data)
     }
 
     /// Zero-copy slice of rows `offset..offset+len`.
@@ -376,6 +362,24 @@ fn view_bytes(views: &[u128], nulls: Option<&arrow::buffer::NullBuffer>) -> usiz
         .filter(|len| *len > 12)
         .sum();
     views.len() * 16 + outside + nulls.map_or(0, |_| views.len().div_ceil(8))
+}
+
+/// [`Batch::memory_size`] of a bare record batch.
+pub(crate) fn data_bytes(data: &RecordBatch) -> usize {
+    data.columns()
+        .iter()
+        .map(|c| {
+            if let Some(v) = c.as_binary_view_opt() {
+                return view_bytes(v.views(), v.nulls());
+            }
+            if let Some(v) = c.as_string_view_opt() {
+                return view_bytes(v.views(), v.nulls());
+            }
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
 }
 
 #[cfg(test)]

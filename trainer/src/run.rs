@@ -236,6 +236,8 @@ pub struct TrainReport {
     pub interrupted: bool,
     /// Whether the run had already finished (resumed from a complete checkpoint).
     pub already_complete: bool,
+    /// What this rank's pipeline stages noted, as `stage: note` (e.g. a shuffle's spills).
+    pub notes: Vec<String>,
 }
 
 /// Models are created one at a time: libtorch's default generator is process-wide, and
@@ -431,6 +433,7 @@ pub(crate) fn worker(
             checkpoint: checkpoint_url.clone(),
             interrupted: false,
             already_complete: true,
+            notes: Vec::new(),
         }));
     }
 
@@ -452,6 +455,7 @@ pub(crate) fn worker(
     // Kafka offsets are stored with the consumer group only once a checkpoint covering
     // them is durable (or, without checkpoints, at the end of a complete run).
     let acker = prepared.acknowledger();
+    let metrics = prepared.metrics();
     let live = options.metrics.clone();
     if let Some(m) = &live {
         m.add_pipeline(rank, prepared.metrics());
@@ -720,6 +724,14 @@ pub(crate) fn worker(
             .sum::<u64>()
     };
     drop(stream);
+    let notes = metrics
+        .stages()
+        .iter()
+        .flat_map(|s| {
+            let notes = s.notes.lock().map(|n| n.clone()).unwrap_or_default();
+            notes.into_iter().map(|n| format!("{}: {n}", s.name))
+        })
+        .collect();
     Ok(Some(TrainReport {
         rank,
         world_size: world,
@@ -738,6 +750,7 @@ pub(crate) fn worker(
         checkpoint: checkpoint_url,
         interrupted,
         already_complete: false,
+        notes,
     }))
 }
 

@@ -229,3 +229,55 @@ fn random_crop_padding_matches_libtorch_pad() {
         );
     }
 }
+
+/// `pad_if_needed`: torchvision pads by `padding`, then pads that image again by each axis'
+/// shortfall (`F.pad` twice); every output is a window of libtorch's pad kernels applied
+/// twice, for `constant` (with a `fill`), `edge` and `reflect`.
+#[test]
+fn random_crop_pad_if_needed_matches_libtorch_padding_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = images(dir.path());
+    let p = 2i64;
+    // 37×53 padded by 2 is 41×57: 4 rows and 3 columns short of 45×60 on each side.
+    let (oh, ow) = (45i64, 60i64);
+    let (qy, qx) = (oh - (H as i64 + 2 * p), ow - (W as i64 + 2 * p));
+    let fill = 77.0;
+    for mode in ["constant", "edge", "reflect"] {
+        let ops = format!(
+            "{{random_crop: {{size: [{oh}, {ow}], padding: {p}, padding_mode: {mode}, \
+             pad_if_needed: true{}}}}}, {{horizontal_flip: {{p: 0.5}}}}",
+            if mode == "constant" { ", fill: 77" } else { "" }
+        );
+        let pad = |t: &Tensor, l: i64, r: i64, top: i64, bottom: i64| match mode {
+            "constant" => (t - fill).constant_pad_nd([l, r, top, bottom]) + fill,
+            "edge" => t.replication_pad2d([l, r, top, bottom]),
+            _ => t.reflection_pad2d([l, r, top, bottom]),
+        };
+        let mut offsets = std::collections::BTreeSet::new();
+        for seed in 0..6 {
+            let got = sluice_rows(dir.path(), &ops, seed);
+            for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
+                let once = pad(&chw(img), p, p, p, p);
+                let twice = pad(&once, qx, qx, qy, qy) / 255.0;
+                // The twice-padded image is `q` larger than the window on each axis.
+                let hit = (0..=qy)
+                    .flat_map(|top| (0..=qx).map(move |left| (top, left)))
+                    .flat_map(|(top, left)| [(top, left, false), (top, left, true)])
+                    .find(|&(top, left, flip)| {
+                        let mut win = twice.narrow(2, top, oh).narrow(3, left, ow);
+                        if flip {
+                            win = win.flip([3]);
+                        }
+                        worst(row, &flat(&win)) < 1e-6
+                    });
+                let (top, left, _) = hit.unwrap_or_else(|| {
+                    panic!(
+                        "{mode}, seed {seed}, row {r}: no window of libtorch's twice-padded image"
+                    )
+                });
+                offsets.insert((top, left));
+            }
+        }
+        assert!(offsets.len() > 8, "{mode}: windows at {offsets:?}");
+    }
+}

@@ -125,13 +125,13 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
          stages:\n\
          {filter}\
          - {{type: gaussian_noise, columns: [x], std: 1.0, seed: 9}}\n\
-         - {{type: image, column: img, output: pix, shape: [2, 2, 3], seed: 5, ops: [{{random_crop: {{size: [2, 2], padding: 1, padding_mode: reflect}}}}, {{horizontal_flip: {{}}}}, {{color_jitter: {{brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.1}}}}, {{random_grayscale: {{p: 0.3}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
+         - {{type: image, column: img, output: pix, shape: [2, 2, 3], seed: 5, ops: [{{random_crop: {{size: [5, 5], padding: 1, padding_mode: reflect, pad_if_needed: true}}}}, {{horizontal_flip: {{}}}}, {{color_jitter: {{brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.1}}}}, {{random_grayscale: {{p: 0.3}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
          - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
          - {{type: feature_dropout, columns: [x], p: 0.3, seed: 2}}\n\
          - {{type: mask_tokens, column: tok, p: 0.3, mask_token: 0, mask_replace_prob: 0.8, random_replace_prob: 0.1, vocab_size: 50, special_tokens: [1], labels_column: tok_labels, seed: 4}}\n\
          - {{type: image, column: img, output: img2, shape: [2, 2, 3], ops: [{{random_resized_crop: {{size: [3, 3]}}}}, {{vertical_flip: {{p: 0.5}}}}, {{random_erasing: {{p: 0.5, scale: [0.1, 0.5], value: random}}}}]}}\n\
          - {{type: batch, size: {}}}\n\
-         - {{type: mixup, columns: [x, pix], alpha: 0.4, seed: 6, cutmix: {{column: pix, shape: [3, 2, 2], p: 0.5}}}}\n\
+         - {{type: mixup, columns: [x, pix], alpha: 0.4, seed: 6, cutmix: {{column: pix, shape: [3, 5, 5], p: 0.5}}}}\n\
          runtime: {{threads: {threads}, parallelism: {threads}, queue_bytes: 4 KiB{extra_runtime}}}\n",
         dir.display(),
         c.batch_rows,
@@ -356,7 +356,7 @@ fn handover_yaml(dir: &Path, c: &Case, across: bool, copy: bool) -> String {
          - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
          {}\
          - {{type: batch, size: {}}}\n\
-         - {{type: image, column: big, shape: [4, 4, 3], seed: 5, ops: [{{random_crop: {{size: [4, 4], padding: 2}}}}, {{horizontal_flip: {{}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
+         - {{type: image, column: big, shape: [4, 4, 3], seed: 5, ops: [{{random_crop: {{size: [4, 4], padding: 2, fill: [10, 20, 30]}}}}, {{horizontal_flip: {{}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
          runtime: {{threads: 2, queue_bytes: 4 KiB}}\n",
         dir.display(),
         c.batch_rows,

@@ -791,6 +791,48 @@ impl PaddingMode {
     }
 }
 
+/// `random_crop`'s `fill`: one value per channel (a single number is used for every channel).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PadFill(pub Vec<f32>);
+
+impl Default for PadFill {
+    fn default() -> Self {
+        PadFill(vec![0.0])
+    }
+}
+
+impl<'de> Deserialize<'de> for PadFill {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PadFill;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a pixel value (0–255) or a list of them, one per channel")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<PadFill, E> {
+                Ok(PadFill(vec![v as f32]))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<PadFill, E> {
+                Ok(PadFill(vec![v as f32]))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<PadFill, E> {
+                Ok(PadFill(vec![v as f32]))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<PadFill, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = seq.next_element::<f32>()? {
+                    v.push(x);
+                }
+                Ok(PadFill(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// What the `image` stage does with a row it cannot decode.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -813,9 +855,18 @@ pub enum ImageOp {
         /// Padding on each side. Default: 0.
         #[serde(default)]
         padding: usize,
-        /// What the padding holds. Default: `constant` (zeros).
+        /// What the padding holds. Default: `constant` (`fill`).
         #[serde(default)]
         padding_mode: PaddingMode,
+        /// Pad an image smaller than `size` (after `padding`) up to it: by the shortfall on
+        /// both sides of that axis, like torchvision's `pad_if_needed`. Default: false (such
+        /// an image is an error).
+        #[serde(default)]
+        pad_if_needed: bool,
+        /// What `constant` padding holds, in pixel values (0–255): one number, or one per
+        /// channel (torchvision's `fill`). Default: 0.
+        #[serde(default)]
+        fill: PadFill,
     },
     /// Cut a random area (fraction `scale` of the image, aspect ratio in `ratio`), resize
     /// (bilinear) to `size`.
@@ -1160,7 +1211,9 @@ mod tests {
             ImageOp::RandomCrop {
                 size: [32, 32],
                 padding: 4,
-                padding_mode: PaddingMode::Reflect
+                padding_mode: PaddingMode::Reflect,
+                pad_if_needed: false,
+                fill: PadFill::default(),
             }
         );
         let all = crop("mirror").unwrap_err();
@@ -1170,6 +1223,33 @@ mod tests {
             all.contains("constant") && all.contains("symmetric"),
             "{all}"
         );
+    }
+
+    #[test]
+    fn crop_fill_is_a_number_or_a_list_and_pad_if_needed_a_bool() {
+        let crop = |rest: &str| image_op(&format!("random_crop: {{size: [8, 8]{rest}}}"));
+        let read = |rest: &str| match crop(rest).unwrap() {
+            ImageOp::RandomCrop {
+                pad_if_needed,
+                fill,
+                ..
+            } => (pad_if_needed, fill.0),
+            other => panic!("not a crop: {other:?}"),
+        };
+        assert_eq!(read(""), (false, vec![0.0]));
+        assert_eq!(read(", fill: 128"), (false, vec![128.0]));
+        assert_eq!(
+            read(", pad_if_needed: true, fill: [124, 116.5, 104]"),
+            (true, vec![124.0, 116.5, 104.0])
+        );
+        let e = crop(", fill: grey").unwrap_err();
+        assert!(e.contains("p.yaml:7:"), "{e}");
+        assert!(
+            e.contains("a pixel value (0–255) or a list of them, one per channel"),
+            "{e}"
+        );
+        let e = crop(", pad_if_needed: sometimes").unwrap_err();
+        assert!(e.contains("p.yaml:7:"), "{e}");
     }
 
     #[test]

@@ -33,7 +33,7 @@ use super::Transform;
 use super::augment::row_ids;
 use super::pixels;
 use crate::batch::Batch;
-use crate::config::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PaddingMode};
+use crate::config::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
 use crate::error::{Error, Result, StageRef};
 use crate::exec::recycle::F32Pool;
 
@@ -55,6 +55,9 @@ pub(crate) struct ImageStage {
     /// Per channel: `v * scale + bias` maps a 0–255 value to its normalized output.
     scale: Vec<f32>,
     bias: Vec<f32>,
+    /// Per channel: what `random_crop`'s constant padding holds (0–255), and normalized.
+    fill: Vec<f32>,
+    pad_value: Vec<f32>,
     /// Output buffers, recycled once the batch (and any tensor made from it) is dropped.
     buffers: Arc<F32Pool>,
 }
@@ -117,20 +120,45 @@ pub(crate) fn build(
     let mut crops = 0;
     let mut scale = vec![1.0f32 / 255.0; ch];
     let mut bias = vec![0.0f32; ch];
+    let mut fill = vec![0.0f32; ch];
     for (k, op) in c.ops.iter().enumerate() {
         match op {
-            ImageOp::RandomCrop { size, padding, .. } => {
+            ImageOp::RandomCrop {
+                size,
+                padding,
+                padding_mode,
+                pad_if_needed,
+                fill: PadFill(values),
+            } => {
                 crops += 1;
                 if size[0] == 0 || size[1] == 0 {
                     return Err(err("random_crop: `size` must be positive".into()));
                 }
-                if size[0] > h + 2 * padding || size[1] > w + 2 * padding {
+                if !pad_if_needed && (size[0] > h + 2 * padding || size[1] > w + 2 * padding) {
                     return Err(err(format!(
-                        "random_crop: size {size:?} is larger than the padded image ({}×{})",
+                        "random_crop: size {size:?} is larger than the padded image ({}×{}); set `pad_if_needed: true` to pad it up to the size",
                         h + 2 * padding,
                         w + 2 * padding
                     )));
                 }
+                if values.len() != 1 && values.len() != ch {
+                    return Err(err(format!(
+                        "random_crop: `fill` has {} values; give one, or one per channel ({ch})",
+                        values.len()
+                    )));
+                }
+                if let Some(bad) = values.iter().find(|v| !(0.0..=255.0).contains(*v)) {
+                    return Err(err(format!(
+                        "random_crop: `fill` is in pixel values, 0 to 255, not {bad}"
+                    )));
+                }
+                if *padding_mode != PaddingMode::Constant && values.iter().any(|v| *v != 0.0) {
+                    return Err(err(format!(
+                        "random_crop: `fill` is what `constant` padding holds; with `padding_mode: {}` the padding repeats the image, so leave `fill` out",
+                        format!("{padding_mode:?}").to_lowercase()
+                    )));
+                }
+                fill = (0..ch).map(|k| values[k % values.len()]).collect();
                 out_hw = *size;
             }
             ImageOp::RandomResizedCrop { size, scale, ratio } => {
@@ -306,6 +334,8 @@ pub(crate) fn build(
             key: super::augment::column_key(c.seed, stage.index, &c.column),
             on_error: c.on_error,
             schema: schema.clone(),
+            pad_value: (0..ch).map(|k| fill[k] * scale[k] + bias[k]).collect(),
+            fill,
             scale,
             bias,
             buffers: F32Pool::new(RETAIN_BYTES),
@@ -329,6 +359,10 @@ pub(crate) struct Geometry {
     pub exact: bool,
     /// What the window reads outside the image (exact windows).
     pub pad: PaddingMode,
+    /// Per axis (rows, columns): `random_crop`'s `padding`, and what `pad_if_needed` added
+    /// around that padded image (padded in turn, as torchvision pads twice).
+    pub inner: [usize; 2],
+    pub outer: [usize; 2],
 }
 
 /// The weights of one axis of an antialiased bilinear resize, as PyTorch computes them for
@@ -401,6 +435,19 @@ pub(crate) struct Resampler {
 }
 
 impl Geometry {
+    /// The source index that window coordinate `c` (relative to the image's first pixel)
+    /// reads on `axis` (0: rows, 1: columns) of an image `n` long; `None`: the constant fill.
+    /// With `pad_if_needed`'s padding the image was padded twice, so the padded image's
+    /// padding is read through the mode first (`reflect` twice is not `reflect` once).
+    fn source(&self, c: i64, n: usize, axis: usize) -> Option<usize> {
+        let (p, q) = (self.inner[axis], self.outer[axis]);
+        if q == 0 || matches!(self.pad, PaddingMode::Constant | PaddingMode::Edge) {
+            return self.pad.index(c, n);
+        }
+        let j = self.pad.index(c + p as i64, n + 2 * p)?;
+        self.pad.index(j as i64 - p as i64, n)
+    }
+
     /// Whether the window lies within the `h`×`w` image (reads no padding).
     fn inside(&self, h: usize, w: usize) -> bool {
         self.top >= 0.0
@@ -599,6 +646,8 @@ impl ImageStage {
             flip_v: false,
             exact: true,
             pad: PaddingMode::Constant,
+            inner: [0, 0],
+            outer: [0, 0],
         };
         let mut col = NO_COLOUR;
         let factor = |rng: &mut ChaCha8Rng, x: f64| -> f32 {
@@ -614,17 +663,31 @@ impl ImageStage {
                     size,
                     padding,
                     padding_mode,
+                    pad_if_needed,
+                    ..
                 } => {
-                    let p = *padding as i64;
-                    let max_top = h as i64 + 2 * p - size[0] as i64;
-                    let max_left = w as i64 + 2 * p - size[1] as i64;
-                    let top = rng.random_range(0..=max_top.max(0)) - p;
-                    let left = rng.random_range(0..=max_left.max(0)) - p;
+                    let p = *padding;
+                    // torchvision pads each axis short of `size` by the shortfall on both
+                    // sides, then draws the window from the whole padded image.
+                    let q = |n: usize, s: usize| {
+                        if *pad_if_needed {
+                            s.saturating_sub(n + 2 * p)
+                        } else {
+                            0
+                        }
+                    };
+                    let (qy, qx) = (q(h, size[0]), q(w, size[1]));
+                    let max_top = (h + 2 * (p + qy)) as i64 - size[0] as i64;
+                    let max_left = (w + 2 * (p + qx)) as i64 - size[1] as i64;
+                    let top = rng.random_range(0..=max_top.max(0)) - (p + qy) as i64;
+                    let left = rng.random_range(0..=max_left.max(0)) - (p + qx) as i64;
                     g.top = top as f64;
                     g.left = left as f64;
                     g.height = size[0] as f64;
                     g.width = size[1] as f64;
                     g.pad = *padding_mode;
+                    g.inner = [p, p];
+                    g.outer = [qy, qx];
                 }
                 ImageOp::RandomResizedCrop { size, scale, ratio } => {
                     let mut found = None;
@@ -708,7 +771,8 @@ impl ImageStage {
         if ch == 3 {
             let scale = [self.scale[0], self.scale[1], self.scale[2]];
             let bias = [self.bias[0], self.bias[1], self.bias[2]];
-            pixels::rgb_crop(src, h, w, self.out_hw, &win, scale, bias, dst);
+            let pad = [self.pad_value[0], self.pad_value[1], self.pad_value[2]];
+            pixels::rgb_crop(src, h, w, self.out_hw, &win, scale, bias, pad, dst);
             return;
         }
         let [oh, ow] = self.out_hw;
@@ -718,14 +782,14 @@ impl ImageStage {
             let o = y * ow;
             let Some(sy) = win.source_row(y, h, oh).filter(|_| lo < hi) else {
                 for k in 0..ch {
-                    dst[k * plane + o..k * plane + o + ow].fill(self.bias[k]);
+                    dst[k * plane + o..k * plane + o + ow].fill(self.pad_value[k]);
                 }
                 continue;
             };
             for k in 0..ch {
                 let row = &mut dst[k * plane + o..k * plane + o + ow];
-                row[..lo].fill(self.bias[k]);
-                row[hi..].fill(self.bias[k]);
+                row[..lo].fill(self.pad_value[k]);
+                row[hi..].fill(self.pad_value[k]);
             }
             let px = &src[(sy * w + first) * ch..(sy * w + first + (hi - lo)) * ch];
             for k in 0..ch {
@@ -764,16 +828,18 @@ impl ImageStage {
             for y in 0..oh {
                 let yy = if g.flip_v { oh - 1 - y } else { y };
                 let row = &mut scratch[y * ow * ch..(y + 1) * ow * ch];
-                let Some(sy) = g.pad.index(top + yy as i64, h) else {
-                    row.fill(0.0);
+                let Some(sy) = g.source(top + yy as i64, h, 0) else {
+                    for px in row.chunks_exact_mut(ch) {
+                        px.copy_from_slice(&self.fill);
+                    }
                     continue;
                 };
                 let srow = &src[sy * w * ch..(sy + 1) * w * ch];
                 for x in 0..ow {
                     let xx = if g.flip_h { ow - 1 - x } else { x };
                     let out = &mut row[x * ch..(x + 1) * ch];
-                    match g.pad.index(left + xx as i64, w) {
-                        None => out.fill(0.0),
+                    match g.source(left + xx as i64, w, 1) {
+                        None => out.copy_from_slice(&self.fill),
                         Some(sx) => {
                             let s = &srow[sx * ch..(sx + 1) * ch];
                             for k in 0..ch {
@@ -914,14 +980,22 @@ impl ImageStage {
             )
         });
         let cropped_fits = self.ops.iter().all(|o| match o {
-            ImageOp::RandomCrop { size, padding, .. } => {
-                size[0] <= ih + 2 * padding && size[1] <= iw + 2 * padding
-            }
+            ImageOp::RandomCrop {
+                size,
+                padding,
+                pad_if_needed,
+                ..
+            } => *pad_if_needed || (size[0] <= ih + 2 * padding && size[1] <= iw + 2 * padding),
             _ => true,
         });
-        if (!has_crop && (ih, iw) != (h, w)) || !cropped_fits {
+        if !has_crop && (ih, iw) != (h, w) {
             return Err(format!(
                 "the image is {iw}×{ih} (width×height), the stage expects {w}×{h}"
+            ));
+        }
+        if !cropped_fits {
+            return Err(format!(
+                "the image is {iw}×{ih} (width×height), smaller than random_crop's size with its padding (set `pad_if_needed: true` to pad such images up to it)"
             ));
         }
         *owned = if ch == 3 {
@@ -1210,6 +1284,8 @@ mod tests {
                     size: [4, 5],
                     padding: 2,
                     padding_mode: PaddingMode::Constant,
+                    pad_if_needed: false,
+                    fill: PadFill::default(),
                 },
                 identity(1),
             ],
@@ -1251,14 +1327,23 @@ mod tests {
     fn one_pass_crop_equals_the_general_path() {
         // Small, and wider than the one-pass conversion's chunk (rows of 140 output pixels
         // are converted in 3 chunks, straight and mirrored).
-        one_pass_matches([5, 7, 3], [4, 6], 3, 1);
-        one_pass_matches([3, 150, 3], [2, 140], 3, 5);
-        one_pass_matches([3, 150, 1], [2, 140], 3, 5);
+        one_pass_matches([5, 7, 3], [4, 6], 3, 1, &[0.0]);
+        one_pass_matches([3, 150, 3], [2, 140], 3, 5, &[0.0]);
+        one_pass_matches([3, 150, 1], [2, 140], 3, 5, &[0.0]);
         // CIFAR: every offset of a crop with padding 4 (rows of 28–32 pixels in the image).
-        one_pass_matches([32, 32, 3], [32, 32], 4, 1);
+        one_pass_matches([32, 32, 3], [32, 32], 4, 1, &[0.0]);
+        // A `fill` other than 0: one per channel, or one for all.
+        one_pass_matches([5, 7, 3], [4, 6], 3, 1, &[124.0, 116.0, 104.0]);
+        one_pass_matches([3, 150, 1], [2, 140], 3, 5, &[255.0]);
     }
 
-    fn one_pass_matches(shape: [usize; 3], size: [usize; 2], padding: usize, step: usize) {
+    fn one_pass_matches(
+        shape: [usize; 3],
+        size: [usize; 2],
+        padding: usize,
+        step: usize,
+        fill: &[f32],
+    ) {
         let [h, w, ch] = shape;
         let input = batch(shape, 1, |_, y, x, c| (y * 31 + x * 7 + c * 3) as u8);
         let st = build_stage(
@@ -1269,6 +1354,8 @@ mod tests {
                     size,
                     padding,
                     padding_mode: PaddingMode::Constant,
+                    pad_if_needed: false,
+                    fill: PadFill(fill.to_vec()),
                 },
                 ImageOp::Normalize {
                     mean: vec![0.1, 0.2, 0.3][..ch].to_vec(),
@@ -1293,6 +1380,8 @@ mod tests {
                         flip_v: fv,
                         exact: true,
                         pad: PaddingMode::Constant,
+                        inner: [0, 0],
+                        outer: [0, 0],
                     };
                     let mut fast = vec![0f32; n * ch];
                     st.crop_normalize(&src, h, w, &g, &mut fast);
@@ -1306,6 +1395,13 @@ mod tests {
                         fast, slow,
                         "{shape:?} top {top} left {left} flips {fh} {fv}"
                     );
+                    // A corner that sticks out holds the fill, normalized.
+                    if top < 0 && left < 0 && !fh && !fv {
+                        for k in 0..ch {
+                            let want = fill[k % fill.len()] * st.scale[k] + st.bias[k];
+                            assert_eq!(fast[k * n], want, "channel {k}");
+                        }
+                    }
                 }
             }
         }
@@ -1326,6 +1422,8 @@ mod tests {
                     size: [3, 3],
                     padding: 2,
                     padding_mode: mode,
+                    pad_if_needed: false,
+                    fill: PadFill::default(),
                 }],
                 OnError::Fail,
                 ImageFormat::Raw,
@@ -1339,6 +1437,8 @@ mod tests {
                 flip_v: false,
                 exact: true,
                 pad: mode,
+                inner: [0, 0],
+                outer: [0, 0],
             };
             let mut out = vec![f32::NAN; 9];
             st.sample(&src, 3, 3, &g, &mut out, &mut Resampler::default());
@@ -1385,6 +1485,8 @@ mod tests {
                     size: [4, 5],
                     padding: 2,
                     padding_mode: mode,
+                    pad_if_needed: false,
+                    fill: PadFill::default(),
                 },
                 ImageOp::HorizontalFlip { p: 0.5 },
                 identity(3),
@@ -1647,6 +1749,159 @@ mod tests {
         assert!(row(&out, 1).iter().all(|x| (x - 128.0).abs() <= 2.0));
     }
 
+    /// numpy's `pad` of an `h`×`w` grid of pixels by `py` rows and `px` columns on each side
+    /// (at most one image width, so one reflection), written out per mode: the reference
+    /// for `pad_if_needed`, which pads the padded image again.
+    fn np_pad(
+        img: &[Vec<Vec<f32>>],
+        py: usize,
+        px: usize,
+        mode: PaddingMode,
+        fill: &[f32],
+    ) -> Vec<Vec<Vec<f32>>> {
+        let (h, w) = (img.len() as i64, img[0].len() as i64);
+        let at = |i: i64, n: i64| -> Option<usize> {
+            let j = match mode {
+                _ if (0..n).contains(&i) => i,
+                PaddingMode::Constant => return None,
+                PaddingMode::Edge => i.clamp(0, n - 1),
+                PaddingMode::Reflect if i < 0 => -i,
+                PaddingMode::Reflect => 2 * (n - 1) - i,
+                PaddingMode::Symmetric if i < 0 => -i - 1,
+                PaddingMode::Symmetric => 2 * n - 1 - i,
+            };
+            Some(j as usize)
+        };
+        (-(py as i64)..h + py as i64)
+            .map(|y| {
+                (-(px as i64)..w + px as i64)
+                    .map(|x| match (at(y, h), at(x, w)) {
+                        (Some(sy), Some(sx)) => img[sy][sx].clone(),
+                        _ => fill.to_vec(),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// PNGs of other sizes than the crop: with `pad_if_needed`, every output is a window of
+    /// the image padded by `padding`, then by each axis' shortfall (as torchvision does, in
+    /// two steps: reflecting the reflection), for every mode; the window is drawn from the
+    /// whole twice-padded image. Without it, a small image is an error that says so.
+    #[test]
+    fn pad_if_needed_pads_small_images_twice_like_torchvision() {
+        use image::ImageEncoder;
+        // (height, width): short in both axes, in one, and large enough.
+        let sizes = [(3usize, 2usize), (2, 2), (5, 6), (7, 4)];
+        let raws: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, (h, w))| {
+                (0..h * w * 3)
+                    .map(|i| (1 + (i * 37 + k * 11) % 250) as u8)
+                    .collect()
+            })
+            .collect();
+        let pngs: Vec<Vec<u8>> = sizes
+            .iter()
+            .zip(&raws)
+            .map(|((h, w), raw)| {
+                let mut png = Vec::new();
+                image::codecs::png::PngEncoder::new(&mut png)
+                    .write_image(raw, *w as u32, *h as u32, image::ExtendedColorType::Rgb8)
+                    .unwrap();
+                png
+            })
+            .collect();
+        // Every image 40 times: 40 rows each, so 40 draws of its window.
+        let rows: Vec<usize> = (0..160).map(|r| r % 4).collect();
+        let arr = BinaryArray::from_iter_values(rows.iter().map(|&k| pngs[k].as_slice()));
+        let data = RecordBatch::try_from_iter([("img", Arc::new(arr) as ArrayRef)]).unwrap();
+        let origin = Origin::Object {
+            url: Name::from("file:///small.parquet"),
+            row_group: 0,
+        };
+        let input = Batch::new(data, Lineage::new(origin, 0, rows.len() as u64, 0));
+        let (size, padding) = ([6usize, 6usize], 1usize);
+        for (mode, fill) in [
+            (PaddingMode::Constant, vec![9.0, 99.0, 199.0]),
+            (PaddingMode::Edge, vec![0.0]),
+            (PaddingMode::Reflect, vec![0.0]),
+            (PaddingMode::Symmetric, vec![0.0]),
+        ] {
+            let crop = |pad_if_needed| ImageOp::RandomCrop {
+                size,
+                padding,
+                padding_mode: mode,
+                pad_if_needed,
+                fill: PadFill(fill.clone()),
+            };
+            let ops = vec![crop(true), identity(3)];
+            let st = build_stage([6, 6, 3], &input, ops, OnError::Fail, ImageFormat::Png);
+            let out = st.apply(input.clone()).unwrap();
+            let fill3: Vec<f32> = (0..3).map(|k| fill[k % fill.len()]).collect();
+            let mut offsets = vec![std::collections::BTreeSet::new(); 4];
+            for (r, &k) in rows.iter().enumerate() {
+                let (h, w) = sizes[k];
+                let img: Vec<Vec<Vec<f32>>> = (0..h)
+                    .map(|y| {
+                        (0..w)
+                            .map(|x| {
+                                (0..3)
+                                    .map(|c| raws[k][(y * w + x) * 3 + c] as f32)
+                                    .collect()
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let once = np_pad(&img, padding, padding, mode, &fill3);
+                let (qy, qx) = (
+                    size[0].saturating_sub(h + 2 * padding),
+                    size[1].saturating_sub(w + 2 * padding),
+                );
+                let twice = np_pad(&once, qy, qx, mode, &fill3);
+                let got = row(&out, r);
+                let window = |top: usize, left: usize| -> Vec<f32> {
+                    (0..3)
+                        .flat_map(|c| {
+                            let twice = &twice;
+                            (0..size[0]).flat_map(move |y| {
+                                (0..size[1]).map(move |x| twice[top + y][left + x][c])
+                            })
+                        })
+                        .collect()
+                };
+                let found = (0..=twice.len() - size[0])
+                    .flat_map(|t| (0..=twice[0].len() - size[1]).map(move |l| (t, l)))
+                    .find(|&(t, l)| window(t, l) == got);
+                let Some(at) = found else {
+                    panic!(
+                        "{mode:?}: row {r} ({h}×{w}) is no window of the twice-padded image: {got:?}"
+                    );
+                };
+                offsets[k].insert(at);
+            }
+            // Each image's windows come from all over its padded image.
+            for (k, o) in offsets.iter().enumerate() {
+                assert!(o.len() >= 4, "{mode:?}: image {k} had windows {o:?}");
+            }
+            // Without `pad_if_needed`, the image 3×2 does not fit.
+            let st = build_stage(
+                [6, 6, 3],
+                &input,
+                vec![crop(false), identity(3)],
+                OnError::Fail,
+                ImageFormat::Png,
+            );
+            let e = st.apply(input.clone()).unwrap_err().to_string();
+            assert!(
+                e.contains("the image is 2×3 (width×height), smaller than random_crop's size"),
+                "{e}"
+            );
+            assert!(e.contains("pad_if_needed: true"), "{e}");
+        }
+    }
+
     #[test]
     fn bad_images_fail_with_lineage_or_are_skipped() {
         let arr = BinaryArray::from_opt_vec(vec![
@@ -1703,6 +1958,8 @@ mod tests {
                     size: [6, 8],
                     padding: 1,
                     padding_mode: PaddingMode::Constant,
+                    pad_if_needed: false,
+                    fill: PadFill::default(),
                 },
                 ImageOp::HorizontalFlip { p: 0.5 },
                 identity(3),
@@ -2169,5 +2426,50 @@ mod tests {
             let e = refusal(shape, input, ops);
             assert!(e.contains(expected), "{e}");
         }
+    }
+
+    /// `random_crop`'s `size`, `fill` and `pad_if_needed` are checked when the stage is built.
+    #[test]
+    fn crop_settings_are_checked_with_the_reason() {
+        let input = batch([4, 4, 3], 1, |_, _, _, _| 0);
+        let crop = |size, mode, pad_if_needed, fill: Vec<f32>| ImageOp::RandomCrop {
+            size,
+            padding: 1,
+            padding_mode: mode,
+            pad_if_needed,
+            fill: PadFill(fill),
+        };
+        use PaddingMode::*;
+        for (op, expected) in [
+            (
+                crop([7, 6], Constant, false, vec![0.0]),
+                "size [7, 6] is larger than the padded image (6×6); set `pad_if_needed: true`",
+            ),
+            (
+                crop([4, 4], Constant, false, vec![1.0, 2.0]),
+                "`fill` has 2 values; give one, or one per channel (3)",
+            ),
+            (
+                crop([4, 4], Constant, false, vec![256.0]),
+                "`fill` is in pixel values, 0 to 255, not 256",
+            ),
+            (
+                crop([4, 4], Reflect, false, vec![128.0]),
+                "with `padding_mode: reflect` the padding repeats the image, so leave `fill` out",
+            ),
+        ] {
+            let e = refusal([4, 4, 3], &input, vec![op]);
+            assert!(e.contains(expected), "{e}");
+        }
+        // Larger than the padded image is fine with `pad_if_needed`.
+        let st = build_stage(
+            [4, 4, 3],
+            &input,
+            vec![crop([7, 6], Edge, true, vec![0.0])],
+            OnError::Fail,
+            ImageFormat::Raw,
+        );
+        let out = st.apply(input).unwrap();
+        assert_eq!(row(&out, 0).len(), 3 * 7 * 6);
     }
 }

@@ -53,7 +53,7 @@ fn validate_prints_the_schema_through_every_stage() {
 fn validate_reports_a_stage_order_that_run_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
-        "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\nstages:\n  - {{type: batch, size: 64}}\n  - {{type: filter, predicate: 'label > 3'}}\nsink: {{type: null}}\n",
+        "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\nstages:\n  - {{type: batch, size: 64}}\n  - {{type: filter, predicate: 'label > 3'}}\n  - {{type: batch, size: 32}}\nsink: {{type: null}}\n",
         repo().display()
     );
     std::fs::write(dir.path().join("p.yaml"), yaml).unwrap();
@@ -64,7 +64,7 @@ fn validate_reports_a_stage_order_that_run_refuses() {
             .assert()
             .code(1)
             .stderr(contains("stages[1] (filter) at p.yaml:4:5"))
-            .stderr(contains("a filter after stages[0] (batch)"));
+            .stderr(contains("a filter removes rows after stages[0] (batch)"));
     }
 }
 

@@ -288,6 +288,11 @@ pub struct Batch {
     pub mark: Option<Mark>,
     /// Past a shuffle of a Kafka stream: the window and position of the first row.
     pub kafka_mark: Option<KafkaMark>,
+    /// Rows a stage after the last `shuffle`/`batch` removed from this batch (a `filter`, an
+    /// `image` stage skipping bad rows): the batch stands for `num_rows() + dropped` rows of
+    /// the stream its marks count, so the position past it is past those rows too (read
+    /// again on resume, they are removed again).
+    pub dropped: u64,
 }
 
 impl Batch {
@@ -299,6 +304,7 @@ impl Batch {
             lineage,
             mark: None,
             kafka_mark: None,
+            dropped: 0,
         }
     }
 
@@ -314,17 +320,23 @@ impl Batch {
         self
     }
 
-    /// Takes the position of `other`'s first row (both marks): for a batch made from
-    /// `other`'s rows, in order.
+    /// Takes the position of `other`'s first row (both marks, and the rows removed from it):
+    /// for a batch made from `other`'s rows, in order.
     pub fn with_position_of(mut self, other: &Batch) -> Self {
         self.mark = other.mark;
         self.kafka_mark = other.kafka_mark.clone();
+        self.dropped = other.dropped;
         self
     }
 
-    /// The mark just past this batch's last row.
+    /// Rows of the stream this batch stands for: its own and those removed from it.
+    pub fn stream_rows(&self) -> u64 {
+        self.num_rows() as u64 + self.dropped
+    }
+
+    /// The mark just past this batch's last row (and the removed rows after it).
     pub fn end_mark(&self) -> Option<Mark> {
-        self.mark.map(|m| m.advance(self.num_rows() as u64))
+        self.mark.map(|m| m.advance(self.stream_rows()))
     }
 
     /// Number of rows.
@@ -342,7 +354,11 @@ impl Batch {
 
     /// Zero-copy slice of rows `offset..offset+len`.
     pub fn slice(&self, offset: usize, len: usize) -> Batch {
+        // Rows are removed only after the last stage that cuts batches (checked when the
+        // pipeline is built), so a batch with removed rows is never cut.
+        debug_assert_eq!(self.dropped, 0, "a batch with removed rows cut");
         Batch {
+            dropped: 0,
             data: self.data.slice(offset, len),
             lineage: self.lineage.slice(offset as u64, len as u64),
             mark: self.mark.map(|m| m.advance(offset as u64)),

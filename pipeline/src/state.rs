@@ -619,7 +619,7 @@ impl Acknowledger {
             // Past a shuffle the rows come permuted: the positions are the window's.
             let end = KafkaMark {
                 window: k.window.clone(),
-                emitted: k.emitted + batch.num_rows() as u64,
+                emitted: k.emitted + batch.stream_rows(),
             };
             if let (Ok(mut w), Ok(mut s)) = (self.written.lock(), self.window.lock()) {
                 *w = k.window.ends.clone();

@@ -87,6 +87,8 @@ struct Case {
     epochs: u64,
     seed: u64,
     filter: bool,
+    /// A filter after the last `batch` too (batches then stand for rows they no longer hold).
+    trim: bool,
 }
 
 fn cases() -> impl Strategy<Value = Case> {
@@ -99,17 +101,21 @@ fn cases() -> impl Strategy<Value = Case> {
         1u64..3,
         any::<u64>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(groups, batch_rows, buffer_rows, max_memory, batch, epochs, seed, filter)| Case {
-                groups,
-                batch_rows,
-                buffer_rows,
-                max_memory,
-                batch,
-                epochs,
-                seed,
-                filter,
+            |(groups, batch_rows, buffer_rows, max_memory, batch, epochs, seed, filter, trim)| {
+                Case {
+                    groups,
+                    batch_rows,
+                    buffer_rows,
+                    max_memory,
+                    batch,
+                    epochs,
+                    seed,
+                    filter,
+                    trim,
+                }
             },
         )
 }
@@ -117,6 +123,11 @@ fn cases() -> impl Strategy<Value = Case> {
 fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool) -> String {
     let filter = if c.filter {
         "- {type: filter, predicate: 'id % 5 <> 1'}\n"
+    } else {
+        ""
+    };
+    let trim = if c.trim {
+        "- {type: filter, predicate: 'id % 7 <> 3'}\n"
     } else {
         ""
     };
@@ -131,6 +142,7 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
          - {{type: mask_tokens, column: tok, p: 0.3, mask_token: 0, mask_replace_prob: 0.8, random_replace_prob: 0.1, vocab_size: 50, special_tokens: [1], labels_column: tok_labels, seed: 4}}\n\
          - {{type: image, column: img, output: img2, shape: [2, 2, 3], ops: [{{random_resized_crop: {{size: [3, 3]}}}}, {{vertical_flip: {{p: 0.5}}}}, {{random_erasing: {{p: 0.5, scale: [0.1, 0.5], value: random}}}}]}}\n\
          - {{type: batch, size: {}}}\n\
+         {trim}\
          - {{type: mixup, columns: [x, pix], alpha: 0.4, seed: 6, cutmix: {{column: pix, shape: [3, 5, 5], p: 0.5}}}}\n\
          runtime: {{threads: {threads}, parallelism: {threads}, queue_bytes: 4 KiB{extra_runtime}}}\n",
         dir.display(),
@@ -144,7 +156,7 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
 }
 
 fn kept(id: i64, c: &Case) -> bool {
-    !c.filter || id % 5 != 1
+    (!c.filter || id % 5 != 1) && (!c.trim || id % 7 != 3)
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -239,7 +251,8 @@ proptest! {
     fn ranks_get_equal_batch_counts(c in cases(), world in 2usize..4, policy in prop_oneof![Just("redistribute"), Just("drop_last"), Just("pad")]) {
         let dir = tempfile::tempdir().unwrap();
         let total = write_dataset(dir.path(), &c.groups);
-        let c = Case { filter: false, ..c };
+        // (No filter after the batch either: a batch it empties is left out.)
+        let c = Case { filter: false, trim: false, ..c };
         let rt = rt();
         let mut counts = Vec::new();
         let mut all: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
@@ -456,11 +469,34 @@ async fn stage_orders_that_would_break_resume_are_refused_with_the_reason() {
                 .to_string()
         }
     };
-    let e =
-        refused("stages:\n- {type: batch, size: 8}\n- {type: filter, predicate: 'id > 3'}\n").await;
+    let e = refused(
+        "stages:\n- {type: batch, size: 8}\n- {type: filter, predicate: 'id > 3'}\n- {type: batch, size: 16}\n",
+    )
+    .await;
     assert!(e.contains("stages[1] (filter)"), "{e}");
-    assert!(e.contains("a filter after stages[0] (batch)"), "{e}");
-    assert!(e.contains("move it before"), "{e}");
+    assert!(
+        e.contains("a filter removes rows after stages[0] (batch)")
+            && e.contains("and before stages[2] (batch)"),
+        "{e}"
+    );
+    assert!(
+        e.contains("could not be replayed on resume and ranks could get unequal batch counts"),
+        "{e}"
+    );
+    assert!(
+        e.contains("move this stage before stages[0] (batch)"),
+        "{e}"
+    );
+    let e = refused(
+        "stages:\n- {type: shuffle}\n- {type: image, column: pixels, shape: [8, 8, 1], on_error: skip}\n- {type: batch, size: 8}\n",
+    )
+    .await;
+    assert!(
+        e.contains("stages[1] (image)")
+            && e.contains("`on_error: skip` removes rows after stages[0] (shuffle)")
+            && e.contains("and before stages[2] (batch)"),
+        "{e}"
+    );
     let e = refused("stages:\n- {type: mixup, columns: [x], alpha: 0.2}\n").await;
     assert!(e.contains("stages[0] (mixup)"), "{e}");
     assert!(e.contains("put a `batch` stage before it"), "{e}");
@@ -492,8 +528,7 @@ async fn stage_orders_that_would_break_resume_are_refused_with_the_reason() {
 }
 
 /// A bad image in a column the shuffle hands over as views (binary, one row a byte short)
-/// fails the run naming its file and row, as without views. (`on_error: skip` is refused
-/// after a shuffle: dropped rows would make positions unreplayable.)
+/// fails the run naming its file and row, as without views.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_image_handed_over_as_views_is_reported_with_its_row() {
     use arrow::array::BinaryArray;
@@ -556,6 +591,7 @@ fn resume_checks_the_files_and_settings_the_state_was_taken_under() {
         epochs: 2,
         seed: 3,
         filter: true,
+        trim: false,
     };
     let rt = rt();
     let base = yaml(dir.path(), &c, 2, "", false);
@@ -762,4 +798,81 @@ fn resume_in_listing_order_checks_the_files_up_to_the_position() {
         ),
         "{e}"
     );
+}
+
+/// After the last `batch`, `on_error: skip` is allowed past a shuffle: the bad image's row is
+/// left out (counted, with its lineage), every other row arrives once, and a run resumed
+/// after any batch — including the one the row was removed from — continues exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_image_is_skipped_after_the_shuffle_and_resume_stays_exact() {
+    use arrow::array::BinaryArray;
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<i64> = (0..60).collect();
+    let bad = [13i64, 37, 38];
+    let img = BinaryArray::from_iter_values(rows.iter().map(|i| {
+        let n = if bad.contains(i) { 47 } else { 48 };
+        vec![*i as u8; n]
+    }));
+    let rb = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(rows)) as _),
+        ("img", Arc::new(img) as _),
+    ])
+    .unwrap();
+    let file = std::fs::File::create(dir.path().join("bad.parquet")).unwrap();
+    let mut w = ArrowWriter::try_new(file, rb.schema(), None).unwrap();
+    w.write(&rb).unwrap();
+    w.close().unwrap();
+    let yaml = format!(
+        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 16, epochs: 2}}\n\
+         stages:\n\
+         - {{type: shuffle, buffer_rows: 50, seed: 3, batch_rows: 8}}\n\
+         - {{type: batch, size: 8}}\n\
+         - {{type: image, column: img, shape: [4, 4, 3], on_error: skip, ops: [{{horizontal_flip: {{}}}}]}}\n",
+        dir.path().display()
+    );
+    let prepared = Pipeline::from_yaml(&yaml).unwrap().prepare().await.unwrap();
+    let metrics = prepared.metrics();
+    let mut s = prepared.stream();
+    let mut reference = Vec::new();
+    while let Some(b) = s.next().await {
+        reference.push(b.unwrap());
+    }
+    let image = metrics
+        .stages()
+        .into_iter()
+        .find(|m| m.name.contains("(image)"))
+        .unwrap();
+    assert_eq!(
+        image
+            .rows_removed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        6,
+        "three bad rows, two epochs"
+    );
+    // Every good row once per epoch; batches keep their cut (8 rows, less where one was
+    // removed), so both epochs' batch counts are those of 60 rows.
+    let per_epoch = |e: u64| -> Vec<i64> {
+        let mut v: Vec<i64> = reference
+            .iter()
+            .filter(|b| b.lineage.spans()[0].epoch == e)
+            .flat_map(|b| ids(std::slice::from_ref(b)))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let good: Vec<i64> = (0..60).filter(|i| !bad.contains(i)).collect();
+    assert_eq!(per_epoch(0), good);
+    assert_eq!(per_epoch(1), good);
+    assert_eq!(reference.len(), 2 * 60usize.div_ceil(8));
+    assert!(reference.iter().any(|b| b.num_rows() < 8 && b.dropped > 0));
+    // Resume after every batch: head + tail is the reference, batch for batch.
+    for k in 0..reference.len() {
+        let (head, state) = run(Pipeline::from_yaml(&yaml).unwrap(), Some(k)).await;
+        let state: SourceState =
+            serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+        let (tail, _) = run(Pipeline::from_yaml(&yaml).unwrap().resume_from(state), None).await;
+        let mut joined = head;
+        joined.extend(tail);
+        same(&joined, &reference).unwrap();
+    }
 }

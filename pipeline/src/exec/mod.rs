@@ -148,7 +148,8 @@ impl Pipeline {
         }
     }
 
-    /// Checks the order of stages for exact resume: filters before any `batch`/`shuffle`,
+    /// Checks the order of stages for exact resume: no filter (or `image` skipping bad rows)
+    /// between two stages that cut or reorder rows (`batch`/`shuffle`),
     /// `shuffle` before `batch`, `mixup` after the last `batch`, and a shuffle of a Kafka
     /// stream only with static assignment and within the rank. `running`: also that a
     /// cross-rank shuffle has its collective (known only when the pipeline runs: `sluice
@@ -172,21 +173,24 @@ impl Pipeline {
                     message,
                 })
             };
+            // The next stage that cuts or reorders rows, if any.
+            let cuts_later = self.config.stages[i + 1..]
+                .iter()
+                .position(|s| matches!(s.value, StageConfig::Batch(_) | StageConfig::Shuffle(_)))
+                .map(|k| self.stage_ref(i + 1 + k));
+            // Rows removed between two such stages would shift every position the second
+            // one records (and the ranks' batch counts); after the last one, each batch
+            // counts the rows removed from it (`Batch::dropped`).
+            if let (true, Some(first), Some(later)) = (drops, &stateful, &cuts_later) {
+                let what = match &s.value {
+                    StageConfig::Filter(_) => "a filter",
+                    _ => "`on_error: skip`",
+                };
+                return fail(format!(
+                    "{what} removes rows after {first} and before {later}, which cuts the stream again: its positions could not be replayed on resume and ranks could get unequal batch counts; move this stage before {first} or after {later}"
+                ));
+            }
             match &s.value {
-                StageConfig::Filter(_) if stateful.is_some() => {
-                    return fail(format!(
-                        "a filter after {} would make row positions unreplayable; move it before",
-                        stateful.as_ref().map(|s| s.to_string()).unwrap_or_default()
-                    ));
-                }
-                StageConfig::Image(c)
-                    if c.on_error == crate::config::OnError::Skip && stateful.is_some() =>
-                {
-                    return fail(format!(
-                        "`on_error: skip` drops rows, which after {} would make row positions unreplayable; move this stage before it",
-                        stateful.as_ref().map(|s| s.to_string()).unwrap_or_default()
-                    ));
-                }
                 StageConfig::Shuffle(c) => {
                     if c.across_ranks
                         && let Some(d) = &dropping
@@ -760,6 +764,10 @@ impl PreparedPipeline {
             }
             match &slots[i].built {
                 BuiltStage::Map(_) => {
+                    // Past the stages that cut or reorder rows, the rows a stage removes are
+                    // counted in each batch's position (before them, the skip task counts
+                    // what is left).
+                    let past_stateful = i > first_stateful;
                     let mut chain = Vec::new();
                     while let Some(StageSlot {
                         built: BuiltStage::Map(t),
@@ -770,6 +778,10 @@ impl PreparedPipeline {
                         i += 1;
                     }
                     let (tx, next) = new_queue(format!("{}", slots[i - 1].stage));
+                    let chain = Chain {
+                        stages: chain,
+                        count_removed: past_stateful,
+                    };
                     tasks.spawn(map_task(rx, tx, Arc::new(chain), pool.clone(), parallelism));
                     rx = next;
                 }
@@ -905,13 +917,27 @@ impl BuiltStage {
     }
 }
 
-type Chain = Arc<Vec<(Arc<dyn Transform>, Option<Arc<StageMetrics>>)>>;
+/// A map stage and its counters.
+type MapStage = (Arc<dyn Transform>, Option<Arc<StageMetrics>>);
+
+/// Map stages run one after the other on each batch.
+struct Chain {
+    stages: Vec<MapStage>,
+    /// The chain comes after the last stage that cuts or reorders rows: rows a stage removes
+    /// are added to [`Batch::dropped`].
+    count_removed: bool,
+}
 
 fn apply_chain(chain: &Chain, mut batch: Batch) -> Result<Batch> {
-    for (t, m) in chain.iter() {
+    for (t, m) in chain.stages.iter() {
         let rows_in = batch.num_rows() as u64;
+        let dropped = batch.dropped;
         let start = Instant::now();
         batch = t.apply(batch)?;
+        batch.dropped = match chain.count_removed {
+            true => dropped + rows_in.saturating_sub(batch.num_rows() as u64),
+            false => 0,
+        };
         if let Some(m) = m {
             let rows_out = batch.num_rows() as u64;
             m.rows_in.fetch_add(rows_in, Ordering::Relaxed);
@@ -926,7 +952,13 @@ fn apply_chain(chain: &Chain, mut batch: Batch) -> Result<Batch> {
     Ok(batch)
 }
 
-async fn map_task(mut rx: Receiver, tx: Sender, chain: Chain, pool: CpuPool, parallelism: usize) {
+async fn map_task(
+    mut rx: Receiver,
+    tx: Sender,
+    chain: Arc<Chain>,
+    pool: CpuPool,
+    parallelism: usize,
+) {
     let input = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
     let mut out = input
         .map(|item| {

@@ -11,6 +11,7 @@
 pub mod batch;
 pub mod collective;
 pub mod config;
+mod dead_letter;
 mod error;
 pub mod exec;
 pub mod inspect;

@@ -801,8 +801,9 @@ fn resume_in_listing_order_checks_the_files_up_to_the_position() {
 }
 
 /// After the last `batch`, `on_error: skip` is allowed past a shuffle: the bad image's row is
-/// left out (counted, with its lineage), every other row arrives once, and a run resumed
-/// after any batch — including the one the row was removed from — continues exactly.
+/// left out (counted, and written to the dead-letter directory with its lineage, error and
+/// bytes), every other row arrives once, and a run resumed after any batch — including the
+/// one the row was removed from — continues exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_image_is_skipped_after_the_shuffle_and_resume_stays_exact() {
     use arrow::array::BinaryArray;
@@ -822,15 +823,22 @@ async fn a_bad_image_is_skipped_after_the_shuffle_and_resume_stays_exact() {
     let mut w = ArrowWriter::try_new(file, rb.schema(), None).unwrap();
     w.write(&rb).unwrap();
     w.close().unwrap();
-    let yaml = format!(
-        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 16, epochs: 2}}\n\
-         stages:\n\
-         - {{type: shuffle, buffer_rows: 50, seed: 3, batch_rows: 8}}\n\
-         - {{type: batch, size: 8}}\n\
-         - {{type: image, column: img, shape: [4, 4, 3], on_error: skip, ops: [{{horizontal_flip: {{}}}}]}}\n",
-        dir.path().display()
-    );
-    let prepared = Pipeline::from_yaml(&yaml).unwrap().prepare().await.unwrap();
+    let yaml = |dlq: &str| {
+        format!(
+            "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 16, epochs: 2}}\n\
+             stages:\n\
+             - {{type: shuffle, buffer_rows: 50, seed: 3, batch_rows: 8}}\n\
+             - {{type: batch, size: 8}}\n\
+             - {{type: image, column: img, shape: [4, 4, 3], on_error: skip, dead_letter: {{type: file, path: '{}'}}, ops: [{{horizontal_flip: {{}}}}]}}\n",
+            dir.path().display(),
+            dir.path().join(dlq).display()
+        )
+    };
+    let prepared = Pipeline::from_yaml(&yaml("dlq"))
+        .unwrap()
+        .prepare()
+        .await
+        .unwrap();
     let metrics = prepared.metrics();
     let mut s = prepared.stream();
     let mut reference = Vec::new();
@@ -865,7 +873,47 @@ async fn a_bad_image_is_skipped_after_the_shuffle_and_resume_stays_exact() {
     assert_eq!(per_epoch(1), good);
     assert_eq!(reference.len(), 2 * 60usize.div_ceil(8));
     assert!(reference.iter().any(|b| b.num_rows() < 8 && b.dropped > 0));
+    // The dead letters: each bad row once per epoch, with where it came from, why, and its
+    // bytes.
+    let mut letters = Vec::new();
+    for f in std::fs::read_dir(dir.path().join("dlq")).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        letters.extend(
+            text.lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()),
+        );
+    }
+    let mut got: Vec<(i64, u64)> = letters
+        .iter()
+        .map(|l| (l["row"].as_i64().unwrap(), l["epoch"].as_u64().unwrap()))
+        .collect();
+    got.sort_unstable();
+    let mut want: Vec<(i64, u64)> = [0, 1]
+        .into_iter()
+        .flat_map(|e| bad.iter().map(move |r| (*r, e)))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+    for l in &letters {
+        use base64::Engine;
+        let row = l["row"].as_i64().unwrap();
+        assert!(l["url"].as_str().unwrap().ends_with("bad.parquet"), "{l}");
+        assert_eq!(l["row_group"], 0, "{l}");
+        assert!(
+            l["stage"]
+                .as_str()
+                .unwrap()
+                .starts_with("stages[2] (image)"),
+            "{l}"
+        );
+        assert!(l["error"].as_str().unwrap().contains("47 bytes"), "{l}");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(l["value_base64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(bytes, vec![row as u8; 47], "{l}");
+    }
     // Resume after every batch: head + tail is the reference, batch for batch.
+    let yaml = yaml("dlq-resumed");
     for k in 0..reference.len() {
         let (head, state) = run(Pipeline::from_yaml(&yaml).unwrap(), Some(k)).await;
         let state: SourceState =

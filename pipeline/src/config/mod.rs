@@ -1053,6 +1053,10 @@ pub struct ImageConfig {
     /// What to do with an undecodable image or wrong byte length. Default: `fail`.
     #[serde(default)]
     pub on_error: OnError,
+    /// With `on_error: skip`: where the skipped rows also go (`{type: file, path: …}`), as
+    /// JSON lines with their lineage, the error and the bytes.
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterConfig>,
 }
 
 /// `type: mask_tokens` — BERT-style masking of integer token sequences: each token (but the

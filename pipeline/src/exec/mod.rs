@@ -141,6 +141,15 @@ impl Pipeline {
         self
     }
 
+    /// What building the stages needs; `open`: also open what they write to.
+    fn build_context(&self, open: bool) -> stage::BuildContext {
+        stage::BuildContext {
+            base_dir: self.base_dir.clone(),
+            rank: self.rank_and_world().0,
+            open,
+        }
+    }
+
     fn rank_and_world(&self) -> (usize, usize) {
         match &self.collective {
             Some(c) => (c.rank(), c.world_size()),
@@ -345,10 +354,11 @@ impl Pipeline {
         }
         let mut schema = source.schema().clone();
         let mut stages = Vec::new();
+        let check = self.build_context(false);
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
             let placeholder = placeholder_stats(&s.value);
-            let (_, out) = stage::build(&sref, &s.value, &schema, placeholder)?;
+            let (_, out) = stage::build(&sref, &s.value, &schema, placeholder, &check)?;
             stages.push((sref, out.clone()));
             schema = out;
         }
@@ -455,12 +465,13 @@ impl Pipeline {
             .map(|i| Arc::new(StageMetrics::new(self.stage_ref(i).to_string())))
             .collect();
         let mut frozen = Vec::with_capacity(self.config.stages.len());
+        let (check, open) = (self.build_context(false), self.build_context(true));
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
             let mut stats = placeholder_stats(&s.value);
             if stats.is_some() {
                 // Validate against the schema first, then pay for the pass over the data.
-                stage::build(&sref, &s.value, &schema, stats.clone())?;
+                stage::build(&sref, &s.value, &schema, stats.clone(), &check)?;
                 let Source::Parquet(parquet) = &source else {
                     return Err(Error::Stage {
                         stage: sref,
@@ -496,7 +507,7 @@ impl Pipeline {
             } else {
                 frozen.push(s.clone());
             }
-            let (built, out) = stage::build(&sref, &s.value, &schema, stats)?;
+            let (built, out) = stage::build(&sref, &s.value, &schema, stats, &open)?;
             slots.push(StageSlot {
                 stage: sref,
                 built,
@@ -504,7 +515,7 @@ impl Pipeline {
             });
             schema = out;
         }
-        for (i, note) in fuse_gathers(&self.config.stages, &mut slots, &schema)? {
+        for (i, note) in fuse_gathers(&self.config.stages, &mut slots, &schema, &open)? {
             stage_metrics[i].note(note);
         }
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
@@ -848,6 +859,7 @@ fn fuse_gathers(
     configs: &[Located<StageConfig>],
     slots: &mut [StageSlot],
     output: &SchemaRef,
+    ctx: &stage::BuildContext,
 ) -> Result<Vec<(usize, String)>> {
     use arrow::datatypes::DataType;
     let mut notes = Vec::new();
@@ -882,7 +894,7 @@ fn fuse_gathers(
         }
         let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(input, &[col]));
         let logical_out = slots.get(k + 1).map_or(output, |s| &s.input);
-        let (image, out) = stage::build(&consumer.stage, &configs[k].value, &physical, None)?;
+        let (image, out) = stage::build(&consumer.stage, &configs[k].value, &physical, None, ctx)?;
         if &out != logical_out {
             continue;
         }

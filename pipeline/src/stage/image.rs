@@ -33,7 +33,10 @@ use super::Transform;
 use super::augment::row_ids;
 use super::pixels;
 use crate::batch::Batch;
-use crate::config::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
+use crate::config::{
+    DeadLetterConfig, EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
+};
+use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result, StageRef};
 use crate::exec::recycle::F32Pool;
 
@@ -60,6 +63,16 @@ pub(crate) struct ImageStage {
     pad_value: Vec<f32>,
     /// Output buffers, recycled once the batch (and any tensor made from it) is dropped.
     buffers: Arc<F32Pool>,
+    /// Where skipped rows also go.
+    dead_letter: Option<ImageDeadLetter>,
+}
+
+/// An image stage's dead-letter directory, written from the CPU pool (blocking on the
+/// runtime the pipeline was prepared in).
+#[derive(Debug)]
+struct ImageDeadLetter {
+    files: std::sync::Mutex<DeadLetterFiles>,
+    runtime: tokio::runtime::Handle,
 }
 
 /// Free output buffers the stage keeps for reuse (about ten batches of 256 CIFAR images).
@@ -70,6 +83,7 @@ pub(crate) fn build(
     stage: &StageRef,
     c: &ImageConfig,
     input: &SchemaRef,
+    ctx: &super::BuildContext,
 ) -> Result<(ImageStage, SchemaRef)> {
     let err = |message: String| Error::Stage {
         stage: stage.clone(),
@@ -304,6 +318,28 @@ pub(crate) fn build(
             "at most one crop (random_crop, random_resized_crop, center_crop or resize)".into(),
         ));
     }
+    let dead_letter = match &c.dead_letter {
+        None => None,
+        Some(_) if c.on_error != OnError::Skip => {
+            return Err(err(
+                "`dead_letter` takes the rows `on_error: skip` removes: set `on_error: skip` too"
+                    .into(),
+            ));
+        }
+        Some(DeadLetterConfig::Kafka(_)) => {
+            return Err(err(
+                "an image stage writes its dead letters to files: `dead_letter: {type: file, path: …}`"
+                    .into(),
+            ));
+        }
+        Some(DeadLetterConfig::File(_)) if !ctx.open => None,
+        Some(DeadLetterConfig::File(f)) => Some(ImageDeadLetter {
+            files: std::sync::Mutex::new(DeadLetterFiles::open(f, &ctx.base_dir, ctx.rank)?),
+            runtime: tokio::runtime::Handle::try_current().map_err(|e| {
+                Error::Internal(format!("{stage}: a dead letter needs a tokio runtime: {e}"))
+            })?,
+        }),
+    };
     let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
     let out_type = DataType::FixedSizeList(
         Arc::new(Field::new_list_field(DataType::Float32, false)),
@@ -334,6 +370,7 @@ pub(crate) fn build(
             key: super::augment::column_key(c.seed, stage.index, &c.column),
             on_error: c.on_error,
             schema: schema.clone(),
+            dead_letter,
             pad_value: (0..ch).map(|k| fill[k] * scale[k] + bias[k]).collect(),
             fill,
             scale,
@@ -1007,6 +1044,81 @@ impl ImageStage {
     }
 }
 
+impl ImageStage {
+    /// Writes the bad rows `bad` (row, error) of `batch` to the dead-letter directory: one
+    /// JSON line each, with the row's origin, the error and the bytes (base64).
+    fn dead_letters(
+        &self,
+        dl: &ImageDeadLetter,
+        batch: &Batch,
+        bad: &[(usize, String)],
+    ) -> Result<()> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let col = batch.data.column(self.input);
+        let lines: Vec<serde_json::Value> = bad
+            .iter()
+            .map(|(r, error)| {
+                let mut line = serde_json::json!({
+                    "stage": self.stage.to_string(),
+                    "column": self.schema.field(self.output).name(),
+                    "error": error,
+                    "value_base64": raw_bytes(col, *r).map(|b| b64.encode(b)),
+                });
+                if let Some(s) = batch.lineage.slice(*r as u64, 1).spans().first() {
+                    let origin = match &s.origin {
+                        crate::batch::Origin::Object { url, row_group } => serde_json::json!({
+                            "url": &**url, "row_group": row_group, "row": s.first, "epoch": s.epoch,
+                        }),
+                        crate::batch::Origin::Kafka { topic, partition } => serde_json::json!({
+                            "topic": &**topic, "partition": partition, "offset": s.first,
+                        }),
+                        crate::batch::Origin::KafkaMessage {
+                            topic,
+                            partition,
+                            offset,
+                            ..
+                        } => serde_json::json!({
+                            "topic": &**topic, "partition": partition, "offset": offset,
+                            "row_in_message": s.first,
+                        }),
+                    };
+                    if let (Some(l), serde_json::Value::Object(o)) = (line.as_object_mut(), origin)
+                    {
+                        l.extend(o);
+                    }
+                }
+                line
+            })
+            .collect();
+        let mut files = dl
+            .files
+            .lock()
+            .map_err(|_| Error::Internal(format!("{}: dead-letter lock poisoned", self.stage)))?;
+        dl.runtime.block_on(files.write(&lines))
+    }
+}
+
+/// The bytes of row `r` of an image column (`None`: null).
+fn raw_bytes(col: &ArrayRef, r: usize) -> Option<&[u8]> {
+    if col.is_null(r) {
+        return None;
+    }
+    Some(match col.data_type() {
+        DataType::Binary => col.as_binary::<i32>().value(r),
+        DataType::LargeBinary => col.as_binary::<i64>().value(r),
+        DataType::BinaryView => col.as_binary_view().value(r),
+        DataType::FixedSizeList(_, n) => {
+            let list = col.as_fixed_size_list();
+            let n = *n as usize;
+            let values = list.values().as_primitive::<UInt8Type>().values();
+            let at = (list.offset() + r) * n;
+            &values[at..at + n]
+        }
+        _ => col.as_fixed_size_binary().value(r),
+    })
+}
+
 impl Transform for ImageStage {
     fn apply(&self, batch: Batch) -> Result<Batch> {
         let col = batch.data.column(self.input);
@@ -1022,24 +1134,7 @@ impl Transform for ImageStage {
         let mut owned = Vec::new();
         let mut rng = ChaCha8Rng::from_seed(self.key);
         let mut bad: Vec<(usize, String)> = Vec::new();
-        let bytes_of = |r: usize| -> Option<&[u8]> {
-            if col.is_null(r) {
-                return None;
-            }
-            Some(match col.data_type() {
-                DataType::Binary => col.as_binary::<i32>().value(r),
-                DataType::LargeBinary => col.as_binary::<i64>().value(r),
-                DataType::BinaryView => col.as_binary_view().value(r),
-                DataType::FixedSizeList(_, n) => {
-                    let list = col.as_fixed_size_list();
-                    let n = *n as usize;
-                    let values = list.values().as_primitive::<UInt8Type>().values();
-                    let at = (list.offset() + r) * n;
-                    &values[at..at + n]
-                }
-                _ => col.as_fixed_size_binary().value(r),
-            })
-        };
+        let bytes_of = |r: usize| raw_bytes(col, r);
         // Source rows are scattered over a shuffle window and rarely cached: ask for the
         // bytes of the image two ahead while converting this one (measured on the images
         // bench, 1M rows: 2.9–3.1 CPU-s with distance 2, 3.1–3.3 with 1, 3.4–4.0 without).
@@ -1123,7 +1218,11 @@ impl Transform for ImageStage {
         if bad.is_empty() {
             return Ok(batch.with_data(data));
         }
-        // on_error: skip — every dropped row is named in the log and counted (rows removed).
+        // on_error: skip — every dropped row is named in the log and counted (rows removed),
+        // and with a dead letter stored, with its bytes, before the batch goes on.
+        if let Some(dl) = &self.dead_letter {
+            self.dead_letters(dl, &batch, &bad)?;
+        }
         let mut keep = vec![true; n];
         for (r, e) in &bad {
             keep[*r] = false;
@@ -1195,7 +1294,14 @@ mod tests {
         format: ImageFormat,
     ) -> ImageStage {
         let c = config(shape, ops, on_error, format);
-        build(&stage_ref(), &c, &input.data.schema()).unwrap().0
+        build(
+            &stage_ref(),
+            &c,
+            &input.data.schema(),
+            &crate::stage::BuildContext::default(),
+        )
+        .unwrap()
+        .0
     }
 
     fn config(
@@ -1212,15 +1318,21 @@ mod tests {
             ops,
             seed: 7,
             on_error,
+            dead_letter: None,
         }
     }
 
     /// Why a raw-image stage with these ops is refused.
     fn refusal(shape: [usize; 3], input: &Batch, ops: Vec<ImageOp>) -> String {
         let c = config(shape, ops, OnError::Fail, ImageFormat::Raw);
-        build(&stage_ref(), &c, &input.data.schema())
-            .unwrap_err()
-            .to_string()
+        build(
+            &stage_ref(),
+            &c,
+            &input.data.schema(),
+            &crate::stage::BuildContext::default(),
+        )
+        .unwrap_err()
+        .to_string()
     }
 
     /// Output row `r` as a CHW vector.
@@ -2471,5 +2583,42 @@ mod tests {
         );
         let out = st.apply(input).unwrap();
         assert_eq!(row(&out, 0).len(), 3 * 7 * 6);
+    }
+
+    /// `dead_letter` holds what `on_error: skip` removes, in files.
+    #[test]
+    fn dead_letter_needs_skip_and_a_file() {
+        let input = batch([2, 2, 3], 1, |_, _, _, _| 0);
+        let with = |on_error, dl| {
+            let mut c = config([2, 2, 3], vec![], on_error, ImageFormat::Raw);
+            c.dead_letter = Some(dl);
+            build(
+                &stage_ref(),
+                &c,
+                &input.data.schema(),
+                &crate::stage::BuildContext::default(),
+            )
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+        };
+        let file = crate::config::DeadLetterConfig::File(crate::config::DeadLetterFile {
+            path: "bad/".into(),
+            storage: Default::default(),
+        });
+        let e = with(OnError::Fail, file);
+        assert!(
+            e.contains(
+                "`dead_letter` takes the rows `on_error: skip` removes: set `on_error: skip` too"
+            ),
+            "{e}"
+        );
+        let kafka = crate::config::DeadLetterConfig::Kafka(crate::config::DeadLetterKafka {
+            topic: "bad".into(),
+            brokers: None,
+            properties: Default::default(),
+        });
+        let e = with(OnError::Skip, kafka);
+        assert!(e.contains("writes its dead letters to files"), "{e}");
     }
 }

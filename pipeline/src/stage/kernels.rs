@@ -588,7 +588,7 @@ mod tests {
                 output: None,
                 smoothing,
             });
-            super::super::build(&sref, &c, &schema, None)
+            super::super::build(&sref, &c, &schema, None, &Default::default())
         };
         let Ok((super::super::BuiltStage::Map(t), _)) = one_hot(0.2) else {
             panic!("not a map stage");

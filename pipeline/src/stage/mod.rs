@@ -80,11 +80,22 @@ pub(crate) fn column_index(stage: &StageRef, schema: &Schema, name: &str) -> Res
 
 /// Builds a stage for `input`, returning it and its output schema. `stats` must be given for
 /// a `standardize` stage without `mean`/`std`.
+/// What building a stage needs besides its config and input: where relative paths start,
+/// the rank, and whether to open what a stage writes to (an `image` stage's dead-letter
+/// directory) or only check the config.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BuildContext {
+    pub base_dir: std::path::PathBuf,
+    pub rank: usize,
+    pub open: bool,
+}
+
 pub(crate) fn build(
     stage: &StageRef,
     config: &StageConfig,
     input: &SchemaRef,
     stats: Option<ComputedStats>,
+    ctx: &BuildContext,
 ) -> Result<(BuiltStage, SchemaRef)> {
     let err = |message: String| Error::Stage {
         stage: stage.clone(),
@@ -386,7 +397,7 @@ pub(crate) fn build(
             ))
         }
         StageConfig::Image(c) => {
-            let (built, schema) = image::build(stage, c, input)?;
+            let (built, schema) = image::build(stage, c, input, ctx)?;
             Ok((BuiltStage::Map(Arc::new(built)), schema))
         }
         StageConfig::MaskTokens(c) => {

@@ -6,29 +6,21 @@
 //! lost even if the run is killed right after.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::Engine;
-use object_store::{ObjectStoreExt, PutPayload};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::decode::BadRecord;
 use crate::config::{DeadLetterConfig, ErrorBudget, KafkaSourceConfig};
+use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result};
 use crate::state::ErrorCounts;
-use crate::storage::resolve;
 
 /// An open dead-letter sink.
 pub(crate) enum DeadLetter {
-    File {
-        dir: String,
-        base_dir: std::path::PathBuf,
-        storage: crate::storage::StorageConfig,
-        run_id: String,
-        seq: u64,
-    },
+    File(DeadLetterFiles),
     Kafka {
         producer: FutureProducer,
         topic: String,
@@ -38,7 +30,7 @@ pub(crate) enum DeadLetter {
 impl std::fmt::Debug for DeadLetter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DeadLetter::File { dir, .. } => write!(f, "DeadLetter::File({dir})"),
+            DeadLetter::File(files) => write!(f, "DeadLetter::{files:?}"),
             DeadLetter::Kafka { topic, .. } => write!(f, "DeadLetter::Kafka({topic})"),
         }
     }
@@ -54,19 +46,7 @@ impl DeadLetter {
     ) -> Result<Self> {
         match config {
             DeadLetterConfig::File(f) => {
-                // Fail early on a location that cannot be written.
-                resolve(
-                    &format!("{}/probe", f.path.trim_end_matches('/')),
-                    base_dir,
-                    &f.storage,
-                )?;
-                Ok(DeadLetter::File {
-                    dir: f.path.trim_end_matches('/').to_string(),
-                    base_dir: base_dir.to_path_buf(),
-                    storage: f.storage.clone(),
-                    run_id: run_id(rank),
-                    seq: 0,
-                })
+                Ok(DeadLetter::File(DeadLetterFiles::open(f, base_dir, rank)?))
             }
             DeadLetterConfig::Kafka(k) => {
                 let mut conn = source.connection();
@@ -97,40 +77,23 @@ impl DeadLetter {
             return Ok(());
         }
         match self {
-            DeadLetter::File {
-                dir,
-                base_dir,
-                storage,
-                run_id,
-                seq,
-            } => {
+            DeadLetter::File(files) => {
                 let b64 = base64::engine::general_purpose::STANDARD;
-                let mut body = Vec::new();
-                for r in records {
-                    let line = serde_json::json!({
-                        "topic": &*r.topic,
-                        "partition": r.partition,
-                        "offset": r.offset,
-                        "timestamp": r.timestamp,
-                        "key_base64": r.key.as_ref().map(|k| b64.encode(k)),
-                        "value_base64": r.value.as_ref().map(|v| b64.encode(v)),
-                        "error": r.error,
-                    });
-                    body.extend_from_slice(line.to_string().as_bytes());
-                    body.push(b'\n');
-                }
-                let name = format!("{dir}/dead-letter-{run_id}-{:06}.jsonl", *seq);
-                *seq += 1;
-                let loc = resolve(&name, base_dir, storage)?;
-                loc.store
-                    .put(&loc.path, PutPayload::from(body))
-                    .await
-                    .map_err(|e| Error::Storage {
-                        url: loc.url.to_string(),
-                        operation: "writing dead-letter records",
-                        source: e,
-                    })?;
-                Ok(())
+                let lines: Vec<serde_json::Value> = records
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "topic": &*r.topic,
+                            "partition": r.partition,
+                            "offset": r.offset,
+                            "timestamp": r.timestamp,
+                            "key_base64": r.key.as_ref().map(|k| b64.encode(k)),
+                            "value_base64": r.value.as_ref().map(|v| b64.encode(v)),
+                            "error": r.error,
+                        })
+                    })
+                    .collect();
+                files.write(&lines).await
             }
             DeadLetter::Kafka { producer, topic } => {
                 let mut pending = Vec::with_capacity(records.len());
@@ -181,22 +144,6 @@ impl DeadLetter {
     }
 }
 
-/// Names the objects of one file sink apart from every other sink's: the start time, the rank
-/// (ranks of one job on different hosts), the process, and a count of the sinks this process
-/// opened (ranks that run as threads of one process start within the same millisecond).
-fn run_id(rank: usize) -> String {
-    static OPENED: AtomicU64 = AtomicU64::new(0);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    format!(
-        "{}-rank{rank}-{}-{}",
-        now.as_millis(),
-        std::process::id(),
-        OPENED.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 /// Adds a chunk's counts to what the budget has spent; `Err` with the reason once the
 /// budget is exceeded.
 pub(crate) fn spend(
@@ -235,17 +182,4 @@ pub(crate) fn describe(r: &BadRecord) -> String {
         "kafka {}/{} offset {}: {}",
         r.topic, r.partition, r.offset, r.error
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sinks_opened_together_name_their_objects_apart() {
-        let ids: Vec<String> = [0, 0, 1, 1].into_iter().map(run_id).collect();
-        let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
-        assert_eq!(distinct.len(), ids.len(), "{ids:?}");
-        assert!(ids[2].contains("-rank1-"), "{}", ids[2]);
-    }
 }

@@ -23,25 +23,24 @@ const MIB: u64 = 1024 * 1024;
 
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Runs `sluice run job.yaml` in `dir` three times with `yaml`; returns the last output and
-/// the three peaks. A peak is the child's own `VmHWM` (the kernel's high-water mark of its
-/// address space, from `--summary-json`): `wait4`'s `ru_maxrss` of a spawned program starts
-/// at the RSS of the process that spawned it, this test binary's ~160 MiB with libtorch
-/// loaded, which hid everything below it.
-fn peaks(dir: &Path, yaml: &str) -> (std::process::Output, Vec<u64>) {
+/// Runs `sluice <command> job.yaml --summary-json summary.json` in `dir` three times with
+/// `yaml`; returns the last output and summary, and the three peaks. A peak is the child's
+/// own `VmHWM` (the kernel's high-water mark of its address space, from the summary):
+/// `wait4`'s `ru_maxrss` of a spawned program starts at the RSS of the process that spawned
+/// it, this test binary's ~160 MiB with libtorch loaded, which hid everything below it.
+fn peaks_of(
+    dir: &Path,
+    yaml: &str,
+    command: &[&str],
+) -> (std::process::Output, serde_json::Value, Vec<u64>) {
     std::fs::write(dir.join("job.yaml"), yaml).unwrap();
     let mut peaks = Vec::new();
     let mut last = None;
     for _ in 0..3 {
         let _ = std::fs::remove_file(dir.join("out.parquet"));
         let out = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-            .args([
-                "run",
-                "job.yaml",
-                "--no-report",
-                "--summary-json",
-                "summary.json",
-            ])
+            .args(command)
+            .args(["job.yaml", "--summary-json", "summary.json"])
             .current_dir(dir)
             .env_remove("RUST_LOG")
             // mimalloc returns freed pages at once, so RSS tracks live memory rather than
@@ -53,9 +52,45 @@ fn peaks(dir: &Path, yaml: &str) -> (std::process::Output, Vec<u64>) {
         let summary: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
         peaks.push(summary["peak_rss_bytes"].as_u64().unwrap());
-        last = Some(out);
+        last = Some((out, summary));
     }
-    (last.unwrap(), peaks)
+    let (out, summary) = last.unwrap();
+    (out, summary, peaks)
+}
+
+/// [`peaks_of`] `sluice run --no-report`.
+fn peaks(dir: &Path, yaml: &str) -> (std::process::Output, Vec<u64>) {
+    let (out, _, peaks) = peaks_of(dir, yaml, &["run", "--no-report"]);
+    (out, peaks)
+}
+
+/// A batch of `ids` as `name` (int64) and `x`: 256 float32 per row from `value(id, k)`.
+fn rows_of_256_floats(
+    name: &str,
+    ids: std::ops::Range<i64>,
+    int: impl Fn(i64) -> i64,
+    value: impl Fn(i64, i64) -> f32,
+) -> RecordBatch {
+    let values = Float32Array::from_iter_values(
+        ids.clone()
+            .flat_map(|i| (0..256).map(move |k| (i, k)))
+            .map(|(i, k)| value(i, k)),
+    );
+    let x = FixedSizeListArray::try_new(
+        Arc::new(Field::new("item", DataType::Float32, false)),
+        256,
+        Arc::new(values),
+        None,
+    )
+    .unwrap();
+    RecordBatch::try_from_iter([
+        (
+            name,
+            Arc::new(Int64Array::from_iter_values(ids.map(int))) as ArrayRef,
+        ),
+        ("x", Arc::new(x) as ArrayRef),
+    ])
+    .unwrap()
 }
 
 fn mib(v: &[u64]) -> String {
@@ -148,22 +183,7 @@ fn large_row_groups_are_read_ahead_within_prefetch_bytes() {
     // One small file written here (1,000 rows of 256 float32), repeated 160 times by a
     // `sluice` process with noise added, so that no value repeats and the large file's
     // pages are plain, as large as the rows.
-    let values = Float32Array::from_iter_values((0..1_000 * 256).map(|v| v as f32));
-    let x = FixedSizeListArray::try_new(
-        Arc::new(Field::new("item", DataType::Float32, false)),
-        256,
-        Arc::new(values),
-        None,
-    )
-    .unwrap();
-    let rb = RecordBatch::try_from_iter([
-        (
-            "id",
-            Arc::new(Int64Array::from_iter_values(0..1_000)) as ArrayRef,
-        ),
-        ("x", Arc::new(x) as ArrayRef),
-    ])
-    .unwrap();
+    let rb = rows_of_256_floats("id", 0..1_000, |i| i, |i, k| (i * 256 + k) as f32);
     write_parquet(&dir.path().join("small.parquet"), &[rb], 1_000);
     std::fs::write(
         dir.path().join("expand.yaml"),
@@ -235,26 +255,12 @@ fn across_ranks_windows_ten_times_their_memory_cap_spill_and_stay_within_it() {
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     for f in 0..8i64 {
-        let ids = f * 20_000..(f + 1) * 20_000;
-        let values = Float32Array::from_iter_values(
-            ids.clone()
-                .flat_map(|i| (0..256).map(move |k| ((i * 31 + k) % 97) as f32 / 97.0)),
+        let rb = rows_of_256_floats(
+            "label",
+            f * 20_000..(f + 1) * 20_000,
+            |i| i % 10,
+            |i, k| ((i * 31 + k) % 97) as f32 / 97.0,
         );
-        let x = FixedSizeListArray::try_new(
-            Arc::new(Field::new("item", DataType::Float32, false)),
-            256,
-            Arc::new(values),
-            None,
-        )
-        .unwrap();
-        let rb = RecordBatch::try_from_iter([
-            (
-                "label",
-                Arc::new(Int64Array::from_iter_values(ids.map(|i| i % 10))) as ArrayRef,
-            ),
-            ("x", Arc::new(x) as ArrayRef),
-        ])
-        .unwrap();
         write_parquet(&data.join(format!("part-{f}.parquet")), &[rb], 1000);
     }
     let cap_mib = 16;
@@ -271,29 +277,9 @@ fn across_ranks_windows_ten_times_their_memory_cap_spill_and_stay_within_it() {
         )
     };
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let train = |yaml: String| {
-        std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
-        let mut peaks = Vec::new();
-        let mut last = None;
-        for _ in 0..3 {
-            let out = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-                .args(["train", "job.yaml", "--summary-json", "summary.json"])
-                .current_dir(dir.path())
-                .env_remove("RUST_LOG")
-                .env("MIMALLOC_PURGE_DELAY", "0")
-                .output()
-                .unwrap();
-            assert_ok(&out);
-            let summary: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap())
-                    .unwrap();
-            peaks.push(summary["peak_rss_bytes"].as_u64().unwrap());
-            last = Some((out, summary));
-        }
-        (last.unwrap(), peaks)
-    };
-    let (_, baseline) = train(job(""));
-    let ((out, summary), shuffled) = train(job(&format!(
+    let train = |yaml: String| peaks_of(dir.path(), &yaml, &["train"]);
+    let (_, _, baseline) = train(job(""));
+    let (out, summary, shuffled) = train(job(&format!(
         "- {{type: shuffle, buffer_rows: 80000, max_memory: {cap_mib} MiB, seed: 3, across_ranks: true}}\n"
     )));
     let stdout = String::from_utf8_lossy(&out.stdout);

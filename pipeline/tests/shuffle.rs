@@ -527,15 +527,13 @@ async fn stage_orders_that_would_break_resume_are_refused_with_the_reason() {
     );
 }
 
-/// A bad image in a column the shuffle hands over as views (binary, one row a byte short)
-/// fails the run naming its file and row, as without views.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_image_handed_over_as_views_is_reported_with_its_row() {
+/// `bad.parquet` in `dir`: rows 0..60, `id` and `img` (binary, 4×4×3 bytes of the id), the
+/// rows `bad` one byte short.
+fn write_images(dir: &Path, bad: &[i64]) {
     use arrow::array::BinaryArray;
-    let dir = tempfile::tempdir().unwrap();
     let rows: Vec<i64> = (0..60).collect();
     let img = BinaryArray::from_iter_values(rows.iter().map(|i| {
-        let n = if *i == 37 { 47 } else { 48 };
+        let n = if bad.contains(i) { 47 } else { 48 };
         vec![*i as u8; n]
     }));
     let rb = RecordBatch::try_from_iter([
@@ -543,10 +541,18 @@ async fn a_bad_image_handed_over_as_views_is_reported_with_its_row() {
         ("img", Arc::new(img) as _),
     ])
     .unwrap();
-    let file = std::fs::File::create(dir.path().join("bad.parquet")).unwrap();
+    let file = std::fs::File::create(dir.join("bad.parquet")).unwrap();
     let mut w = ArrowWriter::try_new(file, rb.schema(), None).unwrap();
     w.write(&rb).unwrap();
     w.close().unwrap();
+}
+
+/// A bad image in a column the shuffle hands over as views (binary, one row a byte short)
+/// fails the run naming its file and row, as without views.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_image_handed_over_as_views_is_reported_with_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    write_images(dir.path(), &[37]);
     let yaml = format!(
         "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 16}}\n\
          stages:\n\
@@ -806,23 +812,9 @@ fn resume_in_listing_order_checks_the_files_up_to_the_position() {
 /// one the row was removed from — continues exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_image_is_skipped_after_the_shuffle_and_resume_stays_exact() {
-    use arrow::array::BinaryArray;
     let dir = tempfile::tempdir().unwrap();
-    let rows: Vec<i64> = (0..60).collect();
     let bad = [13i64, 37, 38];
-    let img = BinaryArray::from_iter_values(rows.iter().map(|i| {
-        let n = if bad.contains(i) { 47 } else { 48 };
-        vec![*i as u8; n]
-    }));
-    let rb = RecordBatch::try_from_iter([
-        ("id", Arc::new(Int64Array::from(rows)) as _),
-        ("img", Arc::new(img) as _),
-    ])
-    .unwrap();
-    let file = std::fs::File::create(dir.path().join("bad.parquet")).unwrap();
-    let mut w = ArrowWriter::try_new(file, rb.schema(), None).unwrap();
-    w.write(&rb).unwrap();
-    w.close().unwrap();
+    write_images(dir.path(), &bad);
     let yaml = |dlq: &str| {
         format!(
             "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 16, epochs: 2}}\n\

@@ -141,12 +141,11 @@ impl Pipeline {
         self
     }
 
-    /// What building the stages needs; `open`: also open what they write to.
-    fn build_context(&self, open: bool) -> stage::BuildContext {
+    /// What building the stages needs.
+    fn build_context(&self) -> stage::BuildContext {
         stage::BuildContext {
             base_dir: self.base_dir.clone(),
             rank: self.rank_and_world().0,
-            open,
         }
     }
 
@@ -354,11 +353,11 @@ impl Pipeline {
         }
         let mut schema = source.schema().clone();
         let mut stages = Vec::new();
-        let check = self.build_context(false);
+        let ctx = self.build_context();
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
             let placeholder = placeholder_stats(&s.value);
-            let (_, out) = stage::build(&sref, &s.value, &schema, placeholder, &check)?;
+            let (_, out) = stage::build(&sref, &s.value, &schema, placeholder, &ctx)?;
             stages.push((sref, out.clone()));
             schema = out;
         }
@@ -465,13 +464,13 @@ impl Pipeline {
             .map(|i| Arc::new(StageMetrics::new(self.stage_ref(i).to_string())))
             .collect();
         let mut frozen = Vec::with_capacity(self.config.stages.len());
-        let (check, open) = (self.build_context(false), self.build_context(true));
+        let ctx = self.build_context();
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
             let mut stats = placeholder_stats(&s.value);
             if stats.is_some() {
                 // Validate against the schema first, then pay for the pass over the data.
-                stage::build(&sref, &s.value, &schema, stats.clone(), &check)?;
+                stage::build(&sref, &s.value, &schema, stats.clone(), &ctx)?;
                 let Source::Parquet(parquet) = &source else {
                     return Err(Error::Stage {
                         stage: sref,
@@ -507,7 +506,7 @@ impl Pipeline {
             } else {
                 frozen.push(s.clone());
             }
-            let (built, out) = stage::build(&sref, &s.value, &schema, stats, &open)?;
+            let (built, out) = stage::build(&sref, &s.value, &schema, stats, &ctx)?;
             slots.push(StageSlot {
                 stage: sref,
                 built,
@@ -515,7 +514,7 @@ impl Pipeline {
             });
             schema = out;
         }
-        for (i, note) in fuse_gathers(&self.config.stages, &mut slots, &schema, &open)? {
+        for (i, note) in fuse_gathers(&self.config.stages, &mut slots, &schema, &ctx)? {
             stage_metrics[i].note(note);
         }
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {

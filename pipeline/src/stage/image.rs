@@ -332,7 +332,6 @@ pub(crate) fn build(
                     .into(),
             ));
         }
-        Some(DeadLetterConfig::File(_)) if !ctx.open => None,
         Some(DeadLetterConfig::File(f)) => Some(ImageDeadLetter {
             files: std::sync::Mutex::new(DeadLetterFiles::open(f, &ctx.base_dir, ctx.rank)?),
             runtime: tokio::runtime::Handle::try_current().map_err(|e| {

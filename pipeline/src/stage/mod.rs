@@ -80,14 +80,12 @@ pub(crate) fn column_index(stage: &StageRef, schema: &Schema, name: &str) -> Res
 
 /// Builds a stage for `input`, returning it and its output schema. `stats` must be given for
 /// a `standardize` stage without `mean`/`std`.
-/// What building a stage needs besides its config and input: where relative paths start,
-/// the rank, and whether to open what a stage writes to (an `image` stage's dead-letter
-/// directory) or only check the config.
+/// What building a stage needs besides its config and input: where relative paths start
+/// (an `image` stage's dead-letter directory) and the rank.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BuildContext {
     pub base_dir: std::path::PathBuf,
     pub rank: usize,
-    pub open: bool,
 }
 
 pub(crate) fn build(

@@ -2,6 +2,7 @@
 //! (a) one epoch emits every row exactly once, (b) output is identical for 1, 2 and 4
 //! threads, (c) N batches = k batches, snapshot, restore in a fresh pipeline, N − k batches
 //! (a, b and c also with `across_ranks`), (d) every rank gets the same number of batches.
+//! The pipeline they run has every stage kind (`select` in the hand-over tests).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -139,7 +140,13 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
          - {{type: image, column: img, output: pix, shape: [2, 2, 3], seed: 5, ops: [{{random_crop: {{size: [5, 5], padding: 1, padding_mode: reflect, pad_if_needed: true}}}}, {{horizontal_flip: {{}}}}, {{color_jitter: {{brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.1}}}}, {{random_grayscale: {{p: 0.3}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
          - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
          - {{type: feature_dropout, columns: [x], p: 0.3, seed: 2}}\n\
+         - {{type: clip, columns: [x], min: -200.0, max: 200.0}}\n\
+         - {{type: standardize, columns: [x]}}\n\
+         - {{type: fill_null, columns: {{x: 0.0}}}}\n\
+         - {{type: cast, columns: {{id: int64}}}}\n\
+         - {{type: one_hot, column: id, num_classes: 1000, output: id_hot, smoothing: 0.1}}\n\
          - {{type: mask_tokens, column: tok, p: 0.3, mask_token: 0, mask_replace_prob: 0.8, random_replace_prob: 0.1, vocab_size: 50, special_tokens: [1], labels_column: tok_labels, seed: 4}}\n\
+         - {{type: rename, columns: {{tok_labels: labels}}}}\n\
          - {{type: image, column: img, output: img2, shape: [2, 2, 3], ops: [{{random_resized_crop: {{size: [3, 3]}}}}, {{vertical_flip: {{p: 0.5}}}}, {{random_erasing: {{p: 0.5, scale: [0.1, 0.5], value: random}}}}]}}\n\
          - {{type: batch, size: {}}}\n\
          {trim}\

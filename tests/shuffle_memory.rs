@@ -93,6 +93,11 @@ fn rows_of_256_floats(
     .unwrap()
 }
 
+/// The least of a job's peaks (the runs without timing noise on top).
+fn least(v: &[u64]) -> u64 {
+    *v.iter().min().unwrap()
+}
+
 fn mib(v: &[u64]) -> String {
     v.iter()
         .map(|b| format!("{:.1}", *b as f64 / MIB as f64))
@@ -150,11 +155,7 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
     );
     // The shuffle's own memory: its cap plus 32 MiB (merge chunks — about half the cap —,
     // output batches in flight, allocator slack).
-    let (base, rss) = (
-        *baseline.iter().min().unwrap(),
-        *shuffled.iter().min().unwrap(),
-    );
-    let extra = rss.saturating_sub(base);
+    let extra = least(&shuffled).saturating_sub(least(&baseline));
     eprintln!(
         "peak RSS (MiB) with the shuffle: {}; without: {}; the shuffle added {:.1} MiB (least \
          of each) with a {cap_mib} MiB cap over ~160 MiB of rows",
@@ -206,7 +207,6 @@ fn large_row_groups_are_read_ahead_within_prefetch_bytes() {
              runtime: {{threads: 2, queue_bytes: 2 MiB}}\n"
         )
     };
-    let least = |v: &[u64]| *v.iter().min().unwrap();
     // The process's own footprint: the same job over one small row group.
     let (_, base) = peaks(dir.path(), &job("small.parquet", "32 MiB"));
     let (out, bounded) = peaks(dir.path(), &job("data.parquet", "32 MiB"));
@@ -290,11 +290,7 @@ fn across_ranks_windows_ten_times_their_memory_cap_spill_and_stay_within_it() {
     // 80,000 rows a rank: every row trained, none left over.
     assert_eq!(summary["rows_trained"], 160_000, "{summary}");
     assert_eq!(summary["rows_untrained"], 0, "{summary}");
-    let (base, rss) = (
-        *baseline.iter().min().unwrap(),
-        *shuffled.iter().min().unwrap(),
-    );
-    let extra = rss.saturating_sub(base);
+    let extra = least(&shuffled).saturating_sub(least(&baseline));
     eprintln!(
         "peak RSS (MiB) with two across-ranks shuffles: {}; without: {}; they added {:.1} MiB \
          (least of each) with a {cap_mib} MiB cap each over ~80 MiB of rows each",

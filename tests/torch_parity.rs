@@ -181,6 +181,33 @@ fn normalize_matches_torchvision_formula() {
     }
 }
 
+/// `t` padded by libtorch as torchvision's `F.pad` with `mode`: `[left, right, top, bottom]`;
+/// `constant` holds `fill`.
+fn torch_pad(t: &Tensor, mode: &str, pad: [i64; 4], fill: f64) -> Tensor {
+    match mode {
+        "constant" => (t - fill).constant_pad_nd(pad) + fill,
+        "edge" => t.replication_pad2d(pad),
+        _ => t.reflection_pad2d(pad),
+    }
+}
+
+/// The offset (top, left) of the `[oh, ow]` window of `padded` (at most `max` from the
+/// top-left on each axis), flipped or not, that `row` is. Sluice scales by 1/255 and the
+/// reference divides, so the last bit may differ.
+fn window_of(
+    row: &[f32],
+    padded: &Tensor,
+    [oh, ow]: [i64; 2],
+    max: [i64; 2],
+) -> Option<(i64, i64)> {
+    (0..=max[0])
+        .flat_map(|top| (0..=max[1]).map(move |left| (top, left)))
+        .find(|&(top, left)| {
+            let win = padded.narrow(2, top, oh).narrow(3, left, ow);
+            worst(row, &flat(&win)) < 1e-6 || worst(row, &flat(&win.flip([3]))) < 1e-6
+        })
+}
+
 /// Every output of `random_crop` with padding is one window (at some offset, flipped or not)
 /// of the image padded by libtorch's `constant_pad_nd`, `replication_pad2d` (torchvision's
 /// `edge`) or `reflection_pad2d` (`reflect`); over the rows, windows that reach into the
@@ -200,24 +227,9 @@ fn random_crop_padding_matches_libtorch_pad() {
         for seed in 0..6 {
             let got = sluice_rows(dir.path(), &ops, seed);
             for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
-                let t = chw(img);
-                let padded = match mode {
-                    "constant" => t.constant_pad_nd([p, p, p, p]),
-                    "edge" => t.replication_pad2d([p, p, p, p]),
-                    _ => t.reflection_pad2d([p, p, p, p]),
-                } / 255.0;
-                let found = (0..=2 * p).flat_map(|top| (0..=2 * p).map(move |left| (top, left)));
-                let hit = found
-                    .flat_map(|(top, left)| [(top, left, false), (top, left, true)])
-                    .find(|&(top, left, flip)| {
-                        let mut win = padded.narrow(2, top, H as i64).narrow(3, left, W as i64);
-                        if flip {
-                            win = win.flip([3]);
-                        }
-                        // Sluice scales by 1/255, the reference divides: the last bit may differ.
-                        worst(row, &flat(&win)) < 1e-6
-                    });
-                let (top, left, _) = hit.unwrap_or_else(|| {
+                let padded = torch_pad(&chw(img), mode, [p; 4], 0.0) / 255.0;
+                let hit = window_of(row, &padded, [H as i64, W as i64], [2 * p, 2 * p]);
+                let (top, left) = hit.unwrap_or_else(|| {
                     panic!("{mode}, seed {seed}, row {r}: no window of libtorch's padded image")
                 });
                 reached_padding += usize::from(top != p || left != p);
@@ -248,29 +260,15 @@ fn random_crop_pad_if_needed_matches_libtorch_padding_twice() {
              pad_if_needed: true{}}}}}, {{horizontal_flip: {{p: 0.5}}}}",
             if mode == "constant" { ", fill: 77" } else { "" }
         );
-        let pad = |t: &Tensor, l: i64, r: i64, top: i64, bottom: i64| match mode {
-            "constant" => (t - fill).constant_pad_nd([l, r, top, bottom]) + fill,
-            "edge" => t.replication_pad2d([l, r, top, bottom]),
-            _ => t.reflection_pad2d([l, r, top, bottom]),
-        };
         let mut offsets = std::collections::BTreeSet::new();
         for seed in 0..6 {
             let got = sluice_rows(dir.path(), &ops, seed);
             for (r, (row, img)) in got.iter().zip(&imgs).enumerate() {
-                let once = pad(&chw(img), p, p, p, p);
-                let twice = pad(&once, qx, qx, qy, qy) / 255.0;
+                let once = torch_pad(&chw(img), mode, [p; 4], fill);
+                let twice = torch_pad(&once, mode, [qx, qx, qy, qy], fill) / 255.0;
                 // The twice-padded image is `q` larger than the window on each axis.
-                let hit = (0..=qy)
-                    .flat_map(|top| (0..=qx).map(move |left| (top, left)))
-                    .flat_map(|(top, left)| [(top, left, false), (top, left, true)])
-                    .find(|&(top, left, flip)| {
-                        let mut win = twice.narrow(2, top, oh).narrow(3, left, ow);
-                        if flip {
-                            win = win.flip([3]);
-                        }
-                        worst(row, &flat(&win)) < 1e-6
-                    });
-                let (top, left, _) = hit.unwrap_or_else(|| {
+                let hit = window_of(row, &twice, [oh, ow], [qy, qx]);
+                let (top, left) = hit.unwrap_or_else(|| {
                     panic!(
                         "{mode}, seed {seed}, row {r}: no window of libtorch's twice-padded image"
                     )

@@ -320,12 +320,11 @@ impl Batch {
         self
     }
 
-    /// Takes the position of `other`'s first row (both marks, and the rows removed from it):
-    /// for a batch made from `other`'s rows, in order.
+    /// Takes the position of `other`'s first row (both marks): for a batch made from
+    /// `other`'s rows, in order. (`dropped` is the map chain's to set: see `apply_chain`.)
     pub fn with_position_of(mut self, other: &Batch) -> Self {
         self.mark = other.mark;
         self.kafka_mark = other.kafka_mark.clone();
-        self.dropped = other.dropped;
         self
     }
 

@@ -1058,36 +1058,24 @@ impl ImageStage {
         let lines: Vec<serde_json::Value> = bad
             .iter()
             .map(|(r, error)| {
-                let mut line = serde_json::json!({
-                    "stage": self.stage.to_string(),
-                    "column": self.schema.field(self.output).name(),
-                    "error": error,
-                    "value_base64": raw_bytes(col, *r).map(|b| b64.encode(b)),
-                });
-                if let Some(s) = batch.lineage.slice(*r as u64, 1).spans().first() {
-                    let origin = match &s.origin {
-                        crate::batch::Origin::Object { url, row_group } => serde_json::json!({
-                            "url": &**url, "row_group": row_group, "row": s.first, "epoch": s.epoch,
-                        }),
-                        crate::batch::Origin::Kafka { topic, partition } => serde_json::json!({
-                            "topic": &**topic, "partition": partition, "offset": s.first,
-                        }),
-                        crate::batch::Origin::KafkaMessage {
-                            topic,
-                            partition,
-                            offset,
-                            ..
-                        } => serde_json::json!({
-                            "topic": &**topic, "partition": partition, "offset": offset,
-                            "row_in_message": s.first,
-                        }),
-                    };
-                    if let (Some(l), serde_json::Value::Object(o)) = (line.as_object_mut(), origin)
-                    {
-                        l.extend(o);
-                    }
-                }
-                line
+                let mut line = batch
+                    .lineage
+                    .slice(*r as u64, 1)
+                    .spans()
+                    .first()
+                    .map(origin_fields)
+                    .unwrap_or_default();
+                line.insert("stage".into(), self.stage.to_string().into());
+                line.insert(
+                    "column".into(),
+                    self.schema.field(self.output).name().as_str().into(),
+                );
+                line.insert("error".into(), error.as_str().into());
+                line.insert(
+                    "value_base64".into(),
+                    raw_bytes(col, *r).map(|b| b64.encode(b)).into(),
+                );
+                serde_json::Value::Object(line)
             })
             .collect();
         let mut files = dl
@@ -1095,6 +1083,33 @@ impl ImageStage {
             .lock()
             .map_err(|_| Error::Internal(format!("{}: dead-letter lock poisoned", self.stage)))?;
         dl.runtime.block_on(files.write(&lines))
+    }
+}
+
+/// Where a row came from, as a dead letter's fields: `url`, `row_group`, `row`, `epoch` (a
+/// file), or `topic`, `partition`, `offset` (and `row_in_message`) from Kafka.
+fn origin_fields(s: &crate::batch::LineageSpan) -> serde_json::Map<String, serde_json::Value> {
+    use crate::batch::Origin;
+    let v = match &s.origin {
+        Origin::Object { url, row_group } => serde_json::json!({
+            "url": &**url, "row_group": row_group, "row": s.first, "epoch": s.epoch,
+        }),
+        Origin::Kafka { topic, partition } => serde_json::json!({
+            "topic": &**topic, "partition": partition, "offset": s.first,
+        }),
+        Origin::KafkaMessage {
+            topic,
+            partition,
+            offset,
+            ..
+        } => serde_json::json!({
+            "topic": &**topic, "partition": partition, "offset": offset,
+            "row_in_message": s.first,
+        }),
+    };
+    match v {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
     }
 }
 

@@ -754,9 +754,8 @@ impl Shuffler {
         };
         // Everyone says whether it has rows, where it is and how many rounds it needs; ranks
         // must be at the same window (a resumed group restored from one consistent step).
-        let epoch_now = self.epoch.unwrap_or(0);
         let mut hello = vec![have as u8];
-        hello.extend_from_slice(&epoch_now.to_le_bytes());
+        hello.extend_from_slice(&epoch.to_le_bytes());
         hello.extend_from_slice(&self.window.to_le_bytes());
         hello.extend_from_slice(&sender.rounds().to_le_bytes());
         let flags = c.all_gather(hello.clone()).map_err(collective_err)?;
@@ -878,9 +877,9 @@ impl Shuffler {
                     if idx.is_empty() {
                         continue;
                     }
-                    let taken = take_record_batch(&rb, &UInt32Array::from(idx.clone()))
-                        .map_err(|e| arrow_err(&self.stage, e))?;
                     let origins: Vec<RowOrigin> = idx.iter().map(|&i| rows[i as usize]).collect();
+                    let taken = take_record_batch(&rb, &UInt32Array::from(idx))
+                        .map_err(|e| arrow_err(&self.stage, e))?;
                     *slot = encode_part(&self.stage, &taken, &origins, &self.origins)?;
                 }
             }

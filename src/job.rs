@@ -421,7 +421,7 @@ impl PreparedJob {
                 // Also when no batch comes: an idle stream still gets its last rows committed.
                 _ = tokio::time::sleep_until(next_commit) => Step::Commit,
                 item = stream.next() => match item {
-                    Some(Ok(batch)) => match sink.write(&batch).await {
+                    Some(Ok(batch)) => match write_rows(&mut *sink, &batch).await {
                         Ok(()) => {
                             rows += batch.num_rows() as u64;
                             acker.observe_batch(&batch);
@@ -501,6 +501,18 @@ enum Step {
     End,
     Interrupted,
     Failed(JobError),
+}
+
+/// Writes `batch` unless it is empty (under several ranks an emptied batch still comes, to
+/// keep the ranks in step: nothing to write, but its position counts).
+async fn write_rows(
+    sink: &mut dyn Sink,
+    batch: &sluice_pipeline::Batch,
+) -> sluice_sinks::Result<()> {
+    match batch.num_rows() {
+        0 => Ok(()),
+        _ => sink.write(batch).await,
+    }
 }
 
 /// Makes what was written durable, records it in the checkpoint, then lets source offsets

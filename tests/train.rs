@@ -7,6 +7,8 @@ mod common;
 
 use std::time::Duration;
 
+use arrow::array::AsArray;
+use arrow::datatypes::{DataType, Int64Type};
 use common::*;
 
 #[test]
@@ -321,4 +323,79 @@ stages:
             && !err.contains("panicked"),
         "{err}"
     );
+}
+
+/// A filter after the last `batch` (batches of one row, so every row with label 0 empties its
+/// batch) on 2 workers without a shuffle: each rank has a different number of emptied
+/// batches. They are delivered empty, so both ranks take every step and every kept row is
+/// trained. (Left out, the rank with more of them would run out of data first: fewer steps,
+/// and the other rank's last batches untrained.)
+#[test]
+fn batches_emptied_after_the_last_batch_keep_the_ranks_in_step() {
+    let data = repo().join("data/digits/train.parquet");
+    let labels: Vec<i64> = read_parquet(&data)
+        .iter()
+        .flat_map(|b| {
+            let l = arrow::compute::cast(b.column_by_name("label").unwrap(), &DataType::Int64);
+            l.unwrap().as_primitive::<Int64Type>().values().to_vec()
+        })
+        .collect();
+    // `redistribute`: 718 rows per rank, the epoch's last row left out.
+    let share = labels.len() / 2;
+    let zeros = |rows: &[i64]| rows.iter().filter(|l| **l == 0).count();
+    let (zeros0, zeros1) = (zeros(&labels[..share]), zeros(&labels[share..2 * share]));
+    assert_ne!(
+        zeros0, zeros1,
+        "the ranks must empty different numbers of batches"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let job = |stages: &str| {
+        format!(
+            "source: {{type: parquet, path: '{}', columns: [label, pixels], epochs: 2}}
+stages:
+  - {{type: cast, columns: {{pixels: float32}}}}
+{stages}runtime: {{threads: 1}}
+loader:
+  tensors:
+    x: {{column: pixels, dtype: f32}}
+    y: {{column: label, dtype: i64}}
+trainer:
+  model: {{type: mlp, hidden: [8], outputs: 10}}
+  optimizer: {{type: sgd, lr: 0.01}}
+  epochs: 2
+  allreduce: {{workers: 2}}
+",
+            data.display()
+        )
+    };
+    let train = |stages: &str| {
+        std::fs::write(dir.path().join("job.yaml"), job(stages)).unwrap();
+        let output = run_in_for(
+            dir.path(),
+            &["train", "job.yaml", "--summary-json", "s.json"],
+            Duration::from_secs(300),
+        );
+        assert_ok(&output);
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+        (r, String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    const UNEQUAL: &str = "the ranks may get unequal counts";
+    // Before the batch: the counts depend on the data; said so, and the end is clean.
+    let (r, stderr) =
+        train("  - {type: filter, predicate: 'label <> 0'}\n  - {type: batch, size: 1}\n");
+    assert!(stderr.contains(UNEQUAL), "{stderr}");
+    assert!(r["rows_untrained"].as_u64().unwrap() > 0, "{r}");
+    // After it: every step on both ranks.
+    let (r, stderr) =
+        train("  - {type: batch, size: 1}\n  - {type: filter, predicate: 'label <> 0'}\n");
+    assert!(!stderr.contains(UNEQUAL), "{stderr}");
+    assert_eq!(r["steps"], 2 * share as u64, "{r}");
+    assert_eq!(r["rows_untrained"], 0, "{r}");
+    assert_eq!(
+        r["rows_trained"],
+        2 * (2 * share - zeros0 - zeros1) as u64,
+        "{r}"
+    );
+    assert!(r["last_loss"].as_f64().unwrap().is_finite(), "{r}");
 }

@@ -604,10 +604,16 @@ pub(crate) fn worker(
                 ));
             }
         };
-        let out = model.forward(x);
-        let loss = loss_of(tc.loss, &out, y, &tc.target, Reduction::Mean)?;
-        let step_started = Instant::now();
-        let Some(rep) = trainer.step(&loss, batch.rows)? else {
+        let (step_started, stepped) = if batch.rows == 0 {
+            // Every row of this batch was removed after the last `batch` stage: no forward
+            // pass (the mean loss of no rows is NaN), but the step is taken with the others.
+            (Instant::now(), trainer.step_empty()?)
+        } else {
+            let out = model.forward(x);
+            let loss = loss_of(tc.loss, &out, y, &tc.target, Reduction::Mean)?;
+            (Instant::now(), trainer.step(&loss, batch.rows)?)
+        };
+        let Some(rep) = stepped else {
             rows_untrained += batch.rows as u64;
             tracing::warn!(
                 rank,
@@ -620,7 +626,9 @@ pub(crate) fn worker(
         let step_time = step_started.elapsed();
         rows_trained += rep.rows;
         rows_this_run += rep.rows;
-        last_loss = Some(rep.loss);
+        if rep.rows > 0 {
+            last_loss = Some(rep.loss);
+        }
         last_state = batch.state.clone();
         if let Some(m) = live_steps {
             m.record_step(

@@ -11,9 +11,15 @@
 //! let model = tch::nn::linear(vs.root() / "l", 64, 10, Default::default());
 //! let mut trainer = Trainer::new(&vs, TrainerOptions::sgd(0.1), Arc::new(SingleRank))?;
 //! for (x, y) in batches {
-//!     let loss = tch::nn::Module::forward(&model, &x).cross_entropy_for_logits(&y);
 //!     let rows = x.size()[0] as usize;
-//!     if trainer.step(&loss, rows)?.is_none() {
+//!     let stepped = if rows == 0 {
+//!         // Under several ranks, a batch a late `filter` emptied still comes: join the step.
+//!         trainer.step_empty()?
+//!     } else {
+//!         let loss = tch::nn::Module::forward(&model, &x).cross_entropy_for_logits(&y);
+//!         trainer.step(&loss, rows)?
+//!     };
+//!     if stepped.is_none() {
 //!         break; // another rank ran out of data: everyone stops at the same step
 //!     }
 //! }
@@ -204,12 +210,45 @@ impl Trainer {
     /// without updating when some rank has run out of data (it called [`Trainer::finish`]):
     /// every rank stops at the same step, so unequal data never hangs the all-reduce.
     pub fn step(&mut self, loss: &Tensor, rows: usize) -> Result<Option<StepReport>, TrainError> {
+        self.step_on(Some(loss), rows)
+    }
+
+    /// [`Trainer::step`] for a batch that holds no rows (every row of it was removed after
+    /// the last `batch`, and the pipeline delivers it so that ranks stay in step): this rank
+    /// joins the all-reduce with zero gradients and weight 0. When no rank had rows, the
+    /// step is counted (the schedule stays aligned) but the parameters are not updated.
+    pub fn step_empty(&mut self) -> Result<Option<StepReport>, TrainError> {
+        self.step_on(None, 0)
+    }
+
+    fn step_on(
+        &mut self,
+        loss: Option<&Tensor>,
+        rows: usize,
+    ) -> Result<Option<StepReport>, TrainError> {
         for (_, p) in &self.params {
             let mut p = p.shallow_clone();
             p.zero_grad();
         }
-        loss.backward();
-        let local_loss = loss.double_value(&[]);
+        let local_loss = match loss.filter(|_| rows > 0) {
+            Some(loss) => {
+                loss.backward();
+                loss.double_value(&[])
+            }
+            None => {
+                // Zero gradients that are defined even before the first step (the mean loss
+                // of no rows would be NaN, and NaN × 0 is NaN).
+                let zero = self
+                    .params
+                    .iter()
+                    .map(|(_, p)| p.sum(p.kind()) * 0.0)
+                    .reduce(|a, b| a + b);
+                if let Some(zero) = zero {
+                    zero.backward();
+                }
+                0.0
+            }
+        };
         let all = self.handshake(true, rows as u64, local_loss)?;
         if all.ranks_with_data < self.world_size() {
             return Ok(None);
@@ -227,7 +266,9 @@ impl Trainer {
             self.step,
             self.options.total_steps,
         );
-        self.opt.step(lr);
+        if all.rows > 0 {
+            self.opt.step(lr);
+        }
         self.step += 1;
         Ok(Some(StepReport {
             step: self.step,
@@ -355,5 +396,84 @@ fn empty_meta() -> crate::checkpoint::CheckpointMeta {
         pipeline: Vec::new(),
         rows_trained: 0,
         complete: false,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use sluice_pipeline::collective::{LocalCollective, SingleRank};
+    use tch::nn::{Module, VarStore};
+    use tch::{Device, Tensor};
+
+    use super::*;
+
+    /// A fixed linear model, its parameters and a trainer on `collective`.
+    fn linear(collective: Arc<dyn Collective>) -> (VarStore, tch::nn::Linear, Trainer) {
+        let vs = VarStore::new(Device::Cpu);
+        let model = tch::nn::linear(vs.root() / "l", 3, 2, Default::default());
+        tch::no_grad(|| {
+            let w = Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6]).view([2, 3]);
+            model.ws.shallow_clone().copy_(&w);
+            let _ = model.bs.as_ref().unwrap().shallow_clone().fill_(0.05);
+        });
+        let options = TrainerOptions::sgd(0.5);
+        let trainer = Trainer::new(&vs, options, collective).unwrap();
+        (vs, model, trainer)
+    }
+
+    fn values(t: &Trainer) -> Vec<f32> {
+        t.params()
+            .iter()
+            .flat_map(|(_, p)| Vec::<f32>::try_from(p.flatten(0, -1)).unwrap())
+            .collect()
+    }
+
+    /// An empty batch on one rank (its very first step: no gradient defined yet) leaves the
+    /// step to the other rank's rows alone, as if they were all the data; when every rank's
+    /// batch is empty the step is counted and nothing moves.
+    #[test]
+    fn an_empty_batch_joins_the_step_with_weight_zero() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, -1.0, 0.5, 2.0]).view([2, 3]);
+        let y = Tensor::from_slice(&[1i64, 0]);
+        let loss = |m: &tch::nn::Linear| m.forward(&x).cross_entropy_for_logits(&y);
+        // The reference: one rank holding rank 1's rows.
+        let (_vs, model, mut alone) = linear(Arc::new(SingleRank));
+        alone.step(&loss(&model), 2).unwrap().unwrap();
+        let expected = values(&alone);
+
+        let handles: Vec<_> = LocalCollective::group(2)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, c)| {
+                let (x, y) = (x.copy(), y.copy());
+                std::thread::spawn(move || {
+                    let (_vs, model, mut t) = linear(Arc::new(c));
+                    let start = values(&t);
+                    let rep = match rank {
+                        0 => t.step_empty().unwrap().unwrap(),
+                        _ => {
+                            let l = model.forward(&x).cross_entropy_for_logits(&y);
+                            t.step(&l, 2).unwrap().unwrap()
+                        }
+                    };
+                    assert_eq!(rep.rows, 2);
+                    let after_one = values(&t);
+                    // Both ranks empty: counted, not applied.
+                    let rep = t.step_empty().unwrap().unwrap();
+                    assert_eq!((rep.rows, rep.step), (0, 2));
+                    assert_eq!(values(&t), after_one);
+                    (start, after_one)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (start, after) = h.join().unwrap();
+            assert_ne!(start, after);
+            assert!(after.iter().all(|v| v.is_finite()));
+            for (a, e) in after.iter().zip(&expected) {
+                assert!((a - e).abs() < 1e-6, "{after:?} vs {expected:?}");
+            }
+        }
     }
 }

@@ -156,6 +156,29 @@ impl Pipeline {
         }
     }
 
+    /// Under several ranks, a stage that removes rows before the last `batch`: each rank's
+    /// batch count then depends on its data (its index, and what to tell the user).
+    fn unequal_counts_warning(&self) -> Option<(usize, String)> {
+        let stages = &self.config.stages;
+        let last_batch = stages
+            .iter()
+            .rposition(|s| matches!(s.value, StageConfig::Batch(_)))?;
+        let i = stages[..last_batch].iter().position(|s| match &s.value {
+            StageConfig::Filter(_) => true,
+            StageConfig::Image(c) => c.on_error == crate::config::OnError::Skip,
+            _ => false,
+        })?;
+        Some((
+            i,
+            format!(
+                "it removes rows before {} on each of {} ranks, so each rank's batch count depends on its data and the ranks may get unequal counts: `sluice train` stops every rank at the shortest (the rows left are reported untrained), a loop of your own must do the same. Move it after {} to keep the counts equal (a batch that loses rows is then delivered short, or empty)",
+                self.stage_ref(last_batch),
+                self.rank_and_world().1,
+                self.stage_ref(last_batch),
+            ),
+        ))
+    }
+
     /// Checks the order of stages for exact resume: no filter (or `image` skipping bad rows)
     /// between two stages that cut or reorder rows (`batch`/`shuffle`),
     /// `shuffle` before `batch`, `mixup` after the last `batch`, and a shuffle of a Kafka
@@ -534,6 +557,11 @@ impl Pipeline {
                 stage_metrics[i].note(format!("warning: {warning}"));
             }
         }
+        let keep_empty = matches!(source, Source::Parquet(_)) && self.rank_and_world().1 > 1;
+        if keep_empty && let Some((i, warning)) = self.unequal_counts_warning() {
+            tracing::warn!("{}: {warning}", self.stage_ref(i));
+            stage_metrics[i].note(format!("warning: {warning}"));
+        }
         metrics.set_stages(stage_metrics);
         if let Some(rows) = source.total_rows() {
             metrics.source.rows_expected.store(rows, Ordering::Relaxed);
@@ -552,6 +580,7 @@ impl Pipeline {
             resume: resume_mark,
             kafka_resume: kafka_resume.then(|| self.resume.clone()).flatten(),
             frozen,
+            keep_empty,
         })
     }
 
@@ -620,6 +649,7 @@ async fn compute_stats(
         resume: None,
         kafka_resume: None,
         frozen: Vec::new(),
+        keep_empty: false,
     };
     let mut indices = Vec::new();
     for name in &c.columns {
@@ -673,6 +703,10 @@ pub struct PreparedPipeline {
     /// The stage configs with every computed statistic written in (see
     /// [`PreparedPipeline::frozen_stages`]).
     frozen: Vec<Located<StageConfig>>,
+    /// Every rank was promised the same number of batches (a Parquet source split over
+    /// several ranks): a batch whose rows were all removed after the last `batch`/`shuffle`
+    /// is delivered empty, not left out, so that ranks stay in step.
+    keep_empty: bool,
 }
 
 impl std::fmt::Debug for StageSlot {
@@ -743,6 +777,7 @@ impl PreparedPipeline {
             resume,
             kafka_resume,
             frozen: _,
+            keep_empty,
         } = self;
         let kafka = matches!(source, Source::Kafka(_));
         let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
@@ -791,6 +826,8 @@ impl PreparedPipeline {
                     let chain = Chain {
                         stages: chain,
                         count_removed: past_stateful,
+                        // The stream's end: what the consumer counts.
+                        keep_empty: keep_empty && i == slots.len(),
                     };
                     tasks.spawn(map_task(rx, tx, Arc::new(chain), pool.clone(), parallelism));
                     rx = next;
@@ -937,6 +974,8 @@ struct Chain {
     /// The chain comes after the last stage that cuts or reorders rows: rows a stage removes
     /// are added to [`Batch::dropped`].
     count_removed: bool,
+    /// Deliver batches left with no rows (see [`PreparedPipeline`]'s `keep_empty`).
+    keep_empty: bool,
 }
 
 fn apply_chain(chain: &Chain, mut batch: Batch) -> Result<Batch> {
@@ -970,6 +1009,7 @@ async fn map_task(
     pool: CpuPool,
     parallelism: usize,
 ) {
+    let keep_empty = chain.keep_empty;
     let input = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
     let mut out = input
         .map(|item| {
@@ -983,7 +1023,7 @@ async fn map_task(
         .buffered(parallelism);
     while let Some(result) = out.next().await {
         match result {
-            Ok(b) if b.num_rows() == 0 => continue,
+            Ok(b) if b.num_rows() == 0 && !keep_empty => continue,
             Ok(b) => {
                 if !tx.send(Ok(b)).await {
                     return;

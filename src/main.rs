@@ -123,6 +123,12 @@ enum Command {
         /// an existing checkpoint is an error.
         #[arg(long)]
         resume: bool,
+        /// With --resume, a checkpoint written by another number of workers (a node lost,
+        /// or added) continues at the start of the next epoch on this run's workers; the
+        /// rest of the interrupted epoch is not trained (the summary says how many rows).
+        /// Without it such a checkpoint is refused. Parquet sources only.
+        #[arg(long, requires = "resume")]
+        elastic: bool,
         /// Override `trainer.allreduce.workers` (local backend).
         #[arg(long)]
         workers: Option<usize>,
@@ -217,6 +223,7 @@ fn main() -> ExitCode {
                 progress,
                 summary_json,
                 resume,
+                elastic,
                 workers,
                 backend,
                 observe,
@@ -225,7 +232,7 @@ fn main() -> ExitCode {
                     &config,
                     progress,
                     summary_json.as_deref(),
-                    resume,
+                    (resume, elastic),
                     (workers, backend),
                     &observe,
                     cli.quiet,

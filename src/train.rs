@@ -20,7 +20,7 @@ pub(crate) async fn train(
     config: &Path,
     progress: ProgressMode,
     summary_json: Option<&Path>,
-    resume: bool,
+    (resume, elastic): (bool, bool),
     (workers, backend): (Option<usize>, Option<String>),
     observe: &Observe,
     quiet: bool,
@@ -87,6 +87,7 @@ pub(crate) async fn train(
     background.push(sampling);
     let options = TrainOptions {
         resume,
+        elastic,
         stop,
         metrics: Some(training.clone()),
         progress: bar.clone().map(|bar| {
@@ -230,6 +231,9 @@ fn print_summary(config: &Path, r: &TrainReport) {
     );
     for n in &r.notes {
         println!("  pipeline {n}");
+    }
+    if let Some(e) = &r.elastic {
+        println!("  warning  {e}");
     }
     if r.rows_untrained > 0 {
         println!(

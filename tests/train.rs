@@ -51,6 +51,11 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
 /// Digits with a cross-rank shuffle, SGD with momentum and weight decay, 2 workers, a
 /// checkpoint every 10 steps; `steps` ends the run.
 fn job(steps: u64) -> String {
+    job_for(100_000, steps)
+}
+
+/// [`job`] over `epochs` epochs.
+fn job_for(epochs: u64, steps: u64) -> String {
     let data = repo().join("data/digits");
     format!(
         "source: {{type: parquet, path: '{}/train.parquet', columns: [label, pixels], batch_rows: 100}}
@@ -67,7 +72,7 @@ loader:
 trainer:
   model: {{type: mlp, hidden: [32], outputs: 10}}
   optimizer: {{type: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.001}}
-  epochs: 100000
+  epochs: {epochs}
   steps: {steps}
   allreduce: {{workers: 2, bucket_mb: 0.001}}
   checkpoint: {{path: state/train.ckpt, every_steps: 10}}
@@ -161,6 +166,104 @@ fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
     let again = run_in_for(dir.path(), &["train", "job.yaml"], Duration::from_secs(60));
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"));
+}
+
+/// A checkpoint of 2 workers, SIGKILLed mid-epoch, resumed on 1 and on 3 workers with
+/// `--elastic`: training continues at the start of the next epoch and trains every row of the
+/// epochs left once; the summary says how much of the interrupted epoch had been trained.
+/// Without `--elastic` another worker count is refused, naming the way out.
+#[test]
+fn a_checkpoint_resumes_on_other_worker_counts_at_the_next_epoch_with_elastic() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), job(1_000_000)).unwrap();
+    let mut child = spawn_sluice(dir.path(), &["train", "job.yaml"]);
+    let ckpt = dir.path().join("state/train.ckpt");
+    wait_for(
+        "a checkpoint past step 20",
+        Duration::from_secs(120),
+        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (at_kill, _) = read_train_checkpoint(&ckpt).unwrap();
+    assert!(!at_kill.complete && at_kill.world_size == 2);
+    let epoch = at_kill
+        .pipeline
+        .iter()
+        .filter_map(|s| s.parquet.map(|m| m.epoch))
+        .max()
+        .unwrap();
+    let progress = at_kill.epoch.unwrap();
+    // 718 rows per worker and epoch: 22 steps of 2 × 32 rows, then one of 2 × 14.
+    assert_eq!(progress.epoch, epoch);
+    let into = at_kill.step - 23 * epoch;
+    assert_eq!(
+        progress.rows,
+        into.min(22) * 64 + into.saturating_sub(22) * 28
+    );
+    let bytes = std::fs::read(&ckpt).unwrap();
+
+    // Two more epochs after the interrupted one: 1437 rows each, whatever the workers.
+    for (workers, steps_per_epoch) in [(1u64, 1437u64.div_ceil(32)), (3, 479u64.div_ceil(32))] {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("state")).unwrap();
+        std::fs::write(d.path().join("state/train.ckpt"), &bytes).unwrap();
+        std::fs::write(d.path().join("job.yaml"), job_for(epoch + 3, 1_000_000)).unwrap();
+        let w = workers.to_string();
+        let refused = run_in_for(
+            d.path(),
+            &["train", "job.yaml", "--resume", "--workers", &w],
+            Duration::from_secs(60),
+        );
+        assert!(!refused.status.success());
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            err.contains("written by 2 ranks") && err.contains("--elastic"),
+            "{err}"
+        );
+
+        let out = run_in_for(
+            d.path(),
+            &[
+                "train",
+                "job.yaml",
+                "--resume",
+                "--elastic",
+                "--workers",
+                &w,
+                "--summary-json",
+                "s.json",
+            ],
+            Duration::from_secs(300),
+        );
+        assert_ok(&out);
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.path().join("s.json")).unwrap()).unwrap();
+        assert_eq!(r["world_size"], workers, "{r}");
+        assert_eq!(r["steps_this_run"], 2 * steps_per_epoch, "{r}");
+        assert_eq!(r["steps"], at_kill.step + 2 * steps_per_epoch, "{r}");
+        assert_eq!(r["rows_this_run"], 2 * 1437, "{r}");
+        assert_eq!(r["rows_untrained"], 0, "{r}");
+        let note = r["elastic"].as_str().unwrap();
+        let passed = format!(
+            "epoch {epoch}: {} of its 1437 rows had been trained, the other {} are not",
+            progress.rows,
+            1437 - progress.rows
+        );
+        assert!(note.contains(&passed), "{note}");
+        assert!(
+            note.contains(&format!("continues at the start of epoch {}", epoch + 1)),
+            "{note}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(&passed), "{stdout}");
+        let (done, _) = read_train_checkpoint(&d.path().join("state/train.ckpt")).unwrap();
+        assert!(done.complete);
+        assert_eq!(
+            (done.world_size, done.pipeline.len()),
+            (workers as usize, workers as usize)
+        );
+    }
 }
 
 #[test]

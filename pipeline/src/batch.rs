@@ -266,6 +266,11 @@ impl Mark {
         }
     }
 
+    /// Whether this is the first row of its epoch (a position that no plan moves).
+    pub fn is_epoch_start(&self) -> bool {
+        *self == Mark::start_of(self.epoch)
+    }
+
     /// The mark `rows` rows further along the stream.
     pub fn advance(mut self, rows: u64) -> Mark {
         match &mut self.shuffle {

@@ -162,6 +162,57 @@ impl KafkaMark {
     }
 }
 
+/// Where [`SourceState::next_epoch`] continues a Parquet pipeline whose ranks were
+/// interrupted, on any number of ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextEpoch {
+    /// The state to give every new rank.
+    pub state: SourceState,
+    /// The epoch the interrupted ranks were in, whose remaining rows are not read (`None`:
+    /// no rank had delivered anything, so nothing is passed over).
+    pub interrupted: Option<u64>,
+}
+
+impl SourceState {
+    /// For a Parquet pipeline interrupted on some number of ranks (`states`, one per rank):
+    /// a state at the start of the epoch after the latest one any rank was in. A position at
+    /// the start of an epoch means the same rows under any plan (no rank had read any of
+    /// it), so it resumes on any number of ranks, with any shard policy or shuffle — at the
+    /// cost of the interrupted epoch's remaining rows, which the caller must report. (A
+    /// position inside an epoch means rows only under the plan it was taken in.)
+    pub fn next_epoch(states: &[SourceState]) -> Result<NextEpoch, String> {
+        if states
+            .iter()
+            .any(|s| s.kafka.is_some() || s.kafka_shuffle.is_some())
+        {
+            return Err(
+                "a Kafka stream's positions are per partition; resume it on as many ranks as wrote them".into(),
+            );
+        }
+        let interrupted = states
+            .iter()
+            .filter_map(|s| s.parquet)
+            .map(|m| m.epoch)
+            .max();
+        // The files are the same ones: keep their stamp, leave the settings (they may change).
+        let plan = states
+            .iter()
+            .find_map(|s| s.plan.clone())
+            .map(|p| PlanStamp {
+                data: p.data.filter(|d| !d.prefix),
+                order: BTreeMap::new(),
+            });
+        Ok(NextEpoch {
+            state: SourceState {
+                parquet: Some(Mark::start_of(interrupted.map_or(0, |e| e + 1))),
+                plan,
+                ..SourceState::default()
+            },
+            interrupted,
+        })
+    }
+}
+
 /// A resumable position of the pipeline's source.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceState {
@@ -349,6 +400,14 @@ impl PlanStamp {
     /// pipeline resuming it (`now`), in words; empty when the positions still mean the same
     /// rows. Files are compared only when both sides stamped them the same way.
     pub fn differences(&self, now: &PlanStamp) -> Vec<String> {
+        let mut out = self.data_differences(now);
+        self.order_differences(now, &mut out);
+        out
+    }
+
+    /// [`PlanStamp::differences`] in the files alone: what matters to a position at the start
+    /// of an epoch, which no setting moves.
+    pub fn data_differences(&self, now: &PlanStamp) -> Vec<String> {
         let mut out = Vec::new();
         if let (Some(a), Some(b)) = (&self.data, &now.data)
             && a.prefix == b.prefix
@@ -371,6 +430,10 @@ impl PlanStamp {
                 )
             });
         }
+        out
+    }
+
+    fn order_differences(&self, now: &PlanStamp, out: &mut Vec<String>) {
         let keys: BTreeSet<&String> = self.order.keys().chain(now.order.keys()).collect();
         // Stages in pipeline order (`stages[2]` before `stages[10]`), after the rest.
         let mut keys: Vec<&String> = keys.into_iter().collect();
@@ -394,7 +457,6 @@ impl PlanStamp {
                 (None, None) => {}
             }
         }
-        out
     }
 }
 
@@ -693,6 +755,52 @@ impl Acknowledger {
 mod tests {
     use super::*;
     use crate::batch::{LineageSpan, Name};
+
+    /// The epoch after the latest one any rank was in, at its start; the files' stamp kept
+    /// and the settings' dropped; nothing passed over when no rank had delivered a batch; a
+    /// Kafka state refused.
+    #[test]
+    fn next_epoch_starts_after_the_latest_interrupted_epoch() {
+        let at = |epoch: u64, unit: u64| SourceState {
+            parquet: Some(Mark {
+                unit,
+                skip: 5,
+                ..Mark::start_of(epoch)
+            }),
+            plan: Some(PlanStamp {
+                data: Some(DataStamp {
+                    files: 2,
+                    rows: 100,
+                    hash: "h".into(),
+                    prefix: false,
+                }),
+                order: BTreeMap::from([("rank".to_string(), "0 of 2".to_string())]),
+            }),
+            ..SourceState::default()
+        };
+        let next = SourceState::next_epoch(&[at(3, 1), at(4, 0), SourceState::default()]).unwrap();
+        assert_eq!(next.interrupted, Some(4));
+        let mark = next.state.parquet.unwrap();
+        assert_eq!(mark, Mark::start_of(5));
+        assert!(mark.is_epoch_start() && !at(4, 0).parquet.unwrap().is_epoch_start());
+        let plan = next.state.plan.unwrap();
+        assert!(plan.order.is_empty());
+        assert_eq!(plan.data.unwrap().rows, 100);
+
+        let fresh = SourceState::next_epoch(&vec![SourceState::default(); 2]).unwrap();
+        assert_eq!(fresh.interrupted, None);
+        assert_eq!(fresh.state.parquet, Some(Mark::start_of(0)));
+
+        let kafka = SourceState {
+            kafka: Some(KafkaPositions::default()),
+            ..SourceState::default()
+        };
+        assert!(
+            SourceState::next_epoch(&[kafka])
+                .unwrap_err()
+                .contains("Kafka")
+        );
+    }
 
     #[test]
     fn plan_differences_name_what_changed() {

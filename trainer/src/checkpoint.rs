@@ -32,6 +32,19 @@ pub struct CheckpointMeta {
     pub rows_trained: u64,
     /// Whether the run had finished (its data or `steps` exhausted).
     pub complete: bool,
+    /// The epoch of the last step and the rows trained in it (all ranks): what an elastic
+    /// resume, which passes over the rest of that epoch, reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<EpochProgress>,
+}
+
+/// Rows trained so far in one epoch, all ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochProgress {
+    /// The epoch (0-based).
+    pub epoch: u64,
+    /// Rows trained in it.
+    pub rows: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -126,6 +139,7 @@ mod tests {
             pipeline: vec![SourceState::default(), SourceState::default()],
             rows_trained: 99,
             complete: false,
+            epoch: Some(EpochProgress { epoch: 1, rows: 40 }),
         };
         let bytes = encode(
             &meta,

@@ -30,7 +30,7 @@ use tch::{Kind, Reduction, Tensor};
 use tokio::runtime::Handle;
 
 use crate::TrainError;
-use crate::checkpoint::{CheckpointMeta, decode, encode};
+use crate::checkpoint::{CheckpointMeta, EpochProgress, decode, encode};
 use crate::config::{Backend, Decay, Loss, TrainerConfig};
 use crate::metrics::TrainingMetrics;
 use crate::model::{build, row_shape};
@@ -169,6 +169,10 @@ pub struct TrainOptions {
     /// Continue from the checkpoint if it exists (without it, an existing checkpoint is an
     /// error).
     pub resume: bool,
+    /// Resuming a checkpoint written by another number of ranks: continue at the start of
+    /// the next epoch (the rest of the interrupted one is passed over, and reported) instead
+    /// of refusing. Parquet sources only.
+    pub elastic: bool,
     /// Set (e.g. by a SIGTERM handler) to checkpoint at the next step and stop.
     pub stop: Arc<AtomicBool>,
     /// Called by rank 0 after each step.
@@ -181,6 +185,7 @@ impl std::fmt::Debug for TrainOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TrainOptions")
             .field("resume", &self.resume)
+            .field("elastic", &self.elastic)
             .finish_non_exhaustive()
     }
 }
@@ -238,6 +243,10 @@ pub struct TrainReport {
     pub already_complete: bool,
     /// What this rank's pipeline stages noted, as `stage: note` (e.g. a shuffle's spills).
     pub notes: Vec<String>,
+    /// Set when this run resumed a checkpoint of another number of ranks (`--elastic`):
+    /// what was passed over and where training continued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<String>,
 }
 
 /// Models are created one at a time: libtorch's default generator is process-wide, and
@@ -329,6 +338,54 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
+/// A checkpoint of another number of ranks, continued at the start of the next epoch.
+struct Elastic {
+    /// Where every rank starts.
+    next_epoch: u64,
+    /// What was passed over, in words (printed and in the report's notes).
+    note: String,
+}
+
+/// Turns `meta` (written by `meta.world_size` ranks) into a checkpoint for `world` ranks:
+/// every rank starts at the epoch after the latest one any old rank was in.
+fn elastic_resume(
+    meta: &mut CheckpointMeta,
+    world: usize,
+    url: &impl std::fmt::Display,
+) -> Result<Elastic, TrainError> {
+    let next = SourceState::next_epoch(&meta.pipeline)
+        .map_err(|e| TrainError::Checkpoint(format!("{url}: --elastic: {e}")))?;
+    let next_epoch = next.state.parquet.map_or(0, |m| m.epoch);
+    let passed = match next.interrupted {
+        None => "nothing was passed over (no rank had trained on any batch)".to_string(),
+        Some(e) => {
+            let trained = meta.epoch.filter(|p| p.epoch == e).map(|p| p.rows);
+            let total = meta
+                .pipeline
+                .iter()
+                .find_map(|s| s.plan.as_ref()?.data.as_ref().filter(|d| !d.prefix))
+                .map(|d| d.rows);
+            match (trained, total) {
+                (Some(t), Some(n)) => format!(
+                    "epoch {e}: {t} of its {n} rows had been trained, the other {} are not",
+                    n.saturating_sub(t)
+                ),
+                (Some(t), None) => {
+                    format!("epoch {e}: {t} rows had been trained, the rest of it is not")
+                }
+                _ => format!("the rest of epoch {e} is not trained"),
+            }
+        }
+    };
+    let note = format!(
+        "elastic resume: the checkpoint (step {}) was written by {} ranks, this run has {world}; {passed}; training continues at the start of epoch {next_epoch}",
+        meta.step, meta.world_size
+    );
+    meta.pipeline = vec![next.state; world];
+    meta.epoch = None;
+    Ok(Elastic { next_epoch, note })
+}
+
 /// One rank's training loop and its report (counts over all ranks; data stall and
 /// collective time of this rank).
 pub(crate) fn worker(
@@ -364,6 +421,8 @@ pub(crate) fn worker(
         None => None,
     };
     let mut resumed: Option<(CheckpointMeta, BTreeMap<String, Tensor>)> = None;
+    // Set when the checkpoint came from another number of ranks (`--elastic`).
+    let mut elastic: Option<Elastic> = None;
     if let Some(loc) = &location {
         let mut bytes = Vec::new();
         if rank == 0 {
@@ -400,13 +459,20 @@ pub(crate) fn worker(
         }
         grads.broadcast(&mut bytes, 0)?;
         if !bytes.is_empty() {
-            let (meta, tensors) =
+            let (mut meta, tensors) =
                 decode(&bytes).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", loc.url)))?;
-            if meta.world_size != world {
-                return Err(TrainError::Checkpoint(format!(
-                    "{} was written by {} ranks, this run has {world}: resume with the same number of workers",
-                    loc.url, meta.world_size
-                )));
+            if meta.world_size != world && !meta.complete {
+                if !options.elastic {
+                    return Err(TrainError::Checkpoint(format!(
+                        "{} was written by {} ranks, this run has {world}: resume with the same number of workers (a position inside an epoch means rows only under the split it was taken in), or pass --elastic to continue on {world} at the start of the next epoch (the rest of the interrupted one is not trained, and is reported)",
+                        loc.url, meta.world_size
+                    )));
+                }
+                let e = elastic_resume(&mut meta, world, &loc.url)?;
+                if rank == 0 {
+                    tracing::warn!("{}", e.note);
+                }
+                elastic = Some(e);
             }
             resumed = Some((meta, tensors));
         }
@@ -434,6 +500,7 @@ pub(crate) fn worker(
             interrupted: false,
             already_complete: true,
             notes: Vec::new(),
+            elastic: None,
         }));
     }
 
@@ -493,14 +560,18 @@ pub(crate) fn worker(
         // (or, with drop_last, dropped) batch.
         (Some((size, drop_last)), Some(rows)) if size > 0 => {
             let (size, per_epoch) = (size as u64, rows / epochs);
-            Some(
-                epochs
-                    * if drop_last {
-                        per_epoch / size
-                    } else {
-                        per_epoch.div_ceil(size)
-                    },
-            )
+            let steps = if drop_last {
+                per_epoch / size
+            } else {
+                per_epoch.div_ceil(size)
+            };
+            Some(match (&elastic, &resumed) {
+                // The steps taken on the old ranks, then the epochs left on these.
+                (Some(e), Some((meta, _))) => {
+                    meta.step + epochs.saturating_sub(e.next_epoch) * steps
+                }
+                _ => epochs * steps,
+            })
         }
         _ => None,
     };
@@ -570,6 +641,7 @@ pub(crate) fn worker(
         frozen: &frozen,
         model: model.as_ref(),
         device,
+        epoch: resumed.as_ref().and_then(|(m, _)| m.epoch),
     };
     let mut last_state: SourceState = resumed
         .as_ref()
@@ -630,6 +702,17 @@ pub(crate) fn worker(
             last_loss = Some(rep.loss);
         }
         last_state = batch.state.clone();
+        if let Some(e) = last_state.parquet.map(|m| m.epoch) {
+            match &mut ctx.epoch {
+                Some(p) if p.epoch == e => p.rows += rep.rows,
+                _ => {
+                    ctx.epoch = Some(EpochProgress {
+                        epoch: e,
+                        rows: rep.rows,
+                    })
+                }
+            }
+        }
         if let Some(m) = live_steps {
             m.record_step(
                 rep.step,
@@ -759,6 +842,7 @@ pub(crate) fn worker(
         interrupted,
         already_complete: false,
         notes,
+        elastic: elastic.map(|e| e.note),
     }))
 }
 
@@ -788,6 +872,8 @@ struct Ctx<'a> {
     frozen: &'a [Located<StageConfig>],
     model: &'a dyn Module,
     device: tch::Device,
+    /// The epoch of the last step and the rows trained in it (into the checkpoint).
+    epoch: Option<EpochProgress>,
 }
 
 impl Ctx<'_> {
@@ -847,6 +933,7 @@ impl Ctx<'_> {
             pipeline,
             rows_trained,
             complete,
+            epoch: self.epoch,
         };
         let bytes = encode(&meta, &trainer.state_tensors())?;
         self.handle

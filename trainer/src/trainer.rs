@@ -396,6 +396,7 @@ fn empty_meta() -> crate::checkpoint::CheckpointMeta {
         pipeline: Vec::new(),
         rows_trained: 0,
         complete: false,
+        epoch: None,
     }
 }
 

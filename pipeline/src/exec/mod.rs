@@ -453,7 +453,12 @@ impl Pipeline {
                     // Stamped up to the position: stamp as many files now.
                     now.data = Some(p.prefix_stamp(d.files).await?);
                 }
-                let changed = then.differences(&now);
+                // At the start of an epoch no setting moves the position: only the files
+                // must be the same (`SourceState::next_epoch`, resuming on other ranks).
+                let changed = match resume_mark.is_some_and(|m| m.is_epoch_start()) {
+                    true => then.data_differences(&now),
+                    false => then.differences(&now),
+                };
                 if !changed.is_empty() {
                     return Err(Error::Resume(format!(
                         "the state was taken over other files or settings, so its position would point at other rows (rows lost or repeated). What changed: {}. Resume with the files and settings that wrote it, or start over without it",

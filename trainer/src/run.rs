@@ -342,7 +342,7 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 struct Elastic {
     /// Where every rank starts.
     next_epoch: u64,
-    /// What was passed over, in words (printed and in the report's notes).
+    /// What was passed over, in words (printed, and `TrainReport::elastic`).
     note: String,
 }
 

@@ -454,6 +454,16 @@ impl StageConfig {
             StageConfig::Mixup(_) => "mixup",
         }
     }
+
+    /// Whether the stage can remove rows (`filter`, `image` with `on_error: skip`): what the
+    /// stage-order rules, the plan stamp and the equal-counts warning look for.
+    pub fn removes_rows(&self) -> bool {
+        match self {
+            StageConfig::Filter(_) => true,
+            StageConfig::Image(c) => c.on_error == OnError::Skip,
+            _ => false,
+        }
+    }
 }
 
 impl Component for StageConfig {

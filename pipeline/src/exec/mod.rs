@@ -163,11 +163,9 @@ impl Pipeline {
         let last_batch = stages
             .iter()
             .rposition(|s| matches!(s.value, StageConfig::Batch(_)))?;
-        let i = stages[..last_batch].iter().position(|s| match &s.value {
-            StageConfig::Filter(_) => true,
-            StageConfig::Image(c) => c.on_error == crate::config::OnError::Skip,
-            _ => false,
-        })?;
+        let i = stages[..last_batch]
+            .iter()
+            .position(|s| s.value.removes_rows())?;
         Some((
             i,
             format!(
@@ -190,11 +188,7 @@ impl Pipeline {
         let mut dropping: Option<StageRef> = None;
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
-            let drops = match &s.value {
-                StageConfig::Filter(_) => true,
-                StageConfig::Image(c) => c.on_error == crate::config::OnError::Skip,
-                _ => false,
-            };
+            let drops = s.value.removes_rows();
             if drops && dropping.is_none() {
                 dropping = Some(sref.clone());
             }
@@ -343,10 +337,7 @@ impl Pipeline {
                     }
                     text
                 }
-                StageConfig::Filter(_) => setting_hash(&format!("{:?}", s.value)),
-                StageConfig::Image(c) if c.on_error == crate::config::OnError::Skip => {
-                    setting_hash(&format!("{:?}", s.value))
-                }
+                v if v.removes_rows() => setting_hash(&format!("{v:?}")),
                 v if last_shuffle.is_some_and(|l| i < l) => setting_hash(&format!("{v:?}")),
                 _ => continue,
             };

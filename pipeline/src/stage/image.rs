@@ -1307,15 +1307,19 @@ mod tests {
         on_error: OnError,
         format: ImageFormat,
     ) -> ImageStage {
-        let c = config(shape, ops, on_error, format);
+        try_build(config(shape, ops, on_error, format), input)
+            .unwrap()
+            .0
+    }
+
+    /// The stage `c` builds over `input`'s schema.
+    fn try_build(c: ImageConfig, input: &Batch) -> Result<(ImageStage, SchemaRef)> {
         build(
             &stage_ref(),
             &c,
             &input.data.schema(),
             &crate::stage::BuildContext::default(),
         )
-        .unwrap()
-        .0
     }
 
     fn config(
@@ -1338,15 +1342,9 @@ mod tests {
 
     /// Why a raw-image stage with these ops is refused.
     fn refusal(shape: [usize; 3], input: &Batch, ops: Vec<ImageOp>) -> String {
-        let c = config(shape, ops, OnError::Fail, ImageFormat::Raw);
-        build(
-            &stage_ref(),
-            &c,
-            &input.data.schema(),
-            &crate::stage::BuildContext::default(),
-        )
-        .unwrap_err()
-        .to_string()
+        try_build(config(shape, ops, OnError::Fail, ImageFormat::Raw), input)
+            .unwrap_err()
+            .to_string()
     }
 
     /// Output row `r` as a CHW vector.

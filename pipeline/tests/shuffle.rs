@@ -295,6 +295,49 @@ proptest! {
         }
     }
 
+    /// (d) without a stage that cuts batches: the source's batches would end where row groups
+    /// end, which falls differently on each rank, so each rank's rows are cut into batches of
+    /// `batch_rows` across them. Equal counts in every epoch, every batch but an epoch's last
+    /// full (counting the rows a filter removed), and (c) an exact resume.
+    #[test]
+    fn ranks_get_equal_batch_counts_without_a_batch_stage(c in cases(), world in 2usize..4, policy in prop_oneof![Just("redistribute"), Just("drop_last"), Just("pad")], cut in 0usize..30) {
+        let dir = tempfile::tempdir().unwrap();
+        write_dataset(dir.path(), &c.groups);
+        let filter = if c.filter { "- {type: filter, predicate: 'id % 5 <> 1'}\n" } else { "" };
+        let y = |rank: usize| format!(
+            "source: {{type: parquet, path: '{}/*.parquet', batch_rows: {}, prefetch: 2, epochs: {}, shard: {policy}}}\n\
+             stages:\n\
+             {filter}\
+             - {{type: gaussian_noise, columns: [x], std: 1.0, seed: 9}}\n\
+             runtime: {{threads: 2, queue_bytes: 4 KiB, rank: {rank}, world_size: {world}}}\n",
+            dir.path().display(), c.batch_rows, c.epochs);
+        let rt = rt();
+        let mut counts = Vec::new();
+        let mut last = Vec::new();
+        for rank in 0..world {
+            last = rt.block_on(run(Pipeline::from_yaml(&y(rank)).unwrap(), None)).0;
+            let mut per_epoch: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+            for b in &last {
+                per_epoch.entry(b.mark.unwrap().epoch).or_default().push(b.num_rows() as u64 + b.dropped);
+            }
+            for sizes in per_epoch.values() {
+                let (tail, full) = sizes.split_last().unwrap();
+                prop_assert!(full.iter().all(|n| *n == c.batch_rows as u64), "{:?}", sizes);
+                prop_assert!(*tail > 0 && *tail <= c.batch_rows as u64, "{:?}", sizes);
+            }
+            counts.push(per_epoch.into_iter().map(|(e, s)| (e, s.len())).collect::<Vec<_>>());
+        }
+        prop_assert!(counts.iter().all(|n| *n == counts[0]), "{:?}", counts);
+        // (c) on the last rank: k batches, snapshot, restore, the rest.
+        let k = cut.min(last.len());
+        let (head, state) = rt.block_on(run(Pipeline::from_yaml(&y(world - 1)).unwrap(), Some(k)));
+        let state: SourceState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+        let (tail, _) = rt.block_on(run(Pipeline::from_yaml(&y(world - 1)).unwrap().resume_from(state), None));
+        let mut joined = head;
+        joined.extend(tail);
+        same(&joined, &last)?;
+    }
+
     /// (a), (b) and (c) with `across_ranks` on the local collective: 2 ranks as tasks of one
     /// process, k batches each, snapshot, fresh pipelines restored, the rest. Windows held
     /// in memory and windows spilled (a `max_memory` of a few rows: spilled runs sent in
@@ -924,4 +967,36 @@ async fn a_bad_image_is_skipped_after_the_shuffle_and_resume_stays_exact() {
         joined.extend(tail);
         same(&joined, &reference).unwrap();
     }
+}
+
+/// Under several ranks, a filter before the last stage that cuts batches — a `shuffle`, when
+/// there is no `batch` — makes each rank's count depend on its data: the filter is warned
+/// about. After the shuffle it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_before_the_shuffle_under_several_ranks_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    write_dataset(dir.path(), &[vec![20, 20]]);
+    let filter = "- {type: filter, predicate: 'id % 5 <> 1'}\n";
+    let shuffle = "- {type: shuffle, buffer_rows: 10, seed: 3, batch_rows: 4}\n";
+    let notes = |stages: String| {
+        let yaml = format!(
+            "source: {{type: parquet, path: '{}/*.parquet'}}\nstages:\n{stages}runtime: {{rank: 0, world_size: 2}}\n",
+            dir.path().display()
+        );
+        async move {
+            let prepared = Pipeline::from_yaml(&yaml).unwrap().prepare().await.unwrap();
+            let stages = prepared.metrics().stages();
+            let filter = stages.iter().find(|s| s.name.contains("(filter)")).unwrap();
+            filter.notes.lock().unwrap().clone()
+        }
+    };
+    let before = notes(format!("{filter}{shuffle}")).await;
+    assert!(
+        before
+            .iter()
+            .any(|n| n.contains("the ranks may get unequal counts")),
+        "{before:?}"
+    );
+    let after = notes(format!("{shuffle}{filter}")).await;
+    assert!(after.is_empty(), "{after:?}");
 }

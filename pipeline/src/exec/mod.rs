@@ -156,13 +156,14 @@ impl Pipeline {
         }
     }
 
-    /// Under several ranks, a stage that removes rows before the last `batch`: each rank's
-    /// batch count then depends on its data (its index, and what to tell the user).
+    /// Under several ranks, a stage that removes rows before the last stage that cuts
+    /// batches (`batch`, `shuffle`): each rank's batch count then depends on its data (its
+    /// index, and what to tell the user).
     fn unequal_counts_warning(&self) -> Option<(usize, String)> {
         let stages = &self.config.stages;
         let last_batch = stages
             .iter()
-            .rposition(|s| matches!(s.value, StageConfig::Batch(_)))?;
+            .rposition(|s| matches!(s.value, StageConfig::Batch(_) | StageConfig::Shuffle(_)))?;
         let i = stages[..last_batch]
             .iter()
             .position(|s| s.value.removes_rows())?;
@@ -558,6 +559,14 @@ impl Pipeline {
             tracing::warn!("{}: {warning}", self.stage_ref(i));
             stage_metrics[i].note(format!("warning: {warning}"));
         }
+        let rank_batches = match &self.config.source.value {
+            SourceConfig::Parquet(p)
+                if keep_empty && slots.iter().all(|s| matches!(s.built, BuiltStage::Map(_))) =>
+            {
+                Some(p.batch_rows)
+            }
+            _ => None,
+        };
         metrics.set_stages(stage_metrics);
         if let Some(rows) = source.total_rows() {
             metrics.source.rows_expected.store(rows, Ordering::Relaxed);
@@ -577,6 +586,7 @@ impl Pipeline {
             kafka_resume: kafka_resume.then(|| self.resume.clone()).flatten(),
             frozen,
             keep_empty,
+            rank_batches,
         })
     }
 
@@ -646,6 +656,7 @@ async fn compute_stats(
         kafka_resume: None,
         frozen: Vec::new(),
         keep_empty: false,
+        rank_batches: None,
     };
     let mut indices = Vec::new();
     for name in &c.columns {
@@ -703,6 +714,11 @@ pub struct PreparedPipeline {
     /// several ranks): a batch whose rows were all removed after the last `batch`/`shuffle`
     /// is delivered empty, not left out, so that ranks stay in step.
     keep_empty: bool,
+    /// Set when every rank was promised the same number of batches but no stage cuts rows
+    /// (`batch`, `shuffle`): the source's batches end where its row groups end, which falls
+    /// differently on each rank, so the rank's rows are cut into batches of this many
+    /// (`source.batch_rows`) right after the source, across row-group boundaries.
+    rank_batches: Option<usize>,
 }
 
 impl std::fmt::Debug for StageSlot {
@@ -763,7 +779,7 @@ impl PreparedPipeline {
         let PreparedPipeline {
             source,
             slots,
-            schema: _,
+            schema,
             pool,
             metrics,
             queue_bytes,
@@ -774,6 +790,7 @@ impl PreparedPipeline {
             kafka_resume,
             frozen: _,
             keep_empty,
+            rank_batches,
         } = self;
         let kafka = matches!(source, Source::Kafka(_));
         let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
@@ -787,17 +804,29 @@ impl PreparedPipeline {
         tasks.spawn(source.run(tx, pool.clone(), metrics.clone(), parallelism));
         let stage_metrics = metrics.stages();
         // A restored run passes over the rows it already delivered just before the first
-        // stage that cuts or reorders rows (or at the end).
-        let first_stateful = slots
-            .iter()
-            .position(|s| !matches!(s.built, BuiltStage::Map(_)))
-            .unwrap_or(slots.len());
+        // stage that cuts or reorders rows (or at the end). The cut of a rank's share into
+        // equal batches (`rank_batches`) is such a stage, before every configured one.
+        let first_stateful = match rank_batches {
+            Some(_) => 0,
+            None => slots
+                .iter()
+                .position(|s| !matches!(s.built, BuiltStage::Map(_)))
+                .unwrap_or(slots.len()),
+        };
         let skip = resume.map(|m| m.skip).unwrap_or(0);
         let mut i = 0;
         while i <= slots.len() {
             if i == first_stateful && skip > 0 {
                 let (tx, next) = new_queue("resume".into());
                 tasks.spawn(skip_task(rx, tx, skip));
+                rx = next;
+            }
+            if let Some(size) = rank_batches.filter(|_| i == 0) {
+                let name = "source (this rank's rows cut into `batch_rows` batches)";
+                let input = slots.first().map_or(schema.clone(), |s| s.input.clone());
+                let rebatcher = stage::rebatch::Rebatcher::new(name, size, false, input);
+                let (tx, next) = new_queue("rank batches".into());
+                tasks.spawn(rebatch_task(rx, tx, rebatcher, pool.clone(), None));
                 rx = next;
             }
             if i == slots.len() {
@@ -808,7 +837,7 @@ impl PreparedPipeline {
                     // Past the stages that cut or reorder rows, the rows a stage removes are
                     // counted in each batch's position (before them, the skip task counts
                     // what is left).
-                    let past_stateful = i > first_stateful;
+                    let past_stateful = i > first_stateful || rank_batches.is_some();
                     let mut chain = Vec::new();
                     while let Some(StageSlot {
                         built: BuiltStage::Map(t),

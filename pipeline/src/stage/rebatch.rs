@@ -11,13 +11,14 @@ use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 
 use crate::batch::{Batch, Lineage};
-use crate::error::{Error, Result, StageRef};
+use crate::error::{Error, Result};
 
 /// Accumulates rows and cuts batches of exactly `size` rows (zero-copy slices, one concat per
 /// output batch when it spans several inputs).
 #[derive(Debug)]
 pub(crate) struct Rebatcher {
-    stage: StageRef,
+    /// What errors name: the stage, or the source for the cut of a rank's share.
+    stage: String,
     size: usize,
     drop_last: bool,
     schema: SchemaRef,
@@ -28,9 +29,14 @@ pub(crate) struct Rebatcher {
 }
 
 impl Rebatcher {
-    pub(crate) fn new(stage: StageRef, size: usize, drop_last: bool, schema: SchemaRef) -> Self {
+    pub(crate) fn new(
+        stage: impl std::fmt::Display,
+        size: usize,
+        drop_last: bool,
+        schema: SchemaRef,
+    ) -> Self {
         Rebatcher {
-            stage,
+            stage: stage.to_string(),
             size,
             drop_last,
             schema,
@@ -104,7 +110,7 @@ impl Rebatcher {
         }
         let data = concat_batches(&self.schema, pieces.iter().map(|b| &b.data)).map_err(|e| {
             Error::Arrow {
-                context: self.stage.to_string(),
+                context: self.stage.clone(),
                 source: e,
             }
         })?;
@@ -147,6 +153,7 @@ fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
 mod tests {
     use super::*;
     use crate::batch::{Name, Origin};
+    use crate::error::StageRef;
     use arrow::array::{Array, AsArray, Int64Array, RecordBatch};
     use arrow::datatypes::Int64Type;
     use std::sync::Arc;

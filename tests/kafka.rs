@@ -1372,3 +1372,122 @@ fn a_shuffled_kafka_job_killed_inside_a_window_and_resumed_writes_every_record_e
     all.sort_unstable();
     assert_eq!(all, (0..n).collect::<Vec<_>>());
 }
+
+/// A consumer group hands a partition back after a rebalance from its committed offset (none
+/// here: nothing was acknowledged), so the consumer reads it again within the same run. The
+/// replayed good rows are delivered again (at-least-once), but the replayed bad records were
+/// dead-lettered and counted the first time: they are not written to the dead-letter sink or
+/// counted against the error budget again.
+#[test]
+fn a_partition_replayed_after_a_rebalance_is_not_dead_lettered_twice() {
+    let rt = runtime();
+    // 2 partitions of 60 offsets; offsets 5, 30 and 47 of each are malformed.
+    let bad_offsets = [5i64, 30, 47];
+    let topic = rt.block_on(kafka::create_topic("replay", 2));
+    let mut records = Vec::new();
+    let mut good: BTreeSet<i64> = BTreeSet::new();
+    for offset in 0..60i64 {
+        for partition in 0..2i32 {
+            let id = offset * 2 + i64::from(partition);
+            if bad_offsets.contains(&offset) {
+                records.push((partition, b"{\"id\": 1, \"label\"".to_vec()));
+            } else {
+                good.insert(id);
+                records.push((partition, json_record(id)));
+            }
+        }
+    }
+    rt.block_on(kafka::produce(&topic, records));
+    let group = kafka::unique("replay");
+    let dir = tempfile::tempdir().unwrap();
+    let consumer = |dlq: &str| {
+        let yaml = format!(
+            "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  schema: {JSON_SCHEMA}\n  batch_rows: 10\n  assignment: group\n  group_id: {group}\n  properties: {{session.timeout.ms: 6000, heartbeat.interval.ms: 500}}\n  dead_letter: {{type: file, path: '{}'}}\n",
+            kafka::brokers(),
+            dir.path().join(dlq).display()
+        );
+        Pipeline::from_yaml(&yaml).unwrap().stream()
+    };
+    let rows = |b: &sluice::pipeline::Batch| -> Vec<i64> {
+        b.data
+            .column_by_name("id")
+            .unwrap()
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec()
+    };
+    let (a_bad, a_dead_lettered) = rt.block_on(async {
+        let mut a = consumer("dlq-a");
+        // A alone: every partition, every good row once.
+        let mut seen: BTreeMap<i64, usize> = BTreeMap::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while seen.len() < good.len() {
+            let b = tokio::time::timeout_at(deadline, a.next())
+                .await
+                .expect("consumer A to read the whole topic")
+                .unwrap()
+                .unwrap();
+            for id in rows(&b) {
+                *seen.entry(id).or_default() += 1;
+            }
+        }
+        // B joins the group: the partitions are dealt again and A reads the one it keeps
+        // from the start. B is polled alongside, so that it takes part in the rebalance.
+        let mut b_stream = consumer("dlq-b");
+        let b_task = tokio::spawn(async move {
+            while let Some(b) = b_stream.next().await {
+                b.unwrap();
+            }
+        });
+        let per_partition = good.len() / 2;
+        let replayed_partition = |seen: &BTreeMap<i64, usize>| {
+            (0..2).any(|p| {
+                seen.iter()
+                    .filter(|(id, n)| *id % 2 == p && **n >= 2)
+                    .count()
+                    == per_partition
+            })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        while !replayed_partition(&seen) {
+            let b = tokio::time::timeout_at(deadline, a.next())
+                .await
+                .expect("consumer A to read its partition again after the rebalance")
+                .unwrap()
+                .unwrap();
+            for id in rows(&b) {
+                *seen.entry(id).or_default() += 1;
+            }
+        }
+        b_task.abort();
+        let m = a.metrics();
+        let counts = (
+            m.source
+                .records_bad
+                .load(std::sync::atomic::Ordering::Relaxed),
+            m.source
+                .records_dead_lettered
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        drop(a);
+        counts
+    });
+    // Every bad record of both partitions once in A's dead letters, counted once.
+    let mut lines: Vec<(i64, i64)> = Vec::new();
+    for f in std::fs::read_dir(dir.path().join("dlq-a")).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        for l in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            lines.push((
+                v["partition"].as_i64().unwrap(),
+                v["offset"].as_i64().unwrap(),
+            ));
+        }
+    }
+    lines.sort_unstable();
+    let expected: Vec<(i64, i64)> = (0..2)
+        .flat_map(|p| bad_offsets.iter().map(move |o| (p, *o)))
+        .collect();
+    assert_eq!(lines, expected);
+    assert_eq!((a_bad, a_dead_lettered), (6, 6));
+}

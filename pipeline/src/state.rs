@@ -311,8 +311,7 @@ impl ErrorLedger {
             let Some(end) = positions.get(topic, *partition).map(|p| p.offset) else {
                 continue;
             };
-            // Every run (not up to the first past `end`): a consumer group that replays
-            // a partition after a rebalance reports lower offsets again.
+            // Every run (not up to the first past `end`): runs are not assumed sorted.
             for r in runs {
                 c.add(r.below(end), r.bad);
             }

@@ -390,6 +390,13 @@ impl KafkaSource {
             })
             .collect();
         let mut spent = restored;
+        // Per partition, the offset past the last record this run has handled (its bad
+        // records dead-lettered and counted). A consumer group that gives a partition back
+        // after a rebalance replays it from the committed offset: the replayed good rows go on
+        // again (at-least-once), but the bad records are in the dead-letter sink already and
+        // counted; they are not written or counted a second time.
+        let mut handled: HashMap<(u16, i32), i64> = HashMap::new();
+        let topic_index = |topic: &str| self.topics.iter().position(|t| &**t == topic);
         let m = &self.metrics.source;
         let mut result = Ok(());
         while let Some(d) = decoded.next().await {
@@ -410,6 +417,10 @@ impl KafkaSource {
                         .is_none_or(|p| b.offset >= p.offset)
                 });
             }
+            let replayed = |t: u16, p: i32, o: i64| handled.get(&(t, p)).is_some_and(|h| o < *h);
+            d.bad.retain(|b| {
+                topic_index(&b.topic).is_none_or(|t| !replayed(t as u16, b.partition, b.offset))
+            });
             if !d.bad.is_empty() {
                 m.records_bad
                     .fetch_add(d.bad.len() as u64, Ordering::Relaxed);
@@ -447,6 +458,7 @@ impl KafkaSource {
             let records = self.acker.consumed(
                 at.iter()
                     .filter(|(t, p, o)| resume_at.get(&(*t, *p)).is_none_or(|done| o >= done))
+                    .filter(|(t, p, o)| !replayed(*t, *p, *o))
                     .map(|&(t, p, o)| {
                         let topic = &self.topics[t as usize];
                         let bad = !bad_at.is_empty() && bad_at.contains(&(&**topic, p, o));
@@ -475,6 +487,10 @@ impl KafkaSource {
                     ),
                 });
                 break;
+            }
+            for &(t, p, o) in &at {
+                let h = handled.entry((t, p)).or_insert(o + 1);
+                *h = (*h).max(o + 1);
             }
             let mut stopped = false;
             for b in d.batches {

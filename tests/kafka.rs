@@ -1373,6 +1373,27 @@ fn a_shuffled_kafka_job_killed_inside_a_window_and_resumed_writes_every_record_e
     assert_eq!(all, (0..n).collect::<Vec<_>>());
 }
 
+/// Counts the ids `stream` delivers into `seen` until `done` holds (within 90 s, else fails
+/// saying what it waited for).
+async fn read_until(
+    stream: &mut sluice::pipeline::BatchStream,
+    seen: &mut BTreeMap<i64, usize>,
+    what: &str,
+    done: impl Fn(&BTreeMap<i64, usize>) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while !done(seen) {
+        let b = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+            .unwrap()
+            .unwrap();
+        for id in ids(std::slice::from_ref(&b.data)) {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+}
+
 /// A consumer group hands a partition back after a rebalance from its committed offset (none
 /// here: nothing was acknowledged), so the consumer reads it again within the same run. The
 /// replayed good rows are delivered again (at-least-once), but the replayed bad records were
@@ -1408,29 +1429,17 @@ fn a_partition_replayed_after_a_rebalance_is_not_dead_lettered_twice() {
         );
         Pipeline::from_yaml(&yaml).unwrap().stream()
     };
-    let rows = |b: &sluice::pipeline::Batch| -> Vec<i64> {
-        b.data
-            .column_by_name("id")
-            .unwrap()
-            .as_primitive::<Int64Type>()
-            .values()
-            .to_vec()
-    };
     let (a_bad, a_dead_lettered) = rt.block_on(async {
         let mut a = consumer("dlq-a");
         // A alone: every partition, every good row once.
         let mut seen: BTreeMap<i64, usize> = BTreeMap::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while seen.len() < good.len() {
-            let b = tokio::time::timeout_at(deadline, a.next())
-                .await
-                .expect("consumer A to read the whole topic")
-                .unwrap()
-                .unwrap();
-            for id in rows(&b) {
-                *seen.entry(id).or_default() += 1;
-            }
-        }
+        read_until(
+            &mut a,
+            &mut seen,
+            "consumer A to read the whole topic",
+            |seen| seen.len() == good.len(),
+        )
+        .await;
         // B joins the group: the partitions are dealt again and A reads the one it keeps
         // from the start. B is polled alongside, so that it takes part in the rebalance.
         let mut b_stream = consumer("dlq-b");
@@ -1448,17 +1457,13 @@ fn a_partition_replayed_after_a_rebalance_is_not_dead_lettered_twice() {
                     == per_partition
             })
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-        while !replayed_partition(&seen) {
-            let b = tokio::time::timeout_at(deadline, a.next())
-                .await
-                .expect("consumer A to read its partition again after the rebalance")
-                .unwrap()
-                .unwrap();
-            for id in rows(&b) {
-                *seen.entry(id).or_default() += 1;
-            }
-        }
+        read_until(
+            &mut a,
+            &mut seen,
+            "consumer A to read its partition again after the rebalance",
+            replayed_partition,
+        )
+        .await;
         b_task.abort();
         let m = a.metrics();
         let counts = (

@@ -554,19 +554,12 @@ impl Pipeline {
                 stage_metrics[i].note(format!("warning: {warning}"));
             }
         }
-        let keep_empty = matches!(source, Source::Parquet(_)) && self.rank_and_world().1 > 1;
-        if keep_empty && let Some((i, warning)) = self.unequal_counts_warning() {
+        if source.split_batch_rows().is_some()
+            && let Some((i, warning)) = self.unequal_counts_warning()
+        {
             tracing::warn!("{}: {warning}", self.stage_ref(i));
             stage_metrics[i].note(format!("warning: {warning}"));
         }
-        let rank_batches = match &self.config.source.value {
-            SourceConfig::Parquet(p)
-                if keep_empty && slots.iter().all(|s| matches!(s.built, BuiltStage::Map(_))) =>
-            {
-                Some(p.batch_rows)
-            }
-            _ => None,
-        };
         metrics.set_stages(stage_metrics);
         if let Some(rows) = source.total_rows() {
             metrics.source.rows_expected.store(rows, Ordering::Relaxed);
@@ -585,8 +578,6 @@ impl Pipeline {
             resume: resume_mark,
             kafka_resume: kafka_resume.then(|| self.resume.clone()).flatten(),
             frozen,
-            keep_empty,
-            rank_batches,
         })
     }
 
@@ -655,8 +646,6 @@ async fn compute_stats(
         resume: None,
         kafka_resume: None,
         frozen: Vec::new(),
-        keep_empty: false,
-        rank_batches: None,
     };
     let mut indices = Vec::new();
     for name in &c.columns {
@@ -710,15 +699,6 @@ pub struct PreparedPipeline {
     /// The stage configs with every computed statistic written in (see
     /// [`PreparedPipeline::frozen_stages`]).
     frozen: Vec<Located<StageConfig>>,
-    /// Every rank was promised the same number of batches (a Parquet source split over
-    /// several ranks): a batch whose rows were all removed after the last `batch`/`shuffle`
-    /// is delivered empty, not left out, so that ranks stay in step.
-    keep_empty: bool,
-    /// Set when every rank was promised the same number of batches but no stage cuts rows
-    /// (`batch`, `shuffle`): the source's batches end where its row groups end, which falls
-    /// differently on each rank, so the rank's rows are cut into batches of this many
-    /// (`source.batch_rows`) right after the source, across row-group boundaries.
-    rank_batches: Option<usize>,
 }
 
 impl std::fmt::Debug for StageSlot {
@@ -789,10 +769,20 @@ impl PreparedPipeline {
             resume,
             kafka_resume,
             frozen: _,
-            keep_empty,
-            rank_batches,
         } = self;
         let kafka = matches!(source, Source::Kafka(_));
+        // Every rank was promised the same number of batches (a Parquet source split over
+        // several ranks): a batch whose rows were all removed after the last stage that cuts
+        // rows is delivered empty, not left out, so that ranks stay in step.
+        let split = source.split_batch_rows();
+        let keep_empty = split.is_some();
+        let stateful = slots
+            .iter()
+            .position(|s| !matches!(s.built, BuiltStage::Map(_)));
+        // With no stage that cuts rows (`batch`, `shuffle`), the source's batches end where
+        // its row groups end, which falls differently on each rank: the rank's rows are cut
+        // into batches of `source.batch_rows` right after the source, across row groups.
+        let rank_batches = split.filter(|_| stateful.is_none());
         let parallelism = parallelism.unwrap_or(pool.threads()).max(1);
         let mut tasks = JoinSet::new();
         let new_queue = |name: String| {
@@ -808,10 +798,7 @@ impl PreparedPipeline {
         // equal batches (`rank_batches`) is such a stage, before every configured one.
         let first_stateful = match rank_batches {
             Some(_) => 0,
-            None => slots
-                .iter()
-                .position(|s| !matches!(s.built, BuiltStage::Map(_)))
-                .unwrap_or(slots.len()),
+            None => stateful.unwrap_or(slots.len()),
         };
         let skip = resume.map(|m| m.skip).unwrap_or(0);
         let mut i = 0;
@@ -999,7 +986,7 @@ struct Chain {
     /// The chain comes after the last stage that cuts or reorders rows: rows a stage removes
     /// are added to [`Batch::dropped`].
     count_removed: bool,
-    /// Deliver batches left with no rows (see [`PreparedPipeline`]'s `keep_empty`).
+    /// Deliver batches left with no rows (every rank was promised the same number).
     keep_empty: bool,
 }
 

@@ -34,6 +34,15 @@ impl Source {
         }
     }
 
+    /// A Parquet source split over several ranks, every rank promised the same number of
+    /// batches: the size of the batches it reads.
+    pub(crate) fn split_batch_rows(&self) -> Option<usize> {
+        match self {
+            Source::Parquet(p) => p.split_batch_rows(),
+            Source::Kafka(_) => None,
+        }
+    }
+
     pub(crate) fn total_rows(&self) -> Option<u64> {
         match self {
             Source::Parquet(p) => p.total_rows(),

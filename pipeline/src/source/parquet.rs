@@ -361,6 +361,12 @@ impl ParquetSource {
         &self.schema
     }
 
+    /// Split over several ranks (each promised the same number of rows, hence batches): the
+    /// size of the batches this source reads.
+    pub(crate) fn split_batch_rows(&self) -> Option<usize> {
+        (self.world > 1).then_some(self.config.batch_rows)
+    }
+
     /// Number of files, once all are open.
     pub(crate) fn num_files(&self) -> Option<usize> {
         self.files.totals().map(|(n, _)| n)

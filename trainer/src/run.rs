@@ -360,10 +360,12 @@ fn elastic_resume(
         None => "nothing was passed over (no rank had trained on any batch)".to_string(),
         Some(e) => {
             let trained = meta.epoch.filter(|p| p.epoch == e).map(|p| p.rows);
-            let total = meta
-                .pipeline
-                .iter()
-                .find_map(|s| s.plan.as_ref()?.data.as_ref().filter(|d| !d.prefix))
+            // The files' stamp `next_epoch` kept (a whole-listing one) counts their rows.
+            let total = next
+                .state
+                .plan
+                .as_ref()
+                .and_then(|p| p.data.as_ref())
                 .map(|d| d.rows);
             match (trained, total) {
                 (Some(t), Some(n)) => format!(

@@ -54,15 +54,7 @@ impl ObjectReader {
                     tokio::task::spawn_blocking(move || (read_local(&file, &ranges), ranges))
                         .await
                         .map_err(|e| ParquetError::External(Box::new(e)))?;
-                result.map_err(|e| {
-                    self.error(
-                        &ranges,
-                        object_store::Error::Generic {
-                            store: "LocalFileSystem",
-                            source: Box::new(e),
-                        },
-                    )
-                })
+                result.map_err(|e| self.error(&ranges, e))
             }
             None => self
                 .store
@@ -73,8 +65,8 @@ impl ObjectReader {
     }
 
     /// A read error that names the object, the byte range and the store's last answer
-    /// (after the store's retries were exhausted).
-    fn error(&self, ranges: &[Range<u64>], e: object_store::Error) -> ParquetError {
+    /// (after the store's retries were exhausted), or the file system's.
+    fn error(&self, ranges: &[Range<u64>], e: impl std::fmt::Display) -> ParquetError {
         let span = match (ranges.first(), ranges.last()) {
             (Some(a), Some(_)) if ranges.len() == 1 => format!("bytes {}..{}", a.start, a.end),
             (Some(a), Some(b)) => format!(

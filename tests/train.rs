@@ -7,8 +7,6 @@ mod common;
 
 use std::time::Duration;
 
-use arrow::array::AsArray;
-use arrow::datatypes::{DataType, Int64Type};
 use common::*;
 
 #[test]
@@ -222,23 +220,10 @@ fn a_checkpoint_resumes_on_other_worker_counts_at_the_next_epoch_with_elastic() 
             "{err}"
         );
 
-        let out = run_in_for(
+        let (r, out) = train_summary(
             d.path(),
-            &[
-                "train",
-                "job.yaml",
-                "--resume",
-                "--elastic",
-                "--workers",
-                &w,
-                "--summary-json",
-                "s.json",
-            ],
-            Duration::from_secs(300),
+            &["job.yaml", "--resume", "--elastic", "--workers", &w],
         );
-        assert_ok(&out);
-        let r: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(d.path().join("s.json")).unwrap()).unwrap();
         assert_eq!(r["world_size"], workers, "{r}");
         assert_eq!(r["steps_this_run"], 2 * steps_per_epoch, "{r}");
         assert_eq!(r["steps"], at_kill.step + 2 * steps_per_epoch, "{r}");
@@ -322,6 +307,22 @@ fn trainer_config_errors_say_where_and_what() {
     );
 }
 
+/// Runs `sluice train` with `args` and `--summary-json s.json` in `dir` (5 minutes at most),
+/// checks that it succeeded, and returns its summary and its output.
+fn train_summary(
+    dir: &std::path::Path,
+    args: &[&str],
+) -> (serde_json::Value, std::process::Output) {
+    let args: Vec<&str> = std::iter::once("train")
+        .chain(args.iter().copied())
+        .chain(["--summary-json", "s.json"])
+        .collect();
+    let output = run_in_for(dir, &args, Duration::from_secs(300));
+    assert_ok(&output);
+    let r = serde_json::from_slice(&std::fs::read(dir.join("s.json")).unwrap()).unwrap();
+    (r, output)
+}
+
 /// Writes `dir/name`: the digits pipeline `stages` (source and stages) feeding its float32
 /// column `x` and one-hot labels to an MLP for 20 epochs on 2 workers, evaluated on the 360
 /// held-out digits; trains it and returns its last evaluation.
@@ -341,14 +342,7 @@ trainer:
         d = repo().join("data/digits").display()
     );
     std::fs::write(dir.join(name), yaml).unwrap();
-    let output = run_in_for(
-        dir,
-        &["train", name, "--summary-json", "s.json"],
-        Duration::from_secs(300),
-    );
-    assert_ok(&output);
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("s.json")).unwrap()).unwrap();
+    let (r, _) = train_summary(dir, &[name]);
     let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(eval["rows"], 360);
     eval
@@ -436,13 +430,7 @@ stages:
 #[test]
 fn batches_emptied_after_the_last_batch_keep_the_ranks_in_step() {
     let data = repo().join("data/digits/train.parquet");
-    let labels: Vec<i64> = read_parquet(&data)
-        .iter()
-        .flat_map(|b| {
-            let l = arrow::compute::cast(b.column_by_name("label").unwrap(), &DataType::Int64);
-            l.unwrap().as_primitive::<Int64Type>().values().to_vec()
-        })
-        .collect();
+    let labels = int64_values(&read_parquet(&data), "label");
     // `redistribute`: 718 rows per rank, the epoch's last row left out.
     let share = labels.len() / 2;
     let zeros = |rows: &[i64]| rows.iter().filter(|l| **l == 0).count();
@@ -473,14 +461,7 @@ trainer:
     };
     let train = |stages: &str| {
         std::fs::write(dir.path().join("job.yaml"), job(stages)).unwrap();
-        let output = run_in_for(
-            dir.path(),
-            &["train", "job.yaml", "--summary-json", "s.json"],
-            Duration::from_secs(300),
-        );
-        assert_ok(&output);
-        let r: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+        let (r, output) = train_summary(dir.path(), &["job.yaml"]);
         (r, String::from_utf8_lossy(&output.stderr).into_owned())
     };
     const UNEQUAL: &str = "the ranks may get unequal counts";

@@ -199,6 +199,16 @@ async fn run_synced(
     (out, s.snapshot())
 }
 
+/// What an interrupted run and its resume deliver: `yaml`'s first `k` batches, a snapshot
+/// (through JSON), then the rest from a fresh pipeline restored from it.
+async fn interrupted_at(yaml: &str, k: usize) -> Vec<Batch> {
+    let (mut head, state) = run(Pipeline::from_yaml(yaml).unwrap(), Some(k)).await;
+    let state: SourceState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    let (tail, _) = run(Pipeline::from_yaml(yaml).unwrap().resume_from(state), None).await;
+    head.extend(tail);
+    head
+}
+
 fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
     prop_assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(b) {
@@ -239,11 +249,7 @@ proptest! {
         }
         // (c) k batches, snapshot (through JSON), restore in a fresh pipeline, the rest.
         let k = cut.min(reference.len());
-        let (head, state) = rt.block_on(run(Pipeline::from_yaml(&yaml(dir.path(), &c, 2, "", false)).unwrap(), Some(k)));
-        let state: SourceState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
-        let (tail, _) = rt.block_on(run(Pipeline::from_yaml(&yaml(dir.path(), &c, 2, "", false)).unwrap().resume_from(state), None));
-        let mut joined = head;
-        joined.extend(tail);
+        let joined = rt.block_on(interrupted_at(&yaml(dir.path(), &c, 2, "", false), k));
         // Batches may be cut differently only where the `batch` stage restarted: compare rows.
         prop_assert_eq!(ids(&joined), ids(&reference));
         let xs = |bs: &[Batch]| -> Vec<u32> { bs.iter().flat_map(|b| b.data.column_by_name("x").unwrap().as_primitive::<Float32Type>().values().iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect() };
@@ -329,12 +335,7 @@ proptest! {
         }
         prop_assert!(counts.iter().all(|n| *n == counts[0]), "{:?}", counts);
         // (c) on the last rank: k batches, snapshot, restore, the rest.
-        let k = cut.min(last.len());
-        let (head, state) = rt.block_on(run(Pipeline::from_yaml(&y(world - 1)).unwrap(), Some(k)));
-        let state: SourceState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
-        let (tail, _) = rt.block_on(run(Pipeline::from_yaml(&y(world - 1)).unwrap().resume_from(state), None));
-        let mut joined = head;
-        joined.extend(tail);
+        let joined = rt.block_on(interrupted_at(&y(world - 1), cut.min(last.len())));
         same(&joined, &last)?;
     }
 
@@ -959,13 +960,7 @@ async fn a_bad_image_is_skipped_after_the_shuffle_and_resume_stays_exact() {
     // Resume after every batch: head + tail is the reference, batch for batch.
     let yaml = yaml("dlq-resumed");
     for k in 0..reference.len() {
-        let (head, state) = run(Pipeline::from_yaml(&yaml).unwrap(), Some(k)).await;
-        let state: SourceState =
-            serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
-        let (tail, _) = run(Pipeline::from_yaml(&yaml).unwrap().resume_from(state), None).await;
-        let mut joined = head;
-        joined.extend(tail);
-        same(&joined, &reference).unwrap();
+        same(&interrupted_at(&yaml, k).await, &reference).unwrap();
     }
 }
 

@@ -291,8 +291,11 @@ pub struct StageReport {
     pub rows_in: u64,
     /// Rows out.
     pub rows_out: u64,
-    /// Rows removed on purpose (filter, drop_last).
+    /// Rows removed by the pipeline's rules (filter, drop_last, bad images skipped).
     pub rows_removed: u64,
+    /// What those rows were: `filtered out`, `dropped by drop_last`, `bad images skipped
+    /// (on_error: skip)`.
+    pub removed_as: &'static str,
     /// CPU seconds spent.
     pub busy_seconds: f64,
     /// Notes (computed statistics, dropped tails).
@@ -556,6 +559,7 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
             rows_in: g(&s.rows_in),
             rows_out: g(&s.rows_out),
             rows_removed: g(&s.rows_removed),
+            removed_as: s.removed_as,
             busy_seconds: g(&s.busy_ns) as f64 / 1e9,
             notes: s.notes.lock().map(|n| n.clone()).unwrap_or_default(),
         })

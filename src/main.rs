@@ -501,7 +501,7 @@ fn print_summary(config: &Path, r: &RunReport) {
     }
     for s in &r.stages {
         let removed = if s.rows_removed > 0 {
-            format!(", {} removed on purpose", s.rows_removed)
+            format!(", {} {}", s.rows_removed, s.removed_as)
         } else {
             String::new()
         };

@@ -353,6 +353,15 @@ fn bad_images_stop_the_run_or_are_skipped_and_counted() {
         serde_json::from_str(&std::fs::read_to_string(c.path("summary.json")).unwrap()).unwrap();
     assert_eq!(report["rows_written"], 198);
     assert_eq!(report["stages"][0]["rows_removed"], 2);
+    assert_eq!(
+        report["stages"][0]["removed_as"],
+        "bad images skipped (on_error: skip)"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("2 bad images skipped (on_error: skip)"),
+        "the summary says the skipped rows were bad: {stdout}"
+    );
 
     // A raw image of the wrong length.
     let raw = RecordBatch::try_from_iter([

@@ -455,6 +455,18 @@ impl StageConfig {
         }
     }
 
+    /// How the run summary names the rows this stage removes: a `filter`'s are filtered out,
+    /// a `batch`'s are the tails `drop_last` drops, an `image` stage's are bad images it
+    /// skipped (`on_error: skip`) — data to look at, not a choice of the pipeline.
+    pub fn removed_as(&self) -> &'static str {
+        match self {
+            StageConfig::Filter(_) => "filtered out",
+            StageConfig::Batch(_) => "dropped by drop_last",
+            StageConfig::Image(_) => "bad images skipped (on_error: skip)",
+            _ => "removed",
+        }
+    }
+
     /// Whether the stage can remove rows (`filter`, `image` with `on_error: skip`): what the
     /// stage-order rules, the plan stamp and the equal-counts warning look for.
     pub fn removes_rows(&self) -> bool {

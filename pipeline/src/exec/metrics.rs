@@ -80,16 +80,21 @@ pub struct StageMetrics {
     pub batches_out: AtomicU64,
     /// Nanoseconds of CPU work spent in this stage.
     pub busy_ns: AtomicU64,
-    /// Rows removed on purpose (filter predicate false, `drop_last` tail), never lost.
+    /// Rows removed by the pipeline's rules (filter predicate false, `drop_last` tail, a bad
+    /// image under `on_error: skip`), counted, never lost.
     pub rows_removed: AtomicU64,
+    /// How those rows are named in the summary (`filtered out`, …): see
+    /// [`crate::config::StageConfig::removed_as`].
+    pub removed_as: &'static str,
     /// Human-readable notes produced while running (computed statistics, …).
     pub notes: Mutex<Vec<String>>,
 }
 
 impl StageMetrics {
-    pub(crate) fn new(name: String) -> Self {
+    pub(crate) fn new(name: String, removed_as: &'static str) -> Self {
         StageMetrics {
             name,
+            removed_as,
             rows_in: AtomicU64::new(0),
             rows_out: AtomicU64::new(0),
             batches_out: AtomicU64::new(0),

@@ -481,7 +481,10 @@ impl Pipeline {
         let mut schema = source.schema().clone();
         let mut slots: Vec<StageSlot> = Vec::new();
         let stage_metrics: Vec<Arc<StageMetrics>> = (0..self.config.stages.len())
-            .map(|i| Arc::new(StageMetrics::new(self.stage_ref(i).to_string())))
+            .map(|i| {
+                let removed_as = self.config.stages[i].value.removed_as();
+                Arc::new(StageMetrics::new(self.stage_ref(i).to_string(), removed_as))
+            })
             .collect();
         let mut frozen = Vec::with_capacity(self.config.stages.len());
         let ctx = self.build_context();

@@ -137,6 +137,23 @@ fn missing_required_field() {
 }
 
 #[test]
+fn zero_epochs_or_rows_per_batch_are_refused() {
+    let c = Case::new();
+    for key in ["epochs", "batch_rows", "prefetch"] {
+        let p = c.yaml(&format!(
+            "source:\n  type: parquet\n  path: {}\n  {key}: 0\nsink: {{type: parquet, path: out/x.parquet}}\n",
+            digits()
+        ));
+        let err = c.fails("run", &p);
+        assert!(
+            err.contains("p.yaml:2:3") && err.contains("`epochs` must be at least 1"),
+            "{key}: {err}"
+        );
+        c.assert_no_output();
+    }
+}
+
+#[test]
 fn unset_environment_variable() {
     let c = Case::new();
     let p = c.yaml("source:\n  type: parquet\n  path: ${SLUICE_TEST_SURELY_UNSET}/x.parquet\n");

@@ -259,10 +259,10 @@ impl ParquetSource {
         base_dir: &std::path::Path,
         location: &str,
     ) -> Result<Self> {
-        if config.batch_rows == 0 || config.prefetch == 0 {
+        if config.batch_rows == 0 || config.prefetch == 0 || config.epochs == 0 {
             return Err(Error::Source {
                 at: location.to_string(),
-                message: "`batch_rows` and `prefetch` must be at least 1".into(),
+                message: "`batch_rows`, `prefetch` and `epochs` must be at least 1".into(),
             });
         }
         let (objects, expected_rows): (ObjectStream, Vec<(String, u64)>) =

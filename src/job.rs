@@ -342,6 +342,14 @@ pub struct RunReport {
     pub sink: String,
     /// Output location.
     pub output: Option<String>,
+    /// Rows the `shard` policy gave to no rank, and rows `shard: pad` gave twice (all ranks,
+    /// every epoch read).
+    pub shard_left_out: u64,
+    /// See `shard_left_out`.
+    pub shard_repeated: u64,
+    /// The two in words, when either is not zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     /// Records that could not be decoded (Kafka).
     pub records_bad: u64,
     /// Of those, records written to the dead-letter sink.
@@ -578,6 +586,9 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
         bytes_written: sink.bytes,
         sink: kind.to_string(),
         output: sink.location,
+        shard_left_out: g(&m.source.shard_left_out),
+        shard_repeated: g(&m.source.shard_repeated),
+        shard: m.source.shard_note(),
         records_bad: g(&m.source.records_bad),
         records_dead_lettered: g(&m.source.records_dead_lettered),
         partitions: m

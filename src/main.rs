@@ -499,6 +499,9 @@ fn print_summary(config: &Path, r: &RunReport) {
             );
         }
     }
+    if let Some(n) = &r.shard {
+        println!("  shard    {n}");
+    }
     for s in &r.stages {
         let removed = if s.rows_removed > 0 {
             format!(", {} {}", s.rows_removed, s.removed_as)

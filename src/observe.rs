@@ -187,6 +187,14 @@ fn families(o: &Observed) -> Vec<Family> {
         "source_records_dead_lettered",
         "Bad records written to the dead-letter sink",
     );
+    let mut shard_left_out = F::counter(
+        "source_shard_left_out_rows",
+        "Rows the shard policy gave to no rank (drop_last, redistribute's remainder), all epochs read",
+    );
+    let mut shard_repeated = F::counter(
+        "source_shard_repeated_rows",
+        "Rows shard: pad gave a second time, over all ranks and epochs read",
+    );
     let mut part_records = F::counter(
         "kafka_partition_records",
         "Records read from a Kafka partition",
@@ -199,7 +207,7 @@ fn families(o: &Observed) -> Vec<Family> {
     let mut st_out = F::counter("stage_rows_out", "Rows out of a stage");
     let mut st_removed = F::counter(
         "stage_rows_removed",
-        "Rows a stage removed on purpose (filter, skip policy, drop_last)",
+        "Rows a stage's rules removed: filtered out, bad images skipped (on_error: skip), drop_last tails",
     );
     let mut st_busy = F::counter(
         "stage_busy_seconds",
@@ -232,6 +240,8 @@ fn families(o: &Observed) -> Vec<Family> {
         src_decoded.add(r(), get(&s.bytes_decoded) as f64);
         bad.add(r(), get(&s.records_bad) as f64);
         dead.add(r(), get(&s.records_dead_lettered) as f64);
+        shard_left_out.add(r(), get(&s.shard_left_out) as f64);
+        shard_repeated.add(r(), get(&s.shard_repeated) as f64);
         for (name, p) in s.partitions() {
             let l = vec![("rank", rank.to_string()), ("partition", name.clone())];
             part_records.add(l.clone(), p.records as f64);
@@ -264,6 +274,8 @@ fn families(o: &Observed) -> Vec<Family> {
         src_decoded,
         bad,
         dead,
+        shard_left_out,
+        shard_repeated,
         part_records,
         part_lag,
         st_in,

@@ -154,6 +154,31 @@ fn zero_epochs_or_rows_per_batch_are_refused() {
 }
 
 #[test]
+fn a_rank_outside_the_world_is_refused() {
+    let c = Case::new();
+    for (runtime, said) in [
+        (
+            "{rank: 2, world_size: 2}",
+            "rank 2 is not below world_size 2",
+        ),
+        ("{world_size: 0}", "rank 0 is not below world_size 0"),
+    ] {
+        let p = c.yaml(&format!(
+            "source:\n  type: parquet\n  path: {}\nruntime: {runtime}\nsink: {{type: parquet, path: out/x.parquet}}\n",
+            digits()
+        ));
+        for cmd in ["validate", "run"] {
+            let err = c.fails(cmd, &p);
+            assert!(
+                err.contains("p.yaml:2:3") && err.contains(said),
+                "{cmd}: {err}"
+            );
+        }
+        c.assert_no_output();
+    }
+}
+
+#[test]
 fn unset_environment_variable() {
     let c = Case::new();
     let p = c.yaml("source:\n  type: parquet\n  path: ${SLUICE_TEST_SURELY_UNSET}/x.parquet\n");

@@ -47,6 +47,40 @@ fn validate_prints_the_schema_through_every_stage() {
         .stdout(contains("pixels: FixedSizeList(64 x Float32"));
 }
 
+/// What a `shard` policy leaves out or repeats is in the run summary, as words and as
+/// numbers. The digits' row groups (512, 512, 413) dealt to 2 ranks: 925 and 512 rows, so
+/// `drop_last` leaves out 413 rows and `pad` reads 413 twice.
+#[test]
+fn the_summary_counts_what_the_shard_policy_leaves_out_or_repeats() {
+    let dir = tempfile::tempdir().unwrap();
+    for (policy, rows, left_out, repeated, said) in [
+        ("drop_last", 512, 413, 0, "413 row(s) left out by `shard`"),
+        ("pad", 925, 0, 413, "413 row(s) read twice by `shard: pad`"),
+    ] {
+        let yaml = format!(
+            "source: {{type: parquet, path: '{}/data/digits/train.parquet', shard: {policy}}}\nruntime: {{rank: 1, world_size: 2}}\nsink: {{type: null}}\n",
+            repo().display()
+        );
+        std::fs::write(dir.path().join("p.yaml"), yaml).unwrap();
+        let summary = dir.path().join("s.json");
+        sluice()
+            .arg("run")
+            .arg(dir.path().join("p.yaml"))
+            .arg("--summary-json")
+            .arg(&summary)
+            .assert()
+            .success()
+            .stdout(contains(format!("  shard    {said}")));
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+        assert_eq!(
+            (&r["rows_read"], &r["shard_left_out"], &r["shard_repeated"]),
+            (&rows.into(), &left_out.into(), &repeated.into()),
+            "{policy}: {r}"
+        );
+    }
+}
+
 /// A stage order that `sluice run` refuses (it would break exact resume) is a problem for
 /// `validate` too, with the same message.
 #[test]

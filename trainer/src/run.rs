@@ -818,12 +818,14 @@ pub(crate) fn worker(
     };
     drop(stream);
     let notes = metrics
-        .stages()
-        .iter()
-        .flat_map(|s| {
+        .source
+        .shard_note()
+        .map(|n| format!("source: {n}"))
+        .into_iter()
+        .chain(metrics.stages().iter().flat_map(|s| {
             let notes = s.notes.lock().map(|n| n.clone()).unwrap_or_default();
             notes.into_iter().map(|n| format!("{}: {n}", s.name))
-        })
+        }))
         .collect();
     Ok(Some(TrainReport {
         rank,

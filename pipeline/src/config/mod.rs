@@ -156,7 +156,8 @@ pub struct RuntimeConfig {
 }
 
 impl RuntimeConfig {
-    /// `(rank, world_size)`: from the config, else the environment, else `(0, 1)`.
+    /// `(rank, world_size)`: from the config, else the environment, else `(0, 1)`. Not
+    /// checked here: opening the source refuses a rank that is not below the world size.
     pub fn rank_and_world(&self) -> (usize, usize) {
         fn env(names: &[&str]) -> Option<usize> {
             names
@@ -177,8 +178,7 @@ impl RuntimeConfig {
                     "PMI_SIZE",
                 ])
             })
-            .unwrap_or(1)
-            .max(1);
+            .unwrap_or(1);
         (rank, world)
     }
 }
@@ -298,6 +298,17 @@ pub enum ShardPolicy {
     DropLast,
     /// Row groups round-robin, padded to the largest share.
     Pad,
+}
+
+impl ShardPolicy {
+    /// The name the config uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardPolicy::Redistribute => "redistribute",
+            ShardPolicy::DropLast => "drop_last",
+            ShardPolicy::Pad => "pad",
+        }
+    }
 }
 
 fn default_batch_rows() -> usize {

@@ -22,6 +22,13 @@ pub struct SourceMetrics {
     pub bytes_read: AtomicU64,
     /// Bytes of Arrow memory produced.
     pub bytes_decoded: AtomicU64,
+    /// Rows of the epochs read so far that the `shard` policy gives to no rank
+    /// (`drop_last`: the largest shares cut to the smallest; `redistribute`: the remainder
+    /// of a division by the world size). The same on every rank.
+    pub shard_left_out: AtomicU64,
+    /// Rows of the epochs read so far that `shard: pad` gives a second time (a shorter
+    /// rank's own rows repeated up to the largest share), counted over all ranks.
+    pub shard_repeated: AtomicU64,
     /// Records that could not be decoded (Kafka).
     pub records_bad: AtomicU64,
     /// Of those, records written to the dead-letter sink.
@@ -55,6 +62,22 @@ impl SourceMetrics {
                     lag: -1,
                     ..Default::default()
                 }));
+        }
+    }
+
+    /// What the `shard` policy did to the epochs read so far, in words, when it left rows
+    /// out or repeated some (`None`: every row went to exactly one rank).
+    pub fn shard_note(&self) -> Option<String> {
+        let left_out = self.shard_left_out.load(Ordering::Relaxed);
+        let repeated = self.shard_repeated.load(Ordering::Relaxed);
+        match (left_out, repeated) {
+            (0, 0) => None,
+            (n, 0) => Some(format!(
+                "{n} row(s) left out by `shard` so that every rank gets the same number (no rank read them; counted over all epochs read)"
+            )),
+            (_, n) => Some(format!(
+                "{n} row(s) read twice by `shard: pad` so that every rank gets the same number (counted over all ranks and epochs read)"
+            )),
         }
     }
 

@@ -284,6 +284,16 @@ impl Pipeline {
         acker: Arc<Acknowledger>,
     ) -> Result<Source> {
         let at = &self.config.source.location;
+        let (rank, world) = self.rank_and_world();
+        if rank >= world {
+            // A rank past the last one would get no rows (or another rank's), and "ok".
+            return Err(Error::Source {
+                at: at.to_string(),
+                message: format!(
+                    "rank {rank} is not below world_size {world} (`runtime.rank`/`world_size`, else SLUICE_RANK/RANK/OMPI_COMM_WORLD_RANK/PMI_RANK and SLUICE_WORLD_SIZE/WORLD_SIZE/OMPI_COMM_WORLD_SIZE/PMI_SIZE): ranks are numbered 0 to world_size − 1"
+                ),
+            });
+        }
         match &self.config.source.value {
             SourceConfig::Parquet(p) => Ok(Source::Parquet(Box::new(
                 ParquetSource::open(p, &self.base_dir, at).await?,

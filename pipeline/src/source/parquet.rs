@@ -201,6 +201,8 @@ pub(crate) struct ParquetSource {
     rank: usize,
     world: usize,
     resume: Option<Mark>,
+    /// Where the source is in the config (`file:line:col`), for errors.
+    at: Arc<str>,
 }
 
 async fn open_file(
@@ -340,6 +342,7 @@ impl ParquetSource {
             rank: 0,
             world: 1,
             resume: None,
+            at: location.into(),
         })
     }
 
@@ -569,7 +572,32 @@ impl ParquetSource {
                 use rand::seq::SliceRandom;
                 all.shuffle(&mut crate::stage::seeded_rng(seed, 0x726f_7767, epoch, 0));
             }
+            let total: u64 = all.iter().map(|u| u.len).sum();
             let units = shard(all, self.rank, self.world, self.config.shard);
+            if self.world > 1 {
+                // Every rank takes the same share: what the policy leaves out or repeats is
+                // known from the footers, and said, never silent.
+                let share: u64 = units.iter().map(|u| u.len).sum();
+                let dealt = share * self.world as u64;
+                if share == 0 && total > 0 {
+                    return Err(Error::Source {
+                        at: self.at.to_string(),
+                        message: format!(
+                            "shard `{}` gives each of the {} ranks 0 of the epoch's {total} rows (a rank without a row group of its own cuts every rank to nothing): use `shard: redistribute` (equal contiguous ranges, at most world_size − 1 rows left out), fewer ranks, or files with more row groups",
+                            self.config.shard.name(),
+                            self.world
+                        ),
+                    });
+                }
+                metrics
+                    .source
+                    .shard_left_out
+                    .fetch_add(total.saturating_sub(dealt), Ordering::Relaxed);
+                metrics
+                    .source
+                    .shard_repeated
+                    .fetch_add(dealt.saturating_sub(total), Ordering::Relaxed);
+            }
             if epoch == 0 {
                 let rows: u64 = units.iter().map(|u| u.len).sum();
                 metrics

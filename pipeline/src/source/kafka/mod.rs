@@ -194,11 +194,6 @@ impl KafkaSource {
         if config.batch_rows == 0 {
             return Err(source_err("`batch_rows` must be at least 1".into()));
         }
-        if rank >= world {
-            return Err(source_err(format!(
-                "rank {rank} is not below world_size {world} (`runtime.rank`/`world_size` or the environment)"
-            )));
-        }
         let args = OpenArgs {
             config: config.clone(),
             at: at.to_string(),

@@ -68,11 +68,17 @@ impl ConfigDocument {
     pub fn from_str(text: &str, origin: &str, base_dir: impl Into<PathBuf>) -> Result<Self> {
         let env = |name: &str| std::env::var(name).ok();
         let text = interpolate(text, origin, &env).map_err(ConfigErrors)?;
-        Ok(ConfigDocument {
+        let doc = ConfigDocument {
             text,
             origin: origin.to_string(),
             base_dir: base_dir.into(),
-        })
+        };
+        // A document that is not valid YAML (a syntax error, a key given twice) fails every
+        // section's pass in the same place: say it once, before reading any section.
+        if let Err(e) = serde_saphyr::from_str::<IgnoredAny>(&doc.text) {
+            return Err(ConfigErrors(vec![doc.error("", &e)]).into());
+        }
+        Ok(doc)
     }
 
     /// Name of the document in messages (its path).
@@ -95,7 +101,17 @@ impl ConfigDocument {
             Some((m, _)) => m.to_string(),
             None => raw,
         };
-        let message = self.explain(line, column, message);
+        // serde-saphyr's advice about its own options means nothing to the config's author.
+        let message = match message
+            .strip_suffix(", set DuplicateKeyPolicy in Options if acceptable")
+            .map(|m| m.strip_prefix("duplicate mapping key").unwrap_or(m))
+        {
+            Some(key) => match key.strip_prefix(": ") {
+                Some(k) => format!("`{k}` is given twice in the same mapping: keep one"),
+                None => "a key is given twice in the same mapping: keep one".to_string(),
+            },
+            None => self.explain(line, column, message),
+        };
         let message = if context.is_empty() {
             message
         } else {

@@ -1311,6 +1311,33 @@ mod tests {
         );
     }
 
+    /// A document that is not valid YAML is reported once, where it breaks, not once per
+    /// section read from it; a key given twice says so in the config's terms.
+    #[test]
+    fn yaml_errors_are_reported_once() {
+        for (text, want) in [
+            (
+                "source: {type: parquet, path: a.parquet}\nsource: {type: parquet, path: b.parquet}\n",
+                "p.yaml:2:1: `source` is given twice in the same mapping: keep one",
+            ),
+            (
+                "source: {type: parquet, path: a.parquet}\nstages:\n  - {type: batch, size: 10, size: 20}\n",
+                "p.yaml:3:29: `size` is given twice in the same mapping: keep one",
+            ),
+            (
+                "source: {type: parquet, path: a.parquet\nstages: []\n",
+                "p.yaml:2:7: while parsing a flow mapping, did not find expected ',' or '}'",
+            ),
+        ] {
+            let err = ConfigDocument::from_str(text, "p.yaml", ".").unwrap_err();
+            let crate::Error::Config(errs) = err else {
+                panic!("{err}")
+            };
+            let all: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
+            assert_eq!(all, vec![want.to_string()]);
+        }
+    }
+
     #[test]
     fn missing_source_is_reported() {
         let errs = load("stages: []\n").unwrap_err();

@@ -463,4 +463,26 @@ fn loader_section_errors_name_the_key_or_the_column() {
         err.contains("shape [3, 8, 8] holds 192 values but each row has 64"),
         "{err}"
     );
+    // Bytes and text say what would turn them into numbers.
+    let rb = RecordBatch::try_from_iter([
+        (
+            "img",
+            arc(arrow::array::BinaryArray::from_iter_values([b"ab"])),
+        ),
+        ("name", arc(StringArray::from(vec!["a"]))),
+    ])
+    .unwrap();
+    write_parquet(&c.path("b.parquet"), &[rb], 10);
+    for (column, hint) in [("img", "an `image` stage"), ("name", "`cast` or `one_hot`")] {
+        let p = c.yaml(&format!(
+            "source: {{type: parquet, path: b.parquet}}\nloader:\n  tensors:\n    x: {{column: {column}}}\n"
+        ));
+        let err = c.fails("validate", &p);
+        assert!(
+            err.contains(&format!("tensor `x` from column `{column}`: a "))
+                && err.contains("cannot become a tensor")
+                && err.contains(hint),
+            "{err}"
+        );
+    }
 }

@@ -94,7 +94,23 @@ impl LoaderConfig {
                 DataType::List(f) | DataType::LargeList(f) if numeric(f.data_type()) => {
                     (None, f.data_type().clone())
                 }
-                other => return Err(fail(format!("a {other} column cannot become a tensor"))),
+                other => {
+                    let hint = match other {
+                        DataType::Binary
+                        | DataType::LargeBinary
+                        | DataType::BinaryView
+                        | DataType::FixedSizeBinary(_) => {
+                            " (bytes: decode them first, e.g. images with an `image` stage: `{type: image, column: …, shape: [h, w, c]}`, which yields float32)"
+                        }
+                        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                            " (text: turn it into numbers first, e.g. a class index with `cast` or `one_hot`)"
+                        }
+                        _ => "",
+                    };
+                    return Err(fail(format!(
+                        "a {other} column cannot become a tensor{hint}; numbers, fixed-size lists and lists of numbers can"
+                    )));
+                }
             };
             if let (Some(shape), Some(n)) = (&spec.shape, per_row) {
                 let want: i64 = shape.iter().product();

@@ -297,8 +297,18 @@ async fn missing_bucket_missing_object_and_bad_credentials_get_one_clear_message
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("s3://no-such-bucket-sluice"), "{text}");
     assert!(
-        text.contains("bucket") && text.contains("does not exist"),
+        text.contains("NoSuchBucket (The specified bucket does not exist). The bucket does not exist: check its name"),
         "{text}"
+    );
+    // On one line: not the server's XML body, split over two `error:` lines.
+    assert!(
+        !text.contains("<?xml") && !text.contains("<Error>"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("error: ")).count(),
+        1,
+        "one message: {text}"
     );
 
     let bucket = s3::bucket("missing");

@@ -55,12 +55,13 @@ pub enum Error {
 
     /// A glob or path matched nothing.
     #[error(
-        "no files match `{pattern}` (looked in {listed}); check the path, which is resolved relative to the config file"
+        "no files match `{pattern}` (looked in {listed}); check the path{}",
+        if pattern.contains("://") { "" } else { ", which is resolved relative to the config file" }
     )]
     NoMatch { pattern: String, listed: String },
 
     /// Listing, reading or writing an object failed.
-    #[error("{url}: {operation} failed: {source}{}", storage_hint(source))]
+    #[error("{url}: {operation} failed: {}", storage_message(source))]
     Storage {
         url: String,
         operation: &'static str,
@@ -140,15 +141,58 @@ pub enum Error {
 }
 
 /// What to do about an object-store error, by kind.
-fn storage_hint(e: &object_store::Error) -> &'static str {
-    match e {
-        object_store::Error::PermissionDenied { .. }
-        | object_store::Error::Unauthenticated { .. } => {
-            ". Access denied: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_*, AZURE_* or `storage.options`) and this principal's permissions on the bucket"
-        }
-        object_store::Error::NotFound { .. } => ". Check the bucket and path",
-        _ => "",
+/// An object store's error on one line, with what to do: an S3-style XML error body is cut
+/// down to its `Code` and `Message`, and common causes get a hint.
+fn storage_message(e: &object_store::Error) -> String {
+    let text = e.to_string();
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let len = text[start..].find(&format!("</{name}>"))?;
+        Some(text[start..start + len].trim().to_string())
+    };
+    let (code, message) = (tag("Code"), tag("Message"));
+    let mut out = match text.find("<?xml").or_else(|| text.find("<Error>")) {
+        Some(i) => text[..i].trim_end().trim_end_matches(':').to_string(),
+        None => text.clone(),
+    };
+    if let Some(c) = &code {
+        out.push_str(&format!(
+            ": {c}{}",
+            message.map(|m| format!(" ({m})")).unwrap_or_default()
+        ));
     }
+    let mut out = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    let credentials = "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_*, AZURE_* or `storage.options`) and this principal's permissions on the bucket";
+    let hint = match (e, code.as_deref()) {
+        (_, Some("NoSuchBucket")) => {
+            "The bucket does not exist: check its name, and the endpoint and region it lives in".to_string()
+        }
+        (
+            _,
+            Some(
+                "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken"
+                | "InvalidToken",
+            ),
+        )
+        | (
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. },
+            _,
+        ) => format!("Access denied: {credentials}"),
+        (object_store::Error::NotFound { .. }, _) | (_, Some("NoSuchKey")) => {
+            "Check the bucket and path".to_string()
+        }
+        _ if text.contains("error sending request") || text.contains("Connection refused") => {
+            "The object store could not be reached: check the endpoint (AWS_ENDPOINT_URL or `storage.options`), that it is up, and the network".to_string()
+        }
+        _ => String::new(),
+    };
+    if !hint.is_empty() {
+        out.push_str(". ");
+        out.push_str(&hint);
+    }
+    out
 }
 
 impl Error {
@@ -178,5 +222,49 @@ impl Error {
             hint,
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage(source: object_store::Error) -> String {
+        Error::Storage {
+            url: "s3://b/x".into(),
+            operation: "list",
+            source,
+        }
+        .to_string()
+    }
+
+    /// An S3 error body is cut to its code and message, on one line, with what to do.
+    #[test]
+    fn storage_errors_are_one_line_with_a_hint() {
+        let xml = "Error performing list request: Server returned non-2xx status code: 404 Not Found: <?xml version=\"1.0\" encoding=\"utf-8\"?>\n<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message><BucketName>b</BucketName><RequestId>X</RequestId></Error>";
+        let e = storage(object_store::Error::Generic {
+            store: "S3",
+            source: xml.into(),
+        });
+        assert_eq!(
+            e,
+            "s3://b/x: list failed: Generic S3 error: Error performing list request: Server returned non-2xx status code: 404 Not Found: NoSuchBucket (The specified bucket does not exist). The bucket does not exist: check its name, and the endpoint and region it lives in"
+        );
+        let e = storage(object_store::Error::Generic {
+            store: "S3",
+            source: "Server returned non-2xx status code: 403 Forbidden: <Error><Code>InvalidAccessKeyId</Code></Error>".into(),
+        });
+        assert!(
+            e.ends_with("403 Forbidden: InvalidAccessKeyId. Access denied: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_*, AZURE_* or `storage.options`) and this principal's permissions on the bucket"),
+            "{e}"
+        );
+        let e = storage(object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing HEAD http://127.0.0.1:1/b in 7s, after 10 retries - HTTP error: error sending request".into(),
+        });
+        assert!(
+            e.ends_with("error sending request. The object store could not be reached: check the endpoint (AWS_ENDPOINT_URL or `storage.options`), that it is up, and the network"),
+            "{e}"
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type};
 use common::kafka::{self, JSON_SCHEMA, committed, json_record};
-use common::{assert_ok, read_parquet, spawn_sluice, wait_for};
+use common::{assert_ok, read_parquet, repo, spawn_sluice, wait_for};
 use futures::StreamExt;
 use sluice::pipeline::{Origin, Pipeline};
 
@@ -397,6 +397,30 @@ fn without_a_dead_letter_sink_the_first_bad_record_stops_the_run() {
     assert!(err.contains(&format!("kafka {topic}/0 offset 2")), "{err}");
     assert!(err.contains("add `dead_letter:"), "{err}");
     assert!(!dir.path().join("out.parquet").exists());
+}
+
+/// A Kafka sink whose brokers are down stops within `connect_timeout`, naming them, and logs
+/// librdkafka's repeated errors once each (they were 120-odd lines in 3 s).
+#[test]
+fn a_sink_with_unreachable_brokers_fails_fast_and_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("down.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\nsink: {{type: kafka, brokers: '127.0.0.1:9', topic: t, format: json, connect_timeout: 3s}}\n",
+            repo().display()
+        ),
+    )
+    .unwrap();
+    let out = run_in(dir.path(), &["run", "down.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot reach the brokers 127.0.0.1:9 within 3.0s"),
+        "{err}"
+    );
+    assert!(err.matches("1/1 brokers are down").count() <= 1, "{err}");
+    assert!(err.lines().count() < 20, "{err}");
 }
 
 #[test]

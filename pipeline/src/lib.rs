@@ -15,6 +15,7 @@ mod dead_letter;
 mod error;
 pub mod exec;
 pub mod inspect;
+pub mod kafka_log;
 mod source;
 mod stage;
 pub mod state;

@@ -16,13 +16,14 @@ use async_trait::async_trait;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use sluice_pipeline::config::KafkaConnection;
+use sluice_pipeline::kafka_log::KafkaLog;
 use sluice_pipeline::{Batch, CpuPool};
 
 use crate::config::{KafkaSinkConfig, KafkaSinkFormat};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
 
 pub(crate) struct KafkaSink {
-    producer: FutureProducer,
+    producer: FutureProducer<KafkaLog>,
     topic: String,
     format: KafkaSinkFormat,
     ipc_compression: Option<CompressionType>,
@@ -87,12 +88,13 @@ impl KafkaSink {
             ),
             ("message.timeout.ms", "120000".to_string()),
         ]);
-        let producer: FutureProducer = cfg.create().map_err(|e| {
-            sink_err(
-                &c.topic,
-                format!("invalid producer configuration: {e}. Check `properties`"),
-            )
-        })?;
+        let producer: FutureProducer<KafkaLog> =
+            cfg.create_with_context(KafkaLog::default()).map_err(|e| {
+                sink_err(
+                    &c.topic,
+                    format!("invalid producer configuration: {e}. Check `properties`"),
+                )
+            })?;
         let timeout = c.connect_timeout.0;
         let topic = c.topic.clone();
         let p = producer.clone();

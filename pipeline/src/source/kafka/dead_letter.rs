@@ -22,7 +22,7 @@ use crate::state::ErrorCounts;
 pub(crate) enum DeadLetter {
     File(DeadLetterFiles),
     Kafka {
-        producer: FutureProducer,
+        producer: FutureProducer<crate::kafka_log::KafkaLog>,
         topic: String,
     },
 }
@@ -56,9 +56,9 @@ impl DeadLetter {
                 for (key, v) in &k.properties.0 {
                     conn.properties.0.insert(key.clone(), v.clone());
                 }
-                let producer: FutureProducer = conn
+                let producer: FutureProducer<crate::kafka_log::KafkaLog> = conn
                     .client_config(&[("message.timeout.ms", "30000".to_string())])
-                    .create()
+                    .create_with_context(Default::default())
                     .map_err(|e| Error::Kafka {
                         brokers: conn.brokers.0.join(","),
                         message: format!("cannot create the dead-letter producer: {e}"),

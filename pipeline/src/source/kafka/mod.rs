@@ -46,36 +46,9 @@ use crate::state::{
 /// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag.
 struct SourceContext {
     last_error: Mutex<Option<String>>,
-    /// librdkafka repeats the same error (hundreds of "all brokers down" while a broker is
-    /// unreachable): each distinct one is logged once per [`REPEAT_LOG_INTERVAL`].
-    logged: Repeats,
+    /// Logs librdkafka's errors, each repeated one once in a while.
+    log: crate::kafka_log::KafkaLog,
     metrics: Arc<PipelineMetrics>,
-}
-
-/// How often the same librdkafka error is logged again.
-const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(30);
-
-/// When each distinct message was last let through (at most 256 remembered).
-#[derive(Default)]
-struct Repeats(Mutex<std::collections::HashMap<String, std::time::Instant>>);
-
-impl Repeats {
-    /// Whether `text` was not let through within `interval` before `now` (and, if so,
-    /// remembers it now).
-    fn fresh(&self, text: &str, now: std::time::Instant, interval: Duration) -> bool {
-        self.0.lock().map_or(true, |mut seen| {
-            let fresh = seen
-                .get(text)
-                .is_none_or(|at| now.duration_since(*at) >= interval);
-            if fresh {
-                if seen.len() >= 256 {
-                    seen.clear(); // bounded: many distinct errors are logged again later
-                }
-                seen.insert(text.to_string(), now);
-            }
-            fresh
-        })
-    }
 }
 
 impl ClientContext for SourceContext {
@@ -96,13 +69,7 @@ impl ClientContext for SourceContext {
         if matches!(error, KafkaError::PartitionEOF(_)) {
             return; // expected with `until: end`, handled by the poller
         }
-        let text = format!("{error}: {reason}");
-        let now = std::time::Instant::now();
-        if self.logged.fresh(&text, now, REPEAT_LOG_INTERVAL) {
-            tracing::warn!(target: "sluice::kafka", "{text}");
-        } else {
-            tracing::debug!(target: "sluice::kafka", "{text} (again)");
-        }
+        self.log.error(&error, reason);
         // "All brokers down" follows the error that says why; keep the cause.
         let generic = matches!(
             error.rdkafka_error_code(),
@@ -787,7 +754,7 @@ fn create_consumer(
     };
     c.create_with_context(SourceContext {
         last_error: Mutex::new(None),
-        logged: Repeats::default(),
+        log: Default::default(),
         metrics,
     })
     .map_err(|e| {
@@ -1503,30 +1470,4 @@ fn is_fatal(e: &KafkaError) -> bool {
                 | C::InvalidGroupId
         )
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The same librdkafka error is let through once per interval, each distinct one on its
-    /// own, and the memory of them stays bounded.
-    #[test]
-    fn a_repeated_error_is_logged_once_per_interval() {
-        let r = Repeats::default();
-        let t0 = std::time::Instant::now();
-        let every = Duration::from_secs(30);
-        let down = "AllBrokersDown: 1/1 brokers are down";
-        let through: Vec<bool> = (0..300u64)
-            .map(|i| r.fresh(down, t0 + Duration::from_millis(i), every))
-            .collect();
-        assert_eq!(through.iter().filter(|f| **f).count(), 1);
-        assert!(r.fresh("BrokerTransportFailure: refused", t0, every));
-        assert!(!r.fresh(down, t0 + Duration::from_secs(29), every));
-        assert!(r.fresh(down, t0 + Duration::from_secs(30), every));
-        for i in 0..1000 {
-            assert!(r.fresh(&format!("error {i}"), t0, every));
-        }
-        assert!(r.0.lock().unwrap().len() <= 256);
-    }
 }

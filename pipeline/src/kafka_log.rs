@@ -1,0 +1,91 @@
+//! librdkafka's error callbacks, logged without the flood: librdkafka repeats the same error
+//! many times (hundreds of "all brokers down" within a millisecond while a broker is
+//! unreachable, two more every 50 ms after), and rdkafka's default context logs every one.
+//! Each distinct error is logged once per [`REPEAT_LOG_INTERVAL`]; repeats go to `debug`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::error::KafkaError;
+
+/// How often the same librdkafka error is logged again.
+pub const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A librdkafka client context that logs errors as above: for producers (the Kafka sink, a
+/// Kafka dead-letter sink); the Kafka source's context logs through it too.
+#[derive(Debug, Default)]
+pub struct KafkaLog {
+    repeats: Repeats,
+}
+
+impl KafkaLog {
+    /// Logs `error` (with librdkafka's `reason`) unless the same was logged lately.
+    pub fn error(&self, error: &KafkaError, reason: &str) {
+        let text = format!("{error}: {reason}");
+        if self
+            .repeats
+            .fresh(&text, Instant::now(), REPEAT_LOG_INTERVAL)
+        {
+            tracing::warn!(target: "sluice::kafka", "{text}");
+        } else {
+            tracing::debug!(target: "sluice::kafka", "{text} (again)");
+        }
+    }
+}
+
+impl ClientContext for KafkaLog {
+    fn error(&self, error: KafkaError, reason: &str) {
+        KafkaLog::error(self, &error, reason);
+    }
+}
+
+/// When each distinct message was last let through (at most 256 remembered).
+#[derive(Debug, Default)]
+struct Repeats(Mutex<HashMap<String, Instant>>);
+
+impl Repeats {
+    /// Whether `text` was not let through within `interval` before `now` (and, if so,
+    /// remembers it now).
+    fn fresh(&self, text: &str, now: Instant, interval: Duration) -> bool {
+        self.0.lock().map_or(true, |mut seen| {
+            let fresh = seen
+                .get(text)
+                .is_none_or(|at| now.duration_since(*at) >= interval);
+            if fresh {
+                if seen.len() >= 256 {
+                    seen.clear(); // bounded: many distinct errors are logged again later
+                }
+                seen.insert(text.to_string(), now);
+            }
+            fresh
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same librdkafka error is let through once per interval, each distinct one on its
+    /// own, and the memory of them stays bounded.
+    #[test]
+    fn a_repeated_error_is_logged_once_per_interval() {
+        let r = Repeats::default();
+        let t0 = Instant::now();
+        let every = Duration::from_secs(30);
+        let down = "AllBrokersDown: 1/1 brokers are down";
+        let through: Vec<bool> = (0..300u64)
+            .map(|i| r.fresh(down, t0 + Duration::from_millis(i), every))
+            .collect();
+        assert_eq!(through.iter().filter(|f| **f).count(), 1);
+        assert!(r.fresh("BrokerTransportFailure: refused", t0, every));
+        assert!(!r.fresh(down, t0 + Duration::from_secs(29), every));
+        assert!(r.fresh(down, t0 + Duration::from_secs(30), every));
+        for i in 0..1000 {
+            assert!(r.fresh(&format!("error {i}"), t0, every));
+        }
+        assert!(r.0.lock().unwrap().len() <= 256);
+    }
+}

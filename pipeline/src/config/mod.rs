@@ -51,8 +51,36 @@ impl ConfigError {
             file: file.to_string(),
             line,
             column,
-            message,
+            message: with_suggestion(message),
         }
+    }
+}
+
+/// A message naming an unknown name and what was expected ("unknown field `colums`,
+/// expected one of path, …, columns, …") gains the likely intended one ("; did you mean
+/// `columns`?") when one is close (Jaro–Winkler similarity at least 0.8).
+fn with_suggestion(message: String) -> String {
+    const EXPECTED: &str = "expected one of";
+    let Some(at) = message.find(EXPECTED) else {
+        return message;
+    };
+    let head = &message[..at];
+    let Some(unknown) = head
+        .rfind('`')
+        .and_then(|end| head[..end].rfind('`').map(|start| &head[start + 1..end]))
+    else {
+        return message;
+    };
+    let best = message[at + EXPECTED.len()..]
+        .trim_start_matches(':')
+        .split(',')
+        .map(|c| c.trim().trim_matches('`'))
+        .filter(|c| !c.is_empty() && *c != unknown)
+        .map(|c| (strsim::jaro_winkler(unknown, c), c))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((score, c)) if score >= 0.8 => format!("{message}; did you mean `{c}`?"),
+        _ => message,
     }
 }
 
@@ -1208,6 +1236,19 @@ mod tests {
             all.contains(
                 "p.yaml:10:11: stages[2]: unknown stage type `shufle`, expected one of: select,"
             ),
+            "{all}"
+        );
+        // The likely intended name, when one is close; none for a name like none of them.
+        assert!(
+            all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard; did you mean `columns`?"),
+            "{all}"
+        );
+        assert!(
+            all.contains("mask_tokens, mixup; did you mean `shuffle`?"),
+            "{all}"
+        );
+        assert!(
+            !all.contains("`extra`, expected one of: source, stages, runtime, sink; did you mean"),
             "{all}"
         );
         assert!(

@@ -166,6 +166,44 @@ fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"));
 }
 
+/// A finished run trained more epochs: raising `epochs` and resuming its complete
+/// checkpoint continues with the next epoch, to bitwise the parameters of a run that had the
+/// larger `epochs` from the start. Resuming again with nothing more to do says so.
+#[test]
+fn a_finished_run_resumed_with_more_epochs_trains_exactly_the_longer_run() {
+    let reference = tempfile::tempdir().unwrap();
+    std::fs::write(reference.path().join("job.yaml"), job_for(2, 100_000)).unwrap();
+    let (longer, _) = train_summary(reference.path(), &["job.yaml"]);
+    let (ref_meta, ref_params) =
+        read_train_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), job_for(1, 100_000)).unwrap();
+    let (first, _) = train_summary(dir.path(), &["job.yaml"]);
+    assert!(first["steps"].as_u64().unwrap() * 2 == longer["steps"].as_u64().unwrap());
+    std::fs::write(dir.path().join("job.yaml"), job_for(2, 100_000)).unwrap();
+    let (more, _) = train_summary(dir.path(), &["job.yaml", "--resume"]);
+    assert_eq!(more["steps"], longer["steps"], "{more}");
+    assert_eq!(more["steps_this_run"], first["steps"], "{more}");
+    let (meta, params) = read_train_checkpoint(&dir.path().join("state/train.ckpt")).unwrap();
+    assert!(meta.complete);
+    assert_eq!(meta.rows_trained, ref_meta.rows_trained);
+    assert_eq!(meta.pipeline, ref_meta.pipeline);
+    for ((n, a), (m, b)) in params.iter().zip(&ref_params) {
+        assert_eq!(n, m);
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "`{n}` differs from the run with 2 epochs from the start"
+        );
+    }
+    let (_, out) = train_summary(dir.path(), &["job.yaml", "--resume"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("already complete"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// A checkpoint of 2 workers, SIGKILLed mid-epoch, resumed on 1 and on 3 workers with
 /// `--elastic`: training continues at the start of the next epoch and trains every row of the
 /// epochs left once; the summary says how much of the interrupted epoch had been trained.

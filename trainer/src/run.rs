@@ -479,6 +479,27 @@ pub(crate) fn worker(
             resumed = Some((meta, tensors));
         }
     }
+    // A finished run goes on when the config now asks for more epochs of a Parquet source
+    // (and `steps`, if set, for more steps): training more epochs after the first ones, as
+    // when raising a `max_epochs`. The checkpoint's position is the end of its last epoch,
+    // so the next epoch starts exactly where an uninterrupted longer run's would.
+    if let Some((meta, _)) = &mut resumed
+        && meta.complete
+        && let SourceConfig::Parquet(p) = &job.pipeline.source.value
+        && let Some(last) = meta.epoch
+    {
+        let epochs = tc.epochs.unwrap_or(p.epochs).max(1);
+        if epochs > last.epoch + 1 && tc.steps.is_none_or(|s| s > meta.step) {
+            if rank == 0 {
+                tracing::info!(
+                    "the checkpoint finished epoch {} of its run; continuing with epochs {}..{epochs} (the config's `epochs` is now {epochs})",
+                    last.epoch + 1,
+                    last.epoch + 2
+                );
+            }
+            meta.complete = false;
+        }
+    }
     let checkpoint_url = location.as_ref().map(|l| l.url.to_string());
     if let Some((meta, _)) = &resumed
         && meta.complete

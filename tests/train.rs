@@ -149,16 +149,11 @@ fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
         meta.pipeline, ref_meta.pipeline,
         "the data streams end at the same positions"
     );
-    assert_eq!(params.len(), ref_params.len());
-    for ((n, a), (m, b)) in params.iter().zip(&ref_params) {
-        assert_eq!(n, m);
-        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(
-            same,
-            "`{n}` differs from the uninterrupted run (resumed at step {})",
-            at_kill.step
-        );
-    }
+    assert_same_parameters(
+        &params,
+        &ref_params,
+        &format!("the uninterrupted run (resumed at step {})", at_kill.step),
+    );
 
     // Without --resume, an existing checkpoint is an error, not silently overwritten.
     let again = run_in_for(dir.path(), &["train", "job.yaml"], Duration::from_secs(60));
@@ -189,13 +184,7 @@ fn a_finished_run_resumed_with_more_epochs_trains_exactly_the_longer_run() {
     assert!(meta.complete);
     assert_eq!(meta.rows_trained, ref_meta.rows_trained);
     assert_eq!(meta.pipeline, ref_meta.pipeline);
-    for ((n, a), (m, b)) in params.iter().zip(&ref_params) {
-        assert_eq!(n, m);
-        assert!(
-            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "`{n}` differs from the run with 2 epochs from the start"
-        );
-    }
+    assert_same_parameters(&params, &ref_params, "the run with 2 epochs from the start");
     let (_, out) = train_summary(dir.path(), &["job.yaml", "--resume"]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("already complete"),

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use common::kafka::{self, committed};
-use common::{assert_ok, read_train_checkpoint, run_in_for, spawn_sluice, wait_for};
+use common::{
+    assert_ok, assert_same_parameters, read_train_checkpoint, run_in_for, spawn_sluice, wait_for,
+};
 use sluice::trainer::checkpoint::CheckpointMeta;
 
 const SCHEMA: &str = r#"{id: int64, label: int64, x: "float32[4]"}"#;
@@ -186,14 +188,11 @@ fn static_source_killed_and_resumed_trains_every_record_once_to_the_same_paramet
     assert_eq!(ref_meta.step, meta.step);
     assert_eq!(ref_meta.rows_trained, meta.rows_trained);
     assert_eq!(ref_meta.pipeline, meta.pipeline);
-    for ((n, a), (m, b)) in params.iter().zip(&ref_params) {
-        assert_eq!(n, m);
-        assert!(
-            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "`{n}` differs from the uninterrupted run (killed at step {})",
-            at_kill.step
-        );
-    }
+    assert_same_parameters(
+        &params,
+        &ref_params,
+        &format!("the uninterrupted run (killed at step {})", at_kill.step),
+    );
     eprintln!(
         "kafka static: killed at step {} ({} rows); resumed to step {} with {} rows, bitwise equal",
         at_kill.step, at_kill.rows_trained, meta.step, meta.rows_trained

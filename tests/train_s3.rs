@@ -129,14 +129,11 @@ fn sigterm_checkpoints_to_s3_and_resume_reads_it_back_bitwise() {
     assert_eq!(meta.step, STEPS);
     assert_eq!(meta.rows_trained, ref_meta.rows_trained);
     assert_eq!(meta.pipeline, ref_meta.pipeline);
-    for ((n, a), (m, b)) in params.iter().zip(&ref_params) {
-        assert_eq!(n, m);
-        assert!(
-            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "`{n}` differs from the uninterrupted run (stopped at step {})",
-            at_stop.step
-        );
-    }
+    assert_same_parameters(
+        &params,
+        &ref_params,
+        &format!("the uninterrupted run (stopped at step {})", at_stop.step),
+    );
     eprintln!(
         "s3: SIGTERM → checkpoint at step {} (every 25 otherwise), resumed to {STEPS}, bitwise equal",
         at_stop.step

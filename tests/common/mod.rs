@@ -208,6 +208,22 @@ pub fn read_train_checkpoint(path: &Path) -> Option<TrainCheckpoint> {
     decode_train_checkpoint(&std::fs::read(path).ok()?)
 }
 
+/// Asserts two checkpoints' parameters are the same, name for name and bit for bit;
+/// `reference` says what `got` is compared with, in the message.
+#[cfg(feature = "torch")]
+pub fn assert_same_parameters(
+    got: &[(String, Vec<f32>)],
+    want: &[(String, Vec<f32>)],
+    reference: &str,
+) {
+    assert_eq!(got.len(), want.len());
+    for ((n, a), (m, b)) in got.iter().zip(want) {
+        assert_eq!(n, m);
+        let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "`{n}` differs from {reference}");
+    }
+}
+
 /// `files` files of `rows` rows each (row groups of 1,000): id, x = id, and `blob_bytes`
 /// bytes per row.
 pub fn dataset(dir: &Path, files: usize, rows: usize, blob_bytes: usize) {

@@ -479,26 +479,31 @@ pub(crate) fn worker(
             resumed = Some((meta, tensors));
         }
     }
+    // The data's config: `trainer.epochs` overrides the source's.
+    let mut config = job.pipeline.clone();
+    if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
+        p.epochs = e;
+    }
+    let epochs = config.source.value.epochs();
     // A finished run goes on when the config now asks for more epochs of a Parquet source
     // (and `steps`, if set, for more steps): training more epochs after the first ones, as
     // when raising a `max_epochs`. The checkpoint's position is the end of its last epoch,
     // so the next epoch starts exactly where an uninterrupted longer run's would.
     if let Some((meta, _)) = &mut resumed
         && meta.complete
-        && let SourceConfig::Parquet(p) = &job.pipeline.source.value
+        && matches!(config.source.value, SourceConfig::Parquet(_))
         && let Some(last) = meta.epoch
+        && epochs > last.epoch + 1
+        && tc.steps.is_none_or(|s| s > meta.step)
     {
-        let epochs = tc.epochs.unwrap_or(p.epochs).max(1);
-        if epochs > last.epoch + 1 && tc.steps.is_none_or(|s| s > meta.step) {
-            if rank == 0 {
-                tracing::info!(
-                    "the checkpoint finished epoch {} of its run; continuing with epochs {}..{epochs} (the config's `epochs` is now {epochs})",
-                    last.epoch + 1,
-                    last.epoch + 2
-                );
-            }
-            meta.complete = false;
+        if rank == 0 {
+            tracing::info!(
+                "the checkpoint finished epoch {} of its run; continuing with epochs {}..{epochs} (the config's `epochs` is now {epochs})",
+                last.epoch + 1,
+                last.epoch + 2
+            );
         }
+        meta.complete = false;
     }
     let checkpoint_url = location.as_ref().map(|l| l.url.to_string());
     if let Some((meta, _)) = &resumed
@@ -528,11 +533,6 @@ pub(crate) fn worker(
     }
 
     // The data.
-    let mut config = job.pipeline.clone();
-    if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
-        p.epochs = e;
-    }
-    let epochs = config.source.value.epochs();
     let mut pipeline = Pipeline::from_config(config, job.base_dir.clone()).with_collective(data);
     if let Some((meta, _)) = &resumed {
         pipeline = pipeline.resume_from(meta.pipeline.get(rank).cloned().unwrap_or_default());

@@ -574,10 +574,10 @@ impl ParquetSource {
             }
             let total: u64 = all.iter().map(|u| u.len).sum();
             let units = shard(all, self.rank, self.world, self.config.shard);
+            let share: u64 = units.iter().map(|u| u.len).sum();
             if self.world > 1 {
                 // Every rank takes the same share: what the policy leaves out or repeats is
                 // known from the footers, and said, never silent.
-                let share: u64 = units.iter().map(|u| u.len).sum();
                 let dealt = share * self.world as u64;
                 if share == 0 && total > 0 {
                     return Err(Error::Source {
@@ -599,11 +599,10 @@ impl ParquetSource {
                     .fetch_add(dealt.saturating_sub(total), Ordering::Relaxed);
             }
             if epoch == 0 {
-                let rows: u64 = units.iter().map(|u| u.len).sum();
                 metrics
                     .source
                     .rows_expected
-                    .store(rows * self.config.epochs, Ordering::Relaxed);
+                    .store(share * self.config.epochs, Ordering::Relaxed);
             }
             Ok(units)
         }

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use serde::Deserialize;
 use serde::Serialize;
-use sluice_pipeline::config::{ConfigDocument, HumanDuration, Located};
+use sluice_pipeline::config::{ConfigDocument, HumanDuration, Located, SourceConfig};
 use sluice_pipeline::storage::{ObjectLocation, StorageConfig, resolve};
 use sluice_pipeline::{
     Acknowledger, ConfigErrors, Pipeline, PipelineConfig, PipelineMetrics, PreparedPipeline,
@@ -175,6 +175,7 @@ impl Job {
         let mut pipeline = self.pipeline();
         let mut checkpoint = None;
         let mut sink_resume = None;
+        let mut resumed = None;
         if resume && self.checkpoint.is_none() {
             return Err(JobError::NothingToResume);
         }
@@ -215,10 +216,21 @@ impl Job {
                                 "is not a Sluice checkpoint ({e}); delete it to start over"
                             ),
                         })?;
-                    tracing::info!(%url, rows = cp.rows_written, "resuming from checkpoint");
+                    let already_complete = cp.complete && self.nothing_after(&cp.source);
+                    resumed = Some(Resumed {
+                        checkpoint: url.clone(),
+                        rows_before: cp.rows_written,
+                        rows_reread: 0,
+                        already_complete,
+                    });
                     rows_before = cp.rows_written;
-                    pipeline = pipeline.resume_from(cp.source.clone());
-                    sink_resume = cp.sink.clone();
+                    if already_complete {
+                        tracing::info!(%url, rows = cp.rows_written, "the checkpoint records a finished run");
+                    } else {
+                        tracing::info!(%url, rows = cp.rows_written, "resuming from checkpoint");
+                        pipeline = pipeline.resume_from(cp.source.clone());
+                        sink_resume = cp.sink.clone();
+                    }
                 }
                 Err(object_store::Error::NotFound { .. }) => {
                     if resume {
@@ -262,8 +274,37 @@ impl Job {
             base_dir: self.base_dir.clone(),
             checkpoint,
             sink_resume,
+            resumed,
         })
     }
+
+    /// Whether a finished run that stopped at `state` left nothing for this config to do:
+    /// a Parquet source whose last epoch was its config's last (a config asking for more
+    /// epochs goes on with them, from where an uninterrupted longer run would be). A Kafka
+    /// stream always goes on: its next records are new.
+    fn nothing_after(&self, state: &SourceState) -> bool {
+        match &self.pipeline.source.value {
+            SourceConfig::Parquet(_) => state
+                .parquet
+                .is_none_or(|m| m.epoch + 1 >= self.pipeline.source.value.epochs()),
+            SourceConfig::Kafka(_) => false,
+        }
+    }
+}
+
+/// A run that continued from a checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resumed {
+    /// The checkpoint's URL.
+    pub checkpoint: String,
+    /// Rows the runs before this one wrote.
+    pub rows_before: u64,
+    /// Rows read again to rebuild the position (the rest of a row group, a shuffle window):
+    /// delivered before the checkpoint and not delivered again.
+    pub rows_reread: u64,
+    /// The checkpoint recorded a finished run and the config asks for nothing more: nothing
+    /// was read or written.
+    pub already_complete: bool,
 }
 
 /// A job ready to run.
@@ -274,6 +315,7 @@ pub struct PreparedJob {
     base_dir: PathBuf,
     checkpoint: Option<CheckpointWriter>,
     sink_resume: Option<serde_json::Value>,
+    resumed: Option<Resumed>,
 }
 
 impl std::fmt::Debug for CheckpointWriter {
@@ -293,6 +335,9 @@ pub struct StageReport {
     pub rows_out: u64,
     /// Rows removed by the pipeline's rules (filter, drop_last, bad images skipped).
     pub rows_removed: u64,
+    /// Rows in that a resumed run had delivered before its checkpoint (a shuffle rebuilding
+    /// the window it was emitting): taken in, not emitted again.
+    pub rows_replayed: u64,
     /// What those rows were: `filtered out`, `dropped by drop_last`, `bad images skipped
     /// (on_error: skip)`.
     pub removed_as: &'static str,
@@ -363,6 +408,9 @@ pub struct RunReport {
     /// The process's peak resident memory so far, in bytes (Linux: `VmHWM`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
+    /// Set when the run continued from a checkpoint (`--resume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Resumed>,
 }
 
 /// This process's peak resident memory in bytes, as the kernel counts it for its address
@@ -389,9 +437,13 @@ impl PreparedJob {
     }
 
     /// Rows the source will read, when known before the run (large listings complete while
-    /// reading).
+    /// reading; a resumed run's, from its restart point, once its first epoch is planned:
+    /// `source.rows_expected`).
     pub fn source_rows(&self) -> Option<u64> {
-        self.prepared.source_rows()
+        match self.resumed {
+            Some(_) => None,
+            None => self.prepared.source_rows(),
+        }
     }
 
     /// Runs to completion, or until `interrupt` resolves (then the sink is aborted and
@@ -401,6 +453,17 @@ impl PreparedJob {
     pub async fn run(self, interrupt: impl Future<Output = ()>) -> Result<RunReport, JobError> {
         let started = Instant::now();
         let metrics = self.prepared.metrics();
+        if let Some(r) = self.resumed.as_ref().filter(|r| r.already_complete) {
+            // Nothing to read, and the output stays as the finished run left it.
+            let mut report = build_report(
+                &metrics,
+                SinkReport::default(),
+                self.sink_config.kind(),
+                started.elapsed(),
+            );
+            report.resumed = Some(r.clone());
+            return Ok(report);
+        }
         let cx = SinkContext {
             schema: self.prepared.schema().clone(),
             base_dir: self.base_dir.clone(),
@@ -488,6 +551,12 @@ impl PreparedJob {
                 }
             }
         }
+        // The state after the last part is complete: a finished run's checkpoint must
+        // number the next part past it (a run resumed with more epochs writes from there).
+        if let Err(e) = sink.flush().await {
+            sink.abort().await;
+            return Err(e.into());
+        }
         let state = sink.state();
         let report = sink.finish().await?;
         let source = acker.state();
@@ -502,7 +571,13 @@ impl PreparedJob {
             .await?;
         }
         acker.store(&source, true);
-        Ok(build_report(&metrics, report, kind, started.elapsed()))
+        let mut report = build_report(&metrics, report, kind, started.elapsed());
+        report.resumed = self.resumed.map(|r| Resumed {
+            rows_reread: PipelineMetrics::get(&metrics.source.rows_replayed)
+                + report.stages.iter().map(|s| s.rows_replayed).sum::<u64>(),
+            ..r
+        });
+        Ok(report)
     }
 }
 
@@ -567,6 +642,7 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
             rows_in: g(&s.rows_in),
             rows_out: g(&s.rows_out),
             rows_removed: g(&s.rows_removed),
+            rows_replayed: g(&s.rows_replayed),
             removed_as: s.removed_as,
             busy_seconds: g(&s.busy_ns) as f64 / 1e9,
             notes: s.notes.lock().map(|n| n.clone()).unwrap_or_default(),
@@ -609,5 +685,6 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
             .collect(),
         rows_per_second: g(&m.source.rows) as f64 / secs,
         mb_per_second: g(&m.source.bytes_decoded) as f64 / 1e6 / secs,
+        resumed: None,
     }
 }

@@ -462,7 +462,32 @@ async fn tick(bar: ProgressBar, metrics: std::sync::Arc<PipelineMetrics>) {
 
 #[allow(clippy::print_stdout)]
 fn print_summary(config: &Path, r: &RunReport) {
+    if let Some(done) = r.resumed.as_ref().filter(|d| d.already_complete) {
+        println!("sluice run {}: already complete", config.display());
+        println!(
+            "  checkpoint {} records a finished run: {} rows written; nothing was read or written now",
+            done.checkpoint, done.rows_before
+        );
+        println!(
+            "  to go on, raise the source's `epochs` and resume again (the added epochs come out as an uninterrupted longer run's would); to start over, delete the checkpoint and the output"
+        );
+        return;
+    }
     println!("sluice run {}: ok", config.display());
+    if let Some(res) = &r.resumed {
+        let reread = match res.rows_reread {
+            0 => String::new(),
+            n => format!(
+                "; {n} rows read again to rebuild the position (delivered before, not written again)"
+            ),
+        };
+        println!(
+            "  resumed  from {}: {} rows written before this run, {} in all{reread}",
+            res.checkpoint,
+            res.rows_before,
+            res.rows_before + r.rows_written
+        );
+    }
     if r.partitions.is_empty() {
         println!(
             "  source   {} file(s), {} row group(s), {} rows read ({:.2} MB compressed, {:.2} MB decoded)",
@@ -503,11 +528,17 @@ fn print_summary(config: &Path, r: &RunReport) {
         println!("  shard    {n}");
     }
     for s in &r.stages {
-        let removed = if s.rows_removed > 0 {
+        let mut removed = if s.rows_removed > 0 {
             format!(", {} {}", s.rows_removed, s.removed_as)
         } else {
             String::new()
         };
+        if s.rows_replayed > 0 {
+            removed += &format!(
+                ", {} delivered before the checkpoint (the window rebuilt)",
+                s.rows_replayed
+            );
+        }
         println!(
             "  {}: {} rows in, {} out{removed}",
             s.name, s.rows_in, s.rows_out

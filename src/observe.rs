@@ -191,6 +191,10 @@ fn families(o: &Observed) -> Vec<Family> {
         "source_shard_left_out_rows",
         "Rows the shard policy gave to no rank (drop_last, redistribute's remainder), all epochs read",
     );
+    let mut src_replayed = F::counter(
+        "source_replayed_rows",
+        "Rows a resumed run read again and passed over before its first reordering stage (delivered before the checkpoint)",
+    );
     let mut shard_repeated = F::counter(
         "source_shard_repeated_rows",
         "Rows shard: pad gave a second time, over all ranks and epochs read",
@@ -208,6 +212,10 @@ fn families(o: &Observed) -> Vec<Family> {
     let mut st_removed = F::counter(
         "stage_rows_removed",
         "Rows a stage's rules removed: filtered out, bad images skipped (on_error: skip), drop_last tails",
+    );
+    let mut st_replayed = F::counter(
+        "stage_rows_replayed",
+        "Rows into a stage that a resumed run had delivered before its checkpoint (a shuffle rebuilding its window): taken in, not emitted again",
     );
     let mut st_busy = F::counter(
         "stage_busy_seconds",
@@ -242,6 +250,7 @@ fn families(o: &Observed) -> Vec<Family> {
         dead.add(r(), get(&s.records_dead_lettered) as f64);
         shard_left_out.add(r(), get(&s.shard_left_out) as f64);
         shard_repeated.add(r(), get(&s.shard_repeated) as f64);
+        src_replayed.add(r(), get(&s.rows_replayed) as f64);
         for (name, p) in s.partitions() {
             let l = vec![("rank", rank.to_string()), ("partition", name.clone())];
             part_records.add(l.clone(), p.records as f64);
@@ -252,6 +261,7 @@ fn families(o: &Observed) -> Vec<Family> {
             st_in.add(l.clone(), get(&st.rows_in) as f64);
             st_out.add(l.clone(), get(&st.rows_out) as f64);
             st_removed.add(l.clone(), get(&st.rows_removed) as f64);
+            st_replayed.add(l.clone(), get(&st.rows_replayed) as f64);
             st_busy.add(l, ns(get(&st.busy_ns)));
         }
         for (name, q) in m.queues() {
@@ -276,11 +286,13 @@ fn families(o: &Observed) -> Vec<Family> {
         dead,
         shard_left_out,
         shard_repeated,
+        src_replayed,
         part_records,
         part_lag,
         st_in,
         st_out,
         st_removed,
+        st_replayed,
         st_busy,
         q_pushed,
         q_popped,

@@ -62,13 +62,14 @@ fn job(epochs: u64, out: &str) -> String {
 fn shuffled_run_killed_and_resumed_in_a_fresh_process_continues_exactly() {
     let dir = tempfile::tempdir().unwrap();
     dataset(&dir.path().join("data"), 4, 10_000, 8);
-    // The uninterrupted reference: 3 epochs.
+    // The uninterrupted reference: 4 epochs (its first 3 are what a 3-epoch run writes).
     let reference_dir = tempfile::tempdir().unwrap();
     dataset(&reference_dir.path().join("data"), 4, 10_000, 8);
-    std::fs::write(reference_dir.path().join("job.yaml"), job(3, "out")).unwrap();
+    std::fs::write(reference_dir.path().join("job.yaml"), job(4, "out")).unwrap();
     assert_ok(&run_in(reference_dir.path(), &["run", "job.yaml"]));
-    let reference = parts_in_order(&reference_dir.path().join("out"));
-    assert_eq!(reference.len(), 120_000);
+    let four = parts_in_order(&reference_dir.path().join("out"));
+    assert_eq!(four.len(), 160_000);
+    let reference = &four[..120_000];
 
     // Run 1 is long (1000 epochs): it is surely running when killed, once its checkpoint
     // covers some rows and a part file exists past it.
@@ -120,9 +121,19 @@ fn shuffled_run_killed_and_resumed_in_a_fresh_process_continues_exactly() {
     );
     assert_eq!(read_cp().unwrap(), at_kill);
 
-    // Run 2: a fresh process, 3 epochs (an epoch count may change), resumed.
-    std::fs::write(dir.path().join("job.yaml"), job(3, "out")).unwrap();
-    assert_ok(&run_in(dir.path(), &["run", "job.yaml", "--resume"]));
+    // Run 2: a fresh process, 3 epochs (an epoch count may change), resumed. It commits
+    // only at its end, into one part file (checkpoint and part settings may change too):
+    // that part is still open when the run ends, so the finished run's checkpoint must
+    // number the next part past it.
+    let once = job(3, "out")
+        .replace("every_batches: 1}", "every_batches: 1000000}")
+        .replace("max_rows_per_file: 2000", "max_rows_per_file: 1000000000");
+    std::fs::write(dir.path().join("job.yaml"), &once).unwrap();
+    let out = run_in(
+        dir.path(),
+        &["run", "job.yaml", "--resume", "--summary-json", "s.json"],
+    );
+    assert_ok(&out);
     let resumed = parts_in_order(&dir.path().join("out"));
     eprintln!(
         "killed with {covered} rows checkpointed; resumed to {}",
@@ -132,6 +143,55 @@ fn shuffled_run_killed_and_resumed_in_a_fresh_process_continues_exactly() {
     assert!(
         resumed == reference,
         "the resumed run's rows (order, noise, dropout, mixup) differ from the uninterrupted run"
+    );
+    // Its summary adds up: every row read is either written now or was delivered before the
+    // checkpoint and read again to rebuild the position (the rest of the shuffle window).
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    let r = &s["resumed"];
+    assert_eq!(n(&r["rows_before"]), covered, "{s}");
+    assert_eq!(n(&r["rows_before"]) + n(&s["rows_written"]), 120_000, "{s}");
+    assert_eq!(
+        n(&s["rows_read"]),
+        n(&r["rows_reread"]) + n(&s["rows_written"]),
+        "{s}"
+    );
+    let shuffle = &s["stages"][1];
+    assert_eq!(
+        n(&shuffle["rows_in"]),
+        n(&shuffle["rows_out"]) + n(&shuffle["rows_replayed"]),
+        "{s}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "resumed  from file://{}: {covered} rows written before this run, 120000 in all",
+            dir.path().join("state/cp.json").display()
+        )),
+        "{stdout}"
+    );
+
+    // Run 3: resuming the finished run has nothing to do, and leaves the output alone.
+    let out = run_in(dir.path(), &["run", "job.yaml", "--resume"]);
+    assert_ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(": already complete")
+            && stdout.contains("records a finished run: 120000 rows written"),
+        "{stdout}"
+    );
+    assert!(parts_in_order(&dir.path().join("out")) == reference);
+
+    // Run 4: with `epochs: 4` the finished run goes on, and its 4th epoch is the one an
+    // uninterrupted 4-epoch run writes (the part after the last one is numbered past it).
+    std::fs::write(dir.path().join("job.yaml"), job(4, "out")).unwrap();
+    assert_ok(&run_in(dir.path(), &["run", "job.yaml", "--resume"]));
+    let longer = parts_in_order(&dir.path().join("out"));
+    assert_eq!(longer.len(), four.len());
+    assert!(
+        longer == four,
+        "the 4th epoch after a finished 3-epoch run differs from an uninterrupted 4-epoch run's"
     );
 }
 

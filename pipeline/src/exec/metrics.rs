@@ -29,6 +29,10 @@ pub struct SourceMetrics {
     /// Rows of the epochs read so far that `shard: pad` gives a second time (a shorter
     /// rank's own rows repeated up to the largest share), counted over all ranks.
     pub shard_repeated: AtomicU64,
+    /// Rows a resumed run read again and passed over before its first stage that reorders
+    /// rows: delivered before the checkpoint (the restart point is the start of a row group
+    /// or of the shuffle window being emitted), not delivered again.
+    pub rows_replayed: AtomicU64,
     /// Records that could not be decoded (Kafka).
     pub records_bad: AtomicU64,
     /// Of those, records written to the dead-letter sink.
@@ -106,6 +110,9 @@ pub struct StageMetrics {
     /// Rows removed by the pipeline's rules (filter predicate false, `drop_last` tail, a bad
     /// image under `on_error: skip`), counted, never lost.
     pub rows_removed: AtomicU64,
+    /// Rows in that a resumed run had delivered before its checkpoint (a `shuffle`
+    /// rebuilding the window it was emitting): taken in, not emitted again.
+    pub rows_replayed: AtomicU64,
     /// How those rows are named in the summary (`filtered out`, …): see
     /// [`crate::config::StageConfig::removed_as`].
     pub removed_as: &'static str,
@@ -123,6 +130,7 @@ impl StageMetrics {
             batches_out: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             rows_removed: AtomicU64::new(0),
+            rows_replayed: AtomicU64::new(0),
             notes: Mutex::new(Vec::new()),
         }
     }

@@ -818,7 +818,7 @@ impl PreparedPipeline {
         while i <= slots.len() {
             if i == first_stateful && skip > 0 {
                 let (tx, next) = new_queue("resume".into());
-                tasks.spawn(skip_task(rx, tx, skip));
+                tasks.spawn(skip_task(rx, tx, skip, metrics.clone()));
                 rx = next;
             }
             if let Some(size) = rank_batches.filter(|_| i == 0) {
@@ -1142,17 +1142,21 @@ async fn rebatch_task(
     }
 }
 
-/// Passes over the first `skip` rows (a restored run's rows already delivered).
-async fn skip_task(mut rx: Receiver, tx: Sender, mut skip: u64) {
+/// Passes over the first `skip` rows (a restored run's rows already delivered), counted as
+/// `source.rows_replayed`.
+async fn skip_task(mut rx: Receiver, tx: Sender, mut skip: u64, metrics: Arc<PipelineMetrics>) {
+    let replayed = |n: u64| metrics.source.rows_replayed.fetch_add(n, Ordering::Relaxed);
     while let Some(item) = rx.recv().await {
         let item = match item {
             Ok(b) if skip >= b.num_rows() as u64 => {
                 skip -= b.num_rows() as u64;
+                replayed(b.num_rows() as u64);
                 continue;
             }
             Ok(b) if skip > 0 => {
                 let k = skip as usize;
                 skip = 0;
+                replayed(k as u64);
                 Ok(b.slice(k, b.num_rows() - k))
             }
             other => other,
@@ -1201,11 +1205,12 @@ async fn shuffle_task(
             let Some(s) = sh.take() else { return };
             match step(&pool, blocking, s, |s| s.next_output()).await {
                 Ok((s, Some(b))) => {
-                    sh = Some(s);
                     if let Some(m) = &metrics {
                         m.rows_out.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
                         m.batches_out.fetch_add(1, Ordering::Relaxed);
+                        m.rows_replayed.store(s.stats.replayed, Ordering::Relaxed);
                     }
+                    sh = Some(s);
                     if !tx.send(Ok(b)).await {
                         return;
                     }
@@ -1221,6 +1226,9 @@ async fn shuffle_task(
             }
         }
         if finished {
+            if let (Some(m), Some(s)) = (&metrics, &sh) {
+                m.rows_replayed.store(s.stats.replayed, Ordering::Relaxed);
+            }
             if let (Some(m), Some(s)) = (&metrics, &sh)
                 && s.stats.runs > 0
             {

@@ -524,6 +524,10 @@ impl ParquetSource {
         epoch: u64,
         metrics: Arc<PipelineMetrics>,
     ) -> futures::stream::BoxStream<'static, Result<Unit>> {
+        // The first epoch this run reads counts the files and the rows to come (a resumed
+        // run: from its restart point on).
+        let first = self.resume.map_or(0, |m| m.epoch);
+        let restart = self.resume.filter(|m| m.epoch == epoch);
         if self.order.is_none() && self.world == 1 {
             let files = self.files.clone();
             let epochs = self.config.epochs;
@@ -533,19 +537,25 @@ impl ParquetSource {
                     let i = index?;
                     match files.get(i).await {
                         Ok(Some(f)) => {
-                            if epoch == 0 {
+                            if epoch == first {
                                 metrics.source.files.fetch_add(1, Ordering::Relaxed);
                             }
                             Some((Ok(row_groups(&f)), Some(i + 1)))
                         }
                         Ok(None) => {
-                            if epoch == 0
+                            if epoch == first
                                 && let Some((_, rows)) = files.totals()
                             {
-                                metrics
-                                    .source
-                                    .rows_expected
-                                    .store(rows * epochs, Ordering::Relaxed);
+                                let before = match restart {
+                                    Some(m) => files.all().await.map_or(0, |fs| {
+                                        rows_before(fs.iter().flat_map(row_groups), &m)
+                                    }),
+                                    None => 0,
+                                };
+                                metrics.source.rows_expected.store(
+                                    (rows * epochs.saturating_sub(first)).saturating_sub(before),
+                                    Ordering::Relaxed,
+                                );
                             }
                             None
                         }
@@ -561,7 +571,7 @@ impl ParquetSource {
         }
         async move {
             let files = self.files.all().await?;
-            if epoch == 0 {
+            if epoch == first {
                 metrics
                     .source
                     .files
@@ -598,11 +608,12 @@ impl ParquetSource {
                     .shard_repeated
                     .fetch_add(dealt.saturating_sub(total), Ordering::Relaxed);
             }
-            if epoch == 0 {
-                metrics
-                    .source
-                    .rows_expected
-                    .store(share * self.config.epochs, Ordering::Relaxed);
+            if epoch == first {
+                let before = restart.map_or(0, |m| rows_before(units.iter().cloned(), &m));
+                metrics.source.rows_expected.store(
+                    (share * self.config.epochs.saturating_sub(first)).saturating_sub(before),
+                    Ordering::Relaxed,
+                );
             }
             Ok(units)
         }
@@ -628,6 +639,11 @@ impl ParquetSource {
         self.world = world.max(1);
         self.resume = resume;
     }
+}
+
+/// Rows of an epoch's plan (`units`) before the restart point of `m` (which is in it).
+fn rows_before(units: impl Iterator<Item = Unit>, m: &Mark) -> u64 {
+    units.take(m.unit as usize).map(|u| u.len).sum::<u64>() + m.row
 }
 
 /// Every row group of a file, whole.

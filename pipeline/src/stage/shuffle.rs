@@ -79,6 +79,9 @@ pub(crate) struct SpillStats {
     pub(crate) runs: u64,
     pub(crate) bytes_written: u64,
     pub(crate) windows: u64,
+    /// Rows a resumed run took in again and passed over: the part of the window being
+    /// emitted at the checkpoint that was delivered before it.
+    pub(crate) replayed: u64,
 }
 
 /// One row's origin, compactly (for spilled and exchanged rows).
@@ -628,6 +631,7 @@ impl Shuffler {
                 break;
             }
         }
+        self.stats.replayed += skipped;
         Ok(skipped)
     }
 

@@ -139,6 +139,47 @@ fn resume_without_a_checkpoint_says_what_happens() {
         .stderr(contains("state/cp.json yet: starting from the beginning"));
 }
 
+/// Resuming into an output directory that lost part files the checkpoint covers warns,
+/// naming how many: the output holds every row only with them.
+#[test]
+fn resuming_into_an_output_missing_covered_parts_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = |epochs: u32| {
+        format!(
+            "source: {{type: parquet, path: '{}/data/digits/train.parquet', epochs: {epochs}}}\n\
+             checkpoint: {{path: cp.json}}\n\
+             sink: {{type: parquet, path: out, max_rows_per_file: 500}}\n",
+            repo().display()
+        )
+    };
+    std::fs::write(dir.path().join("job.yaml"), job(1)).unwrap();
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--no-report"])
+        .assert()
+        .success();
+    let parts = files_under(&dir.path().join("out")).len();
+    assert!(parts >= 3, "{parts} part files");
+    std::fs::remove_file(dir.path().join("out/part-00001.parquet")).unwrap();
+    std::fs::write(dir.path().join("job.yaml"), job(2)).unwrap();
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--resume", "--no-report"])
+        .assert()
+        .success()
+        .stdout(contains("1437 rows written before this run, 2874 in all"))
+        .stderr(contains(format!(
+            "the checkpoint covers part files 0..{parts}, but 1 of them are not there"
+        )));
+    // The second epoch went to new parts; the first one's other parts stayed.
+    let left = files_under(&dir.path().join("out"));
+    let has = |n: usize| {
+        left.iter()
+            .any(|f| f.ends_with(&format!("part-{n:05}.parquet")))
+    };
+    assert!(has(0) && has(parts - 1) && has(parts), "{left:?}");
+}
+
 #[test]
 fn usage_errors_exit_2() {
     sluice().arg("frobnicate").assert().code(2);

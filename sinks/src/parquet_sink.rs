@@ -195,6 +195,15 @@ impl ParquetSink {
                         0
                     }
                 };
+                // The parts the checkpoint covers should all be there; a downstream job may
+                // have moved some away on purpose, so a gap is said, not refused.
+                let kept = existing.iter().filter(|(n, _)| *n < next).count() as u64;
+                if cx.resume.is_some() && kept < next {
+                    tracing::warn!(
+                        "resuming into {dir}/: the checkpoint covers part files 0..{next}, but {} of them are not there (moved or deleted?): the output holds every row only with them; this run writes from part-{next:05}",
+                        next - kept
+                    );
+                }
                 // Parts at or after `next` were written after the checkpoint (or by an
                 // earlier run being overwritten): they are written again.
                 for (n, loc) in existing {

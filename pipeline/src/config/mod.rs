@@ -905,7 +905,9 @@ pub enum OnError {
     Skip,
 }
 
-/// One augmentation step of an `image` stage, applied in order.
+/// One augmentation step of an `image` stage. The stage applies them in phases — geometry
+/// (a crop or resize, flips), colour (`color_jitter`, then `random_grayscale`), `normalize`,
+/// `random_erasing` — and `ops` must list them in that order ([`ImageOp::phase`]).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum ImageOp {
@@ -1013,6 +1015,42 @@ pub enum ImageOp {
         #[serde(default)]
         value: EraseValue,
     },
+}
+
+impl ImageOp {
+    /// The op's name in the config.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ImageOp::RandomCrop { .. } => "random_crop",
+            ImageOp::RandomResizedCrop { .. } => "random_resized_crop",
+            ImageOp::CenterCrop { .. } => "center_crop",
+            ImageOp::Resize { .. } => "resize",
+            ImageOp::HorizontalFlip { .. } => "horizontal_flip",
+            ImageOp::VerticalFlip { .. } => "vertical_flip",
+            ImageOp::ColorJitter { .. } => "color_jitter",
+            ImageOp::RandomGrayscale { .. } => "random_grayscale",
+            ImageOp::Normalize { .. } => "normalize",
+            ImageOp::RandomErasing { .. } => "random_erasing",
+        }
+    }
+
+    /// When the stage applies the op: 0 geometry (the window is cut and flipped while the
+    /// pixels are sampled), 1 `color_jitter`, 2 `random_grayscale` (both on the cut window,
+    /// padding included), 3 `normalize`, 4 `random_erasing` (on the finished output).
+    pub fn phase(&self) -> u8 {
+        match self {
+            ImageOp::RandomCrop { .. }
+            | ImageOp::RandomResizedCrop { .. }
+            | ImageOp::CenterCrop { .. }
+            | ImageOp::Resize { .. }
+            | ImageOp::HorizontalFlip { .. }
+            | ImageOp::VerticalFlip { .. } => 0,
+            ImageOp::ColorJitter { .. } => 1,
+            ImageOp::RandomGrayscale { .. } => 2,
+            ImageOp::Normalize { .. } => 3,
+            ImageOp::RandomErasing { .. } => 4,
+        }
+    }
 }
 
 /// What `random_erasing` writes into its box.

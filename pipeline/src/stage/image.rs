@@ -135,7 +135,32 @@ pub(crate) fn build(
     let mut scale = vec![1.0f32 / 255.0; ch];
     let mut bias = vec![0.0f32; ch];
     let mut fill = vec![0.0f32; ch];
-    for (k, op) in c.ops.iter().enumerate() {
+    // Each op applies once, in its phase (`ImageOp::phase`): a list naming one twice, or in
+    // another order, would be applied otherwise than it reads, so it is refused.
+    if let Some(twice) = c.ops.iter().enumerate().find_map(|(k, op)| {
+        c.ops[..k]
+            .iter()
+            .any(|o| o.name() == op.name())
+            .then_some(op)
+    }) {
+        return Err(err(format!(
+            "`{}` is listed twice: give it once (each op applies once)",
+            twice.name()
+        )));
+    }
+    if let Some((before, after)) = c.ops.iter().enumerate().find_map(|(k, op)| {
+        c.ops[..k]
+            .iter()
+            .find(|o| o.phase() > op.phase())
+            .map(|o| (o, op))
+    }) {
+        return Err(err(format!(
+            "`{}` is listed after `{}`, but the ops apply in this order: the geometry (a crop or resize, flips), then color_jitter, random_grayscale (on the cut window, padding included), normalize (pixels to the model's scale), random_erasing (on the normalized output); list them in that order",
+            after.name(),
+            before.name()
+        )));
+    }
+    for op in &c.ops {
         match op {
             ImageOp::RandomCrop {
                 size,
@@ -248,14 +273,6 @@ pub(crate) fn build(
                 if ch != 3 {
                     return Err(err("random_grayscale needs 3 channels".into()));
                 }
-                if c.ops[k + 1..]
-                    .iter()
-                    .any(|o| matches!(o, ImageOp::ColorJitter { .. }))
-                {
-                    return Err(err(
-                        "list random_grayscale after color_jitter: the colour ops apply in that order".into(),
-                    ));
-                }
             }
             ImageOp::RandomErasing {
                 p,
@@ -263,11 +280,6 @@ pub(crate) fn build(
                 ratio,
                 value,
             } => {
-                if k + 1 < c.ops.len() {
-                    return Err(err(
-                        "random_erasing must be the last op: it erases a box of the finished (normalized) output".into(),
-                    ));
-                }
                 if !(0.0..=1.0).contains(p) {
                     return Err(err(format!(
                         "random_erasing: `p` must be in [0, 1], not {p}"
@@ -2273,7 +2285,7 @@ mod tests {
         for (ops, expected) in [
             (
                 vec![erasing(0.5, [0.02, 0.33], [0.3, 3.3]), identity(1)],
-                "random_erasing must be the last op",
+                "`normalize` is listed after `random_erasing`, but the ops apply in this order",
             ),
             (
                 vec![erasing(1.5, [0.02, 0.33], [0.3, 3.3])],
@@ -2544,7 +2556,22 @@ mod tests {
                 &rgb,
                 [2, 2, 3],
                 vec![ImageOp::RandomGrayscale { p: 0.5 }, jitter(0.1)],
-                "list random_grayscale after color_jitter",
+                "`color_jitter` is listed after `random_grayscale`, but the ops apply in this order",
+            ),
+            // Listed after `normalize`, the jitter would read as working on normalized
+            // values; the stage jitters pixels, so the list must say so.
+            (
+                &rgb,
+                [2, 2, 3],
+                vec![identity(3), jitter(0.1)],
+                "`color_jitter` is listed after `normalize`",
+            ),
+            // A second jitter would be applied once, not twice.
+            (
+                &rgb,
+                [2, 2, 3],
+                vec![jitter(0.1), jitter(0.2)],
+                "`color_jitter` is listed twice",
             ),
         ] {
             let e = refusal(shape, input, ops);

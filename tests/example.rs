@@ -51,6 +51,34 @@ fn stream_example_reads_the_quickstart_pipeline() {
         stdout.contains("train.parquet row group 0, rows 0..64 (epoch 0)"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("resumed after 5 batches: the next batch is 64 rows from file:///")
+            && stdout.contains("rows 320..384 (epoch 0); same as uninterrupted: true"),
+        "{stdout}"
+    );
+}
+
+/// The example's resume, on a shuffled, augmented pipeline with mixup: the batch after the
+/// snapshot is the uninterrupted run's, bit for bit.
+#[test]
+fn stream_example_resumes_a_shuffled_augmented_pipeline_exactly() {
+    let out = std::process::Command::new(example("stream"))
+        .arg(common::repo().join("configs/digits-augmented.yaml"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("46 batches, 2874 rows"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "resumed after 5 batches: the next batch is 64 rows from 64 places (shuffled)"
+        ) && stdout.contains("same as uninterrupted: true"),
+        "{stdout}"
+    );
 }
 
 /// The hand-written tch training loop on the tensor stream learns: the loss falls epoch by

@@ -180,6 +180,70 @@ fn resuming_into_an_output_missing_covered_parts_warns() {
     assert!(has(0) && has(parts - 1) && has(parts), "{left:?}");
 }
 
+/// `partitioning: hive` on local disk: `key=value` directories become columns (a value
+/// pyarrow wrote URI-encoded, `en%20US`, read from the file so named, and decoded). Without
+/// it, asking for such a column says how to get it; a file whose keys differ, or a key that
+/// is also a column of the file, is refused naming it.
+#[test]
+fn hive_partition_directories_become_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for (path, id, _, _) in HIVE_LAYOUT {
+        let p = data.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, one_row_parquet(id)).unwrap();
+    }
+    let run = |source: &str| {
+        std::fs::write(
+            dir.path().join("job.yaml"),
+            format!("source: {{type: parquet, path: 'data/**/*.parquet'{source}}}\nsink: {{type: parquet, path: out.parquet, overwrite: true}}\n"),
+        )
+        .unwrap();
+        sluice()
+            .current_dir(dir.path())
+            .args(["run", "job.yaml", "--no-report"])
+            .assert()
+    };
+    run(", partitioning: hive").success();
+    assert_hive_columns(&read_parquet(&dir.path().join("out.parquet")));
+    // `columns` places them, and reads only the file columns it names.
+    run(", partitioning: hive, columns: [lang, id]").success();
+    let out = read_parquet(&dir.path().join("out.parquet"));
+    let names: Vec<String> = out[0]
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["lang", "id"]);
+    run(", columns: [id, lang]")
+        .code(1)
+        .stderr(contains(
+            "column `lang` does not exist; available columns: id",
+        ))
+        .stderr(contains(
+            "the path has a `lang=…` directory: set `partitioning: hive` to read it as a column",
+        ));
+    // A file with other keys.
+    let odd = data.join("year=2025/f.parquet");
+    std::fs::create_dir_all(odd.parent().unwrap()).unwrap();
+    std::fs::write(&odd, one_row_parquet(3)).unwrap();
+    run(", partitioning: hive")
+        .code(1)
+        .stderr(contains("year=2025/f.parquet: schema differs from"))
+        .stderr(contains(
+            "partition directories [year=…] where the first file has [year=…, lang=…]",
+        ));
+    std::fs::remove_file(&odd).unwrap();
+    // A key that is a column of the file too.
+    let clash = data.join("year=2023/lang=en/id=7/f.parquet");
+    std::fs::create_dir_all(clash.parent().unwrap()).unwrap();
+    std::fs::write(&clash, one_row_parquet(7)).unwrap();
+    run(", partitioning: hive").code(1).stderr(contains(
+        "column `id` is both in the file and a partition directory (`id=…`) of its path",
+    ));
+}
+
 #[test]
 fn usage_errors_exit_2() {
     sluice().arg("frobnicate").assert().code(2);

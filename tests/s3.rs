@@ -345,6 +345,25 @@ async fn missing_bucket_missing_object_and_bad_credentials_get_one_clear_message
     );
 }
 
+/// `partitioning: hive` on S3: the `key=value` directories of the keys become columns, the
+/// same as from local disk (tests/cli.rs), a URI-encoded value and Hive's null included.
+#[tokio::test(flavor = "multi_thread")]
+async fn hive_partition_directories_on_s3_become_columns() {
+    let bucket = s3::bucket("hive");
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = HIVE_LAYOUT
+        .iter()
+        .map(|(path, id, _, _)| (path.to_string(), one_row_parquet(*id)))
+        .collect();
+    upload(&bucket, "hive", &files).await;
+    let yaml = format!(
+        "source: {{type: parquet, path: 's3://{bucket}/hive/**/*.parquet', partitioning: hive}}\nsink: {{type: parquet, path: out.parquet}}\n"
+    );
+    let (code, text) = run(dir.path(), &yaml, &s3::endpoint(), &[]);
+    assert_eq!(code, 0, "{text}");
+    assert_hive_columns(&read_parquet(&dir.path().join("out.parquet")));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn partitioned_layouts_are_listed_partition_by_partition_in_key_order() {
     let bucket = s3::bucket("parts");

@@ -109,6 +109,62 @@ pub fn int64_values(batches: &[RecordBatch], column: &str) -> Vec<i64> {
         .collect()
 }
 
+/// The values of Utf8 column `column` across batches (`None` for nulls).
+pub fn utf8_values(batches: &[RecordBatch], column: &str) -> Vec<Option<String>> {
+    use arrow::array::AsArray;
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column_by_name(column)
+                .unwrap()
+                .as_string::<i32>()
+                .iter()
+                .map(|v| v.map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A Hive-partitioned layout of one-row files (`id`): (relative path, id, year, lang).
+pub const HIVE_LAYOUT: [(&str, i64, &str, Option<&str>); 3] = [
+    // pyarrow writes partition values URI-encoded: the `%20` is in the name.
+    ("year=2023/lang=en%20US/f.parquet", 1, "2023", Some("en US")),
+    ("year=2023/lang=en/f.parquet", 0, "2023", Some("en")),
+    // Hive's null.
+    (
+        "year=2024/lang=__HIVE_DEFAULT_PARTITION__/f.parquet",
+        2,
+        "2024",
+        None,
+    ),
+];
+
+/// Checks a run's output of [`HIVE_LAYOUT`] read with `partitioning: hive`: every file's
+/// row, in key order, with its directories as columns after the file's.
+pub fn assert_hive_columns(out: &[RecordBatch]) {
+    let schema = out[0].schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["id", "year", "lang"]);
+    assert_eq!(
+        int64_values(out, "id"),
+        HIVE_LAYOUT.iter().map(|f| f.1).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        utf8_values(out, "year"),
+        HIVE_LAYOUT
+            .iter()
+            .map(|f| Some(f.2.to_string()))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        utf8_values(out, "lang"),
+        HIVE_LAYOUT
+            .iter()
+            .map(|f| f.3.map(str::to_string))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// The bytes of a one-row Parquet file holding `id`.
 pub fn one_row_parquet(id: i64) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();

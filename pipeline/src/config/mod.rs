@@ -313,6 +313,24 @@ pub struct ParquetSourceConfig {
     /// share).
     #[serde(default)]
     pub shard: ShardPolicy,
+    /// `hive`: each `key=value` directory in a file's path (`…/year=2024/lang=en/part-0.parquet`)
+    /// becomes a `utf8` column `key` holding `value` (percent-decoded; null for
+    /// `__HIVE_DEFAULT_PARTITION__`) in every row of the file, after the file's own columns or
+    /// where `columns` lists it (`cast` it to a number if need be). Every file must have the
+    /// same keys. Default: `none` (the paths add nothing).
+    #[serde(default)]
+    pub partitioning: Partitioning,
+}
+
+/// What a Parquet source reads from its files' paths; see [`ParquetSourceConfig::partitioning`].
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioning {
+    /// Nothing.
+    #[default]
+    None,
+    /// `key=value` directories as columns.
+    Hive,
 }
 
 /// How a Parquet source splits an epoch between ranks; see [`ParquetSourceConfig::shard`].
@@ -1278,7 +1296,7 @@ mod tests {
         );
         // The likely intended name, when one is close; none for a name like none of them.
         assert!(
-            all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard; did you mean `columns`?"),
+            all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard, partitioning; did you mean `columns`?"),
             "{all}"
         );
         assert!(

@@ -34,7 +34,7 @@ pub use self::pool::CpuPool;
 use crate::batch::{Batch, Mark};
 use crate::collective::Collective;
 use crate::config::{
-    ConfigDocument, ConfigErrors, Located, PipelineConfig, SourceConfig, StageConfig,
+    ConfigDocument, ConfigErrors, Located, Partitioning, PipelineConfig, SourceConfig, StageConfig,
 };
 use crate::error::{Error, Result, StageRef};
 use crate::source::Source;
@@ -326,10 +326,15 @@ impl Pipeline {
             .iter()
             .rposition(|s| matches!(s.value, StageConfig::Shuffle(_)));
         if let SourceConfig::Parquet(p) = &self.config.source.value {
-            let text = match last_shuffle {
+            let mut text = match last_shuffle {
                 Some(_) => format!("{:?}", (p.shard, &p.columns, p.batch_rows)),
                 None => format!("{:?}", p.shard),
             };
+            // The partition columns widen a shuffle's rows (so move its spills); left out
+            // when off, so states taken before the setting existed still match.
+            if last_shuffle.is_some() && p.partitioning != Partitioning::None {
+                text += &format!(", {:?}", p.partitioning);
+            }
             out.insert("source".to_string(), setting_hash(&text));
         }
         for (i, s) in stages.iter().enumerate() {

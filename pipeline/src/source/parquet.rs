@@ -21,7 +21,7 @@ use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use super::reader::ObjectReader;
 
 use crate::batch::{Batch, Lineage, Mark, Name, Origin};
-use crate::config::{ParquetSourceConfig, ShardPolicy};
+use crate::config::{ParquetSourceConfig, Partitioning, ShardPolicy};
 use crate::error::{Error, Result};
 use crate::exec::CpuPool;
 use crate::exec::channel::Sender;
@@ -36,8 +36,10 @@ pub(crate) struct ParquetFile {
     metadata: ArrowReaderMetadata,
     /// Root column indices to read, in file order.
     mask: ProjectionMask,
-    /// Reorders the decoded columns into the requested order.
-    reorder: Vec<usize>,
+    /// Where each output column comes from: a decoded root or a partition value.
+    slots: Vec<Slot>,
+    /// The file's `key=value` directories (`partitioning: hive`), in path order.
+    partitions: Vec<(String, Option<String>)>,
     /// First row of each row group within the file.
     row_group_starts: Vec<u64>,
     /// Projected schema.
@@ -208,6 +210,7 @@ pub(crate) struct ParquetSource {
 async fn open_file(
     object: ListedObject,
     columns: Option<Vec<String>>,
+    partitioning: Partitioning,
     expected_rows: Arc<Vec<(String, u64)>>,
     location: Arc<str>,
 ) -> Result<Arc<ParquetFile>> {
@@ -230,10 +233,29 @@ async fn open_file(
         });
     }
     let file_schema = metadata.schema().clone();
-    let (root_indices, reorder, projected) =
-        project(&file_schema, columns.as_deref()).map_err(|message| Error::Source {
-            at: location.to_string(),
-            message: format!("{}: {message}", object.location.url),
+    let in_path = hive_partitions(&object.location);
+    let source_error = |message: String| Error::Source {
+        at: location.to_string(),
+        message: format!("{}: {message}", object.location.url),
+    };
+    let partitions = match partitioning {
+        Partitioning::Hive => in_path.clone().map_err(source_error)?,
+        Partitioning::None => Vec::new(),
+    };
+    let (root_indices, slots, projected) = project(&file_schema, columns.as_deref(), &partitions)
+        .map_err(|mut message| {
+            // A column missing from the file that the path names as a partition.
+            if partitioning == Partitioning::None
+                && let Ok(keys) = &in_path
+                && let Some(name) = columns.iter().flatten().find(|c| {
+                    file_schema.index_of(c).is_err() && keys.iter().any(|(k, _)| k == *c)
+                })
+            {
+                message.push_str(&format!(
+                    "; the path has a `{name}=…` directory: set `partitioning: hive` to read it as a column"
+                ));
+            }
+            source_error(message)
         })?;
     let parquet_meta = metadata.metadata();
     let mask = ProjectionMask::roots(parquet_meta.file_metadata().schema_descr(), root_indices);
@@ -247,10 +269,61 @@ async fn open_file(
         object,
         metadata,
         mask,
-        reorder,
+        slots,
+        partitions,
         row_group_starts,
         schema: projected,
     }))
+}
+
+/// The `key=value` directories of an object's path, in order (values percent-decoded, as
+/// pyarrow and Hive write them URI-encoded; `__HIVE_DEFAULT_PARTITION__`, Hive's null, as
+/// `None`).
+fn hive_partitions(
+    location: &crate::storage::ObjectLocation,
+) -> std::result::Result<Vec<(String, Option<String>)>, String> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    // The names as stored: the local store keeps a file name's `%` as it is in the path,
+    // the others encode it (`%25`) there.
+    let local = location
+        .url
+        .starts_with("file:")
+        .then(|| {
+            object_store::local::LocalFileSystem::new()
+                .path_to_filesystem(&location.path)
+                .ok()
+        })
+        .flatten();
+    let names: Vec<String> = match local {
+        Some(file) => file
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect(),
+        None => location.path.parts().map(|p| decode(p.as_ref())).collect(),
+    };
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    for name in names.iter().take(names.len().saturating_sub(1)) {
+        let Some((key, value)) = name.split_once('=') else {
+            continue;
+        };
+        let (key, value) = (decode(key), decode(value));
+        let (key, value) = (key.as_str(), value.as_str());
+        if key.is_empty() {
+            continue;
+        }
+        if out.iter().any(|(k, _)| k == key) {
+            return Err(format!(
+                "the partition key `{key}` appears twice in the path"
+            ));
+        }
+        let value = (value != "__HIVE_DEFAULT_PARTITION__").then(|| value.to_string());
+        out.push((key.to_string(), value));
+    }
+    Ok(out)
 }
 
 impl ParquetSource {
@@ -297,12 +370,13 @@ impl ParquetSource {
         let expected_rows = Arc::new(expected_rows);
         let at: Arc<str> = Arc::from(location);
         let columns = config.columns.clone();
+        let partitioning = config.partitioning;
         // Footers are small: open up to 16 files ahead, in order.
         let mut opened = objects
             .map(move |o| {
                 let (columns, expected_rows, at) =
                     (columns.clone(), expected_rows.clone(), at.clone());
-                async move { open_file(o?, columns, expected_rows, at).await }
+                async move { open_file(o?, columns, partitioning, expected_rows, at).await }
             })
             .buffered(16)
             .boxed();
@@ -312,10 +386,22 @@ impl ParquetSource {
         };
         let schema = first.schema.clone();
         let (first_url, expected) = (first.object.location.url.clone(), schema.clone());
+        let keys = |f: &ParquetFile| -> Vec<String> {
+            f.partitions.iter().map(|(k, _)| format!("{k}=…")).collect()
+        };
+        let first_keys = keys(&first);
         let checked = opened
             .map(move |f| {
                 let f = f?;
-                if let Some(detail) = schema_difference(&expected, &f.schema) {
+                let detail = match keys(&f) {
+                    k if k != first_keys => Some(format!(
+                        "partition directories [{}] where the first file has [{}] (`partitioning: hive` needs the same keys in every path)",
+                        k.join(", "),
+                        first_keys.join(", ")
+                    )),
+                    _ => schema_difference(&expected, &f.schema),
+                };
+                if let Some(detail) = detail {
                     return Err(Error::SchemaMismatch {
                         url: f.object.location.url.to_string(),
                         first_url: first_url.to_string(),
@@ -872,13 +958,22 @@ impl UnitRead {
             }
             let mut chunk = Vec::with_capacity(decoded.len());
             for rb in decoded {
-                let rb = rb
-                    .project(&file.reorder)
-                    .and_then(|rb| RecordBatch::try_new(self.schema.clone(), rb.columns().to_vec()))
-                    .map_err(|e| Error::Arrow {
+                let columns = file
+                    .slots
+                    .iter()
+                    .map(|slot| match *slot {
+                        Slot::File(i) => rb.column(i).clone(),
+                        Slot::Partition(k) => {
+                            partition_column(&file.partitions[k].1, rb.num_rows())
+                        }
+                    })
+                    .collect();
+                let rb = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| {
+                    Error::Arrow {
                         context: format!("{url}: row group {rg}"),
                         source: e,
-                    })?;
+                    }
+                })?;
                 let n = rb.num_rows() as u64;
                 bytes += rb.get_array_memory_size() as u64;
                 rows += n;
@@ -919,52 +1014,109 @@ impl UnitRead {
     }
 }
 
-/// Computes the root columns to read (file order), how to reorder them into the requested
-/// order, and the output schema.
+/// Where an output column of a file comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// A decoded root column (its position among the roots read, which are in file order).
+    File(usize),
+    /// A partition value (index into [`ParquetFile::partitions`]).
+    Partition(usize),
+}
+
+/// Every row of a file's partition column: `value` repeated, or nulls.
+fn partition_column(value: &Option<String>, rows: usize) -> arrow::array::ArrayRef {
+    match value {
+        Some(v) => Arc::new(arrow::array::StringArray::from_iter_values(
+            std::iter::repeat_n(v.as_str(), rows),
+        )),
+        None => arrow::array::new_null_array(&arrow::datatypes::DataType::Utf8, rows),
+    }
+}
+
+/// Computes the root columns to read (file order), where each output column comes from (in
+/// the requested order; default: the file's columns, then the partition keys), and the
+/// output schema (partition columns are nullable `utf8`), without the file's schema
+/// metadata, so files written by different tools compare equal.
 fn project(
     file_schema: &Schema,
     columns: Option<&[String]>,
-) -> Result<(Vec<usize>, Vec<usize>, SchemaRef), String> {
-    let Some(columns) = columns else {
-        let all: Vec<usize> = (0..file_schema.fields().len()).collect();
-        return Ok((all.clone(), all, Arc::new(unify(file_schema.clone()))));
+    partitions: &[(String, Option<String>)],
+) -> Result<(Vec<usize>, Vec<Slot>, SchemaRef), String> {
+    if let Some((key, _)) = partitions
+        .iter()
+        .find(|(k, _)| file_schema.index_of(k).is_ok())
+    {
+        return Err(format!(
+            "column `{key}` is both in the file and a partition directory (`{key}=…`) of its path; rename one, or read without `partitioning: hive`"
+        ));
+    }
+    let all: Vec<String>;
+    let names: &[String] = match columns {
+        Some(c) => c,
+        None => {
+            all = file_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .chain(partitions.iter().map(|(k, _)| k.clone()))
+                .collect();
+            &all
+        }
     };
-    let mut wanted = Vec::with_capacity(columns.len());
-    for name in columns {
-        match file_schema.index_of(name) {
-            Ok(i) => {
-                if wanted.contains(&i) {
-                    return Err(format!("column `{name}` is listed twice in `columns`"));
-                }
-                wanted.push(i)
-            }
-            Err(_) => {
-                let available: Vec<&str> = file_schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect();
-                return Err(format!(
-                    "column `{name}` does not exist; available columns: {}",
-                    available.join(", ")
-                ));
-            }
+    enum Wanted {
+        File(usize),
+        Partition(usize),
+    }
+    let mut wanted = Vec::with_capacity(names.len());
+    for (j, name) in names.iter().enumerate() {
+        if names[..j].contains(name) {
+            return Err(format!("column `{name}` is listed twice in `columns`"));
+        }
+        if let Ok(i) = file_schema.index_of(name) {
+            wanted.push(Wanted::File(i));
+        } else if let Some(k) = partitions.iter().position(|(key, _)| key == name) {
+            wanted.push(Wanted::Partition(k));
+        } else {
+            let available: Vec<&str> = file_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .chain(partitions.iter().map(|(k, _)| k.as_str()))
+                .collect();
+            return Err(format!(
+                "column `{name}` does not exist; available columns: {}",
+                available.join(", ")
+            ));
         }
     }
-    let mut sorted = wanted.clone();
-    sorted.sort_unstable();
-    // Decoded batches hold the roots in file order; position of each wanted root there:
-    let reorder = wanted
+    let mut roots: Vec<usize> = wanted
         .iter()
-        .map(|w| sorted.iter().position(|s| s == w).unwrap_or(0))
+        .filter_map(|w| match w {
+            Wanted::File(i) => Some(*i),
+            Wanted::Partition(_) => None,
+        })
         .collect();
-    let projected = file_schema.project(&wanted).map_err(|e| e.to_string())?;
-    Ok((sorted, reorder, Arc::new(unify(projected))))
-}
-
-/// Drops schema metadata so files written by different tools compare equal.
-fn unify(schema: Schema) -> Schema {
-    Schema::new(schema.fields().clone())
+    roots.sort_unstable();
+    // Decoded batches hold the roots in file order; position of each wanted root there:
+    let slots = wanted
+        .iter()
+        .map(|w| match w {
+            Wanted::File(i) => Slot::File(roots.iter().position(|r| r == i).unwrap_or(0)),
+            Wanted::Partition(k) => Slot::Partition(*k),
+        })
+        .collect();
+    let fields: Vec<arrow::datatypes::FieldRef> = wanted
+        .iter()
+        .map(|w| match w {
+            Wanted::File(i) => Arc::new(file_schema.field(*i).clone()),
+            Wanted::Partition(k) => Arc::new(arrow::datatypes::Field::new(
+                &partitions[*k].0,
+                arrow::datatypes::DataType::Utf8,
+                true,
+            )),
+        })
+        .collect();
+    Ok((roots, slots, Arc::new(Schema::new(fields))))
 }
 
 fn schema_difference(a: &Schema, b: &Schema) -> Option<String> {

@@ -30,10 +30,18 @@ pub(crate) struct ObjectReader {
 
 impl ObjectReader {
     pub(crate) fn new(location: &ObjectLocation, size: u64) -> Self {
-        let local = url::Url::parse(&location.url)
-            .ok()
-            .filter(|u| u.scheme() == "file")
-            .and_then(|u| u.to_file_path().ok())
+        // The file as the local store names it: a `%` in a file name is literal (pyarrow
+        // writes Hive values URI-encoded, `lang=en%20US`), so the URL's percent-decoding
+        // would name another file.
+        let local = location
+            .url
+            .starts_with("file:")
+            .then(|| {
+                object_store::local::LocalFileSystem::new()
+                    .path_to_filesystem(&location.path)
+                    .ok()
+            })
+            .flatten()
             .map(Arc::from);
         ObjectReader {
             store: location.store.clone(),

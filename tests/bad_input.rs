@@ -249,7 +249,9 @@ fn column_that_does_not_exist() {
     ));
     let err = c.fails("validate", &p);
     assert!(
-        err.contains("column `labels` does not exist; available columns: id, label, pixels"),
+        err.contains(
+            "column `labels` does not exist; available columns: id, label, pixels; did you mean `label`?"
+        ),
         "{err}"
     );
 
@@ -263,6 +265,8 @@ fn column_that_does_not_exist() {
         err.contains("p.yaml:7:5: column `label` does not exist; available columns: id, y, pixels"),
         "{err}"
     );
+    // Nothing close to `label` is there: no suggestion.
+    assert!(!err.contains("did you mean"), "{err}");
     c.assert_no_output();
 }
 
@@ -454,7 +458,7 @@ fn loader_section_errors_name_the_key_or_the_column() {
         err.contains("tensor `x` from column `pixel`: no such column"),
         "{err}"
     );
-    assert!(err.contains("pixels"), "{err}");
+    assert!(err.contains("; did you mean `pixels`?"), "{err}");
     let p = c.yaml(&format!(
         "source: {{type: parquet, path: '{digits}'}}\nloader:\n  tensors:\n    x: {{column: pixels, shape: [3, 8, 8]}}\n"
     ));

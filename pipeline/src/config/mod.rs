@@ -71,16 +71,28 @@ fn with_suggestion(message: String) -> String {
     else {
         return message;
     };
-    let best = message[at + EXPECTED.len()..]
-        .trim_start_matches(':')
-        .split(',')
-        .map(|c| c.trim().trim_matches('`'))
+    let hint = did_you_mean(
+        unknown,
+        message[at + EXPECTED.len()..]
+            .trim_start_matches(':')
+            .split(',')
+            .map(|c| c.trim().trim_matches('`')),
+    );
+    message + &hint
+}
+
+/// `; did you mean `x`?` naming the candidate closest to `unknown` when one is close
+/// (Jaro–Winkler similarity at least 0.8), else nothing: for messages about an unknown key,
+/// type or column that list the known ones.
+pub fn did_you_mean<'a>(unknown: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
+    let best = candidates
+        .into_iter()
         .filter(|c| !c.is_empty() && *c != unknown)
         .map(|c| (strsim::jaro_winkler(unknown, c), c))
         .max_by(|a, b| a.0.total_cmp(&b.0));
     match best {
-        Some((score, c)) if score >= 0.8 => format!("{message}; did you mean `{c}`?"),
-        _ => message,
+        Some((score, c)) if score >= 0.8 => format!("; did you mean `{c}`?"),
+        _ => String::new(),
     }
 }
 

@@ -1084,8 +1084,9 @@ fn project(
                 .chain(partitions.iter().map(|(k, _)| k.as_str()))
                 .collect();
             return Err(format!(
-                "column `{name}` does not exist; available columns: {}",
-                available.join(", ")
+                "column `{name}` does not exist; available columns: {}{}",
+                available.join(", "),
+                crate::config::did_you_mean(name, available.iter().copied())
             ));
         }
     }

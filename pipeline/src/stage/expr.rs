@@ -235,14 +235,10 @@ fn convert(e: &ast::Expr, schema: &Schema) -> Result<Expr, String> {
 fn column(name: &str, schema: &Schema) -> Result<Expr, String> {
     match schema.index_of(name) {
         Ok(i) => Ok(Expr::Column(i, schema.field(i).data_type().clone())),
-        Err(_) => Err(format!(
-            "column `{name}` does not exist; available columns: {} (quote names with \"double quotes\", strings with 'single quotes')",
-            schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+        Err(_) => Err(super::no_such_column(
+            name,
+            schema,
+            " (quote names with \"double quotes\", strings with 'single quotes')",
         )),
     }
 }

@@ -66,16 +66,18 @@ pub(crate) type ComputedStats = Vec<(String, ColumnStats)>;
 pub(crate) fn column_index(stage: &StageRef, schema: &Schema, name: &str) -> Result<usize> {
     schema.index_of(name).map_err(|_| Error::Stage {
         stage: stage.clone(),
-        message: format!(
-            "column `{name}` does not exist; available columns: {}",
-            schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        message: no_such_column(name, schema, ""),
     })
+}
+
+/// "column `x` does not exist; available columns: a, b[{note}]; did you mean `a`?"
+pub(crate) fn no_such_column(name: &str, schema: &Schema, note: &str) -> String {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    format!(
+        "column `{name}` does not exist; available columns: {}{note}{}",
+        names.join(", "),
+        crate::config::did_you_mean(name, names.iter().copied())
+    )
 }
 
 /// Builds a stage for `input`, returning it and its output schema. `stats` must be given for

@@ -116,9 +116,14 @@ pub fn batch_to_tensors(
             message,
         };
         let col = batch.data.column_by_name(&spec.column).ok_or_else(|| {
+            let schema = batch.data.schema();
             fail(format!(
-                "no such column; the batch has: {}",
-                super::column_names(&batch.data.schema())
+                "no such column; the batch has: {}{}",
+                super::column_names(&schema),
+                sluice_pipeline::config::did_you_mean(
+                    &spec.column,
+                    schema.fields().iter().map(|f| f.name().as_str())
+                )
             ))
         })?;
         let mut valid: Option<Tensor> = None;

@@ -80,8 +80,12 @@ impl LoaderConfig {
             };
             let field = schema.field_with_name(&spec.column).map_err(|_| {
                 fail(format!(
-                    "no such column after the last stage; there are: {}",
-                    column_names(schema)
+                    "no such column after the last stage; there are: {}{}",
+                    column_names(schema),
+                    sluice_pipeline::config::did_you_mean(
+                        &spec.column,
+                        schema.fields().iter().map(|f| f.name().as_str())
+                    )
                 ))
             })?;
             // The types `batch_to_tensors` converts, so validation and runs agree.

@@ -598,6 +598,23 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
             continue;
         }
         match job.pipeline().plan().await {
+            Ok(plan) if !plan.problems.is_empty() => {
+                for e in &plan.problems {
+                    print_error(e);
+                }
+                if let Some(first) = &plan.unchecked_from {
+                    eprintln!(
+                        "note: {first} and the stages after it were not checked: the stage before them could not be built, so their input is unknown"
+                    );
+                }
+                let n = plan.problems.len();
+                eprintln!(
+                    "{}: {n} {} found",
+                    path.display(),
+                    if n == 1 { "problem" } else { "problems" }
+                );
+                failed = true;
+            }
             Ok(plan) => {
                 println!("{}: ok — {}", path.display(), plan.summary);
                 println!("  source: {}", schema_line(&plan.source_schema));

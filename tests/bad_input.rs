@@ -107,6 +107,32 @@ fn every_problem_is_reported_at_once() {
     assert!(err.contains("6 problems found"), "{err}");
 }
 
+/// Stages that cannot be built (columns or settings that do not fit the data) are reported
+/// together too: checking goes on past a stage that keeps its input's columns, and stops,
+/// saying so, at one whose output is then unknown.
+#[test]
+fn every_stage_problem_is_reported_at_once_as_far_as_the_schema_is_known() {
+    let c = Case::new();
+    let stages = "stages:\n  - {type: clip, columns: [lable], max: 3}\n  - {type: filter, predicate: \"idd > 3\"}\n  - {type: cast, columns: {pixel: float32}}\n  - {type: select, columns: [nope]}\n";
+    let p = c.yaml(&format!(
+        "source: {{type: parquet, path: '{}'}}\n{stages}",
+        digits()
+    ));
+    let err = c.fails("validate", &p);
+    assert!(
+        err.contains("p.yaml:3:5: column `lable` does not exist")
+            && err.contains("p.yaml:4:5: predicate `idd > 3`: column `idd` does not exist")
+            && err.contains("p.yaml:5:5: column `pixel` does not exist"),
+        "{err}"
+    );
+    assert!(
+        err.contains("note: stages[3] (select) and the stages after it were not checked"),
+        "{err}"
+    );
+    assert!(!err.contains("`nope`"), "{err}");
+    assert!(err.contains("3 problems found"), "{err}");
+}
+
 #[test]
 fn wrong_type_is_reported_with_position() {
     let c = Case::new();

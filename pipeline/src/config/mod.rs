@@ -503,6 +503,21 @@ pub enum StageConfig {
 }
 
 impl StageConfig {
+    /// Whether the stage's output has its input's columns and types (only nullability may
+    /// change): checking can go on past such a stage when it could not be built.
+    pub fn keeps_columns(&self) -> bool {
+        matches!(
+            self,
+            StageConfig::Filter(_)
+                | StageConfig::FillNull(_)
+                | StageConfig::Clip(_)
+                | StageConfig::Batch(_)
+                | StageConfig::GaussianNoise(_)
+                | StageConfig::FeatureDropout(_)
+                | StageConfig::Mixup(_)
+        )
+    }
+
     /// The stage's `type` name.
     pub fn kind(&self) -> &'static str {
         match self {

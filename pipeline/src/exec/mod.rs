@@ -76,8 +76,14 @@ pub struct Plan {
     pub rows: u64,
     /// Schema produced by the source.
     pub source_schema: SchemaRef,
-    /// Each stage and the schema it produces.
+    /// Each stage and the schema it produces, up to the first one that could not be built.
     pub stages: Vec<(StageRef, SchemaRef)>,
+    /// The stages that could not be built, each with why. Checking goes on past one that
+    /// keeps its input's columns (a `filter`, `clip`, …: the next stage sees the same
+    /// schema either way) and stops at any other (its output is unknown).
+    pub problems: Vec<Error>,
+    /// Stages left unchecked after a problem, if any: `stages[i] (kind)` of the first.
+    pub unchecked_from: Option<String>,
 }
 
 struct StageSlot {
@@ -383,13 +389,29 @@ impl Pipeline {
         }
         let mut schema = source.schema().clone();
         let mut stages = Vec::new();
+        let mut problems = Vec::new();
+        let mut unchecked_from = None;
         let ctx = self.build_context();
+        let mut stopped = false;
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
+            if stopped {
+                unchecked_from = Some(format!("stages[{i}] ({})", s.value.kind()));
+                break;
+            }
             let placeholder = placeholder_stats(&s.value);
-            let (_, out) = stage::build(&sref, &s.value, &schema, placeholder, &ctx)?;
-            stages.push((sref, out.clone()));
-            schema = out;
+            match stage::build(&sref, &s.value, &schema, placeholder, &ctx) {
+                Ok((_, out)) => {
+                    if problems.is_empty() {
+                        stages.push((sref, out.clone()));
+                    }
+                    schema = out;
+                }
+                Err(e) => {
+                    problems.push(e);
+                    stopped = !s.value.keeps_columns();
+                }
+            }
         }
         let summary = match &source {
             Source::Parquet(p) => format!(
@@ -405,6 +427,8 @@ impl Pipeline {
             rows: source.total_rows().unwrap_or(0),
             source_schema: source.schema().clone(),
             stages,
+            problems,
+            unchecked_from,
         })
     }
 

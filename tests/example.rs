@@ -27,18 +27,24 @@ fn example(name: &str) -> PathBuf {
     path
 }
 
-#[test]
-fn stream_example_reads_the_quickstart_pipeline() {
+/// Runs the `stream` example on `config` (under `configs/`); its stdout, once it succeeded.
+fn stream_example(config: &str) -> String {
     let out = std::process::Command::new(example("stream"))
-        .arg(common::repo().join("configs/quickstart.yaml"))
+        .arg(common::repo().join("configs").join(config))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn stream_example_reads_the_quickstart_pipeline() {
+    let stdout = stream_example("quickstart.yaml");
     assert!(
         stdout.contains("23 batches, 1437 rows (1437 read from the source)"),
         "{stdout}"
@@ -62,16 +68,7 @@ fn stream_example_reads_the_quickstart_pipeline() {
 /// snapshot is the uninterrupted run's, bit for bit.
 #[test]
 fn stream_example_resumes_a_shuffled_augmented_pipeline_exactly() {
-    let out = std::process::Command::new(example("stream"))
-        .arg(common::repo().join("configs/digits-augmented.yaml"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = stream_example("digits-augmented.yaml");
     assert!(stdout.contains("46 batches, 2874 rows"), "{stdout}");
     assert!(
         stdout.contains(

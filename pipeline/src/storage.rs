@@ -295,6 +295,18 @@ fn build_remote(scheme: &str, root: &str, storage: &StorageConfig) -> Result<Arc
     })
 }
 
+/// The file a `file://` object is, as the local store names it: a `%` in a file name is
+/// literal there (pyarrow writes Hive values URI-encoded, `lang=en%20US`), so the URL's
+/// percent-decoding would name another file. `None` for other stores.
+pub(crate) fn local_file(location: &ObjectLocation) -> Option<PathBuf> {
+    if !location.url.starts_with("file:") {
+        return None;
+    }
+    LocalFileSystem::new()
+        .path_to_filesystem(&location.path)
+        .ok()
+}
+
 fn local_location(abs: &Path, spec: &str) -> Result<ObjectLocation> {
     let text = abs.to_str().ok_or_else(|| Error::InvalidUrl {
         url: spec.to_string(),

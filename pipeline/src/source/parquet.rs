@@ -289,16 +289,7 @@ fn hive_partitions(
     };
     // The names as stored: the local store keeps a file name's `%` as it is in the path,
     // the others encode it (`%25`) there.
-    let local = location
-        .url
-        .starts_with("file:")
-        .then(|| {
-            object_store::local::LocalFileSystem::new()
-                .path_to_filesystem(&location.path)
-                .ok()
-        })
-        .flatten();
-    let names: Vec<String> = match local {
+    let names: Vec<String> = match crate::storage::local_file(location) {
         Some(file) => file
             .components()
             .map(|c| c.as_os_str().to_string_lossy().into_owned())

@@ -30,19 +30,7 @@ pub(crate) struct ObjectReader {
 
 impl ObjectReader {
     pub(crate) fn new(location: &ObjectLocation, size: u64) -> Self {
-        // The file as the local store names it: a `%` in a file name is literal (pyarrow
-        // writes Hive values URI-encoded, `lang=en%20US`), so the URL's percent-decoding
-        // would name another file.
-        let local = location
-            .url
-            .starts_with("file:")
-            .then(|| {
-                object_store::local::LocalFileSystem::new()
-                    .path_to_filesystem(&location.path)
-                    .ok()
-            })
-            .flatten()
-            .map(Arc::from);
+        let local = crate::storage::local_file(location).map(Arc::from);
         ObjectReader {
             store: location.store.clone(),
             path: location.path.clone(),

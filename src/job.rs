@@ -284,9 +284,16 @@ impl Job {
     /// stream always goes on: its next records are new.
     fn nothing_after(&self, state: &SourceState) -> bool {
         match &self.pipeline.source.value {
-            SourceConfig::Parquet(_) => state
-                .parquet
-                .is_none_or(|m| m.epoch + 1 >= self.pipeline.source.value.epochs()),
+            // The epochs it went through: up to the mark's, or the one before when the mark
+            // is the start of the next.
+            SourceConfig::Parquet(_) => state.parquet.is_none_or(|m| {
+                let through = if m.is_epoch_start() {
+                    m.epoch
+                } else {
+                    m.epoch + 1
+                };
+                through >= self.pipeline.source.value.epochs()
+            }),
             SourceConfig::Kafka(_) => false,
         }
     }

@@ -584,6 +584,21 @@ impl PreparedJob {
                 + report.stages.iter().map(|s| s.rows_replayed).sum::<u64>(),
             ..r
         });
+        let reread = report.resumed.as_ref().map_or(0, |r| r.rows_reread);
+        if report.rows_written == 0
+            && report.rows_read > reread
+            && let Some(s) = report.stages.iter().max_by_key(|s| s.rows_removed)
+            && s.rows_removed > 0
+        {
+            // Counted, so not lost; but an empty output is rarely what was meant.
+            tracing::warn!(
+                "no row reached the sink: the {} rows read were removed, {} of them {} by {}",
+                report.rows_read - reread,
+                s.rows_removed,
+                s.removed_as,
+                s.name
+            );
+        }
         Ok(report)
     }
 }

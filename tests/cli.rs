@@ -244,6 +244,30 @@ fn hive_partition_directories_become_columns() {
     ));
 }
 
+/// A run whose stages remove every row ends ok (the rows are counted) but warns that the
+/// sink got nothing, naming the stage.
+#[test]
+fn a_run_whose_stages_remove_every_row_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\nstages:\n  - {{type: batch, size: 5000, drop_last: true}}\n",
+            repo().display()
+        ),
+    )
+    .unwrap();
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--no-report"])
+        .assert()
+        .success()
+        .stdout(contains("1437 dropped by drop_last"))
+        .stderr(contains(
+            "no row reached the sink: the 1437 rows read were removed, 1437 of them dropped by drop_last by stages[0] (batch)",
+        ));
+}
+
 #[test]
 fn usage_errors_exit_2() {
     sluice().arg("frobnicate").assert().code(2);

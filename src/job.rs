@@ -253,6 +253,19 @@ impl Job {
                 rows_before,
             });
         }
+        // A finished run with nothing more to do opens nothing: no footers, no statistics
+        // pass for a `standardize` stage.
+        if resumed.as_ref().is_some_and(|r| r.already_complete) {
+            return Ok(PreparedJob {
+                prepared: None,
+                metrics: Arc::default(),
+                sink_config,
+                base_dir: self.base_dir.clone(),
+                checkpoint,
+                sink_resume,
+                resumed,
+            });
+        }
         let prepared = match pipeline.prepare().await {
             Err(sluice_pipeline::Error::Resume(message)) if checkpoint.is_some() => {
                 let url = checkpoint
@@ -269,7 +282,8 @@ impl Job {
             r => r?,
         };
         Ok(PreparedJob {
-            prepared,
+            metrics: prepared.metrics(),
+            prepared: Some(prepared),
             sink_config,
             base_dir: self.base_dir.clone(),
             checkpoint,
@@ -317,7 +331,9 @@ pub struct Resumed {
 /// A job ready to run.
 #[derive(Debug)]
 pub struct PreparedJob {
-    prepared: PreparedPipeline,
+    /// `None` when the checkpoint records a finished run with nothing more to do.
+    prepared: Option<PreparedPipeline>,
+    metrics: Arc<PipelineMetrics>,
     sink_config: SinkConfig,
     base_dir: PathBuf,
     checkpoint: Option<CheckpointWriter>,
@@ -440,16 +456,16 @@ pub fn mib(bytes: u64) -> f64 {
 impl PreparedJob {
     /// Live counters, for progress display.
     pub fn metrics(&self) -> Arc<PipelineMetrics> {
-        self.prepared.metrics()
+        self.metrics.clone()
     }
 
     /// Rows the source will read, when known before the run (large listings complete while
     /// reading; a resumed run's, from its restart point, once its first epoch is planned:
     /// `source.rows_expected`).
     pub fn source_rows(&self) -> Option<u64> {
-        match self.resumed {
-            Some(_) => None,
-            None => self.prepared.source_rows(),
+        match (&self.resumed, &self.prepared) {
+            (None, Some(p)) => p.source_rows(),
+            _ => None,
         }
     }
 
@@ -459,29 +475,29 @@ impl PreparedJob {
     /// interrupt; completed part files stay.
     pub async fn run(self, interrupt: impl Future<Output = ()>) -> Result<RunReport, JobError> {
         let started = Instant::now();
-        let metrics = self.prepared.metrics();
-        if let Some(r) = self.resumed.as_ref().filter(|r| r.already_complete) {
-            // Nothing to read, and the output stays as the finished run left it.
+        let metrics = self.metrics.clone();
+        let Some(prepared) = self.prepared else {
+            // Already complete: nothing to read, and the output stays as the run left it.
             let mut report = build_report(
                 &metrics,
                 SinkReport::default(),
                 self.sink_config.kind(),
                 started.elapsed(),
             );
-            report.resumed = Some(r.clone());
+            report.resumed = self.resumed;
             return Ok(report);
-        }
+        };
         let cx = SinkContext {
-            schema: self.prepared.schema().clone(),
+            schema: prepared.schema().clone(),
             base_dir: self.base_dir.clone(),
-            pool: self.prepared.pool().clone(),
+            pool: prepared.pool().clone(),
             resume: self.sink_resume.clone(),
         };
         let kind = self.sink_config.kind();
         let mut sink = self.sink_config.build(&cx).await?;
-        let acker = self.prepared.acknowledger();
+        let acker = prepared.acknowledger();
         let checkpoint = self.checkpoint;
-        let mut stream = self.prepared.stream();
+        let mut stream = prepared.stream();
         tokio::pin!(interrupt);
         let every = checkpoint
             .as_ref()

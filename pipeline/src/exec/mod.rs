@@ -392,13 +392,8 @@ impl Pipeline {
         let mut problems = Vec::new();
         let mut unchecked_from = None;
         let ctx = self.build_context();
-        let mut stopped = false;
         for (i, s) in self.config.stages.iter().enumerate() {
             let sref = self.stage_ref(i);
-            if stopped {
-                unchecked_from = Some(format!("stages[{i}] ({})", s.value.kind()));
-                break;
-            }
             let placeholder = placeholder_stats(&s.value);
             match stage::build(&sref, &s.value, &schema, placeholder, &ctx) {
                 Ok((_, out)) => {
@@ -409,7 +404,14 @@ impl Pipeline {
                 }
                 Err(e) => {
                     problems.push(e);
-                    stopped = !s.value.keeps_columns();
+                    if !s.value.keeps_columns() {
+                        unchecked_from = self
+                            .config
+                            .stages
+                            .get(i + 1)
+                            .map(|next| format!("stages[{}] ({})", i + 1, next.value.kind()));
+                        break;
+                    }
                 }
             }
         }
@@ -1257,16 +1259,14 @@ async fn shuffle_task(
         if finished {
             if let (Some(m), Some(s)) = (&metrics, &sh) {
                 m.rows_replayed.store(s.stats.replayed, Ordering::Relaxed);
-            }
-            if let (Some(m), Some(s)) = (&metrics, &sh)
-                && s.stats.runs > 0
-            {
-                m.note(format!(
-                    "spilled {} run(s), {} of zstd Arrow IPC, over {} window(s)",
-                    s.stats.runs,
-                    bytesize::ByteSize::b(s.stats.bytes_written),
-                    s.stats.windows
-                ));
+                if s.stats.runs > 0 {
+                    m.note(format!(
+                        "spilled {} run(s), {} of zstd Arrow IPC, over {} window(s)",
+                        s.stats.runs,
+                        bytesize::ByteSize::b(s.stats.bytes_written),
+                        s.stats.windows
+                    ));
+                }
             }
             return;
         }

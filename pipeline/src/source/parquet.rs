@@ -233,20 +233,19 @@ async fn open_file(
         });
     }
     let file_schema = metadata.schema().clone();
-    let in_path = hive_partitions(&object.location);
     let source_error = |message: String| Error::Source {
         at: location.to_string(),
         message: format!("{}: {message}", object.location.url),
     };
     let partitions = match partitioning {
-        Partitioning::Hive => in_path.clone().map_err(source_error)?,
+        Partitioning::Hive => hive_partitions(&object.location).map_err(source_error)?,
         Partitioning::None => Vec::new(),
     };
     let (root_indices, slots, projected) = project(&file_schema, columns.as_deref(), &partitions)
         .map_err(|mut message| {
             // A column missing from the file that the path names as a partition.
             if partitioning == Partitioning::None
-                && let Ok(keys) = &in_path
+                && let Ok(keys) = hive_partitions(&object.location)
                 && let Some(name) = columns.iter().flatten().find(|c| {
                     file_schema.index_of(c).is_err() && keys.iter().any(|(k, _)| k == *c)
                 })
@@ -301,18 +300,20 @@ fn hive_partitions(
         let Some((key, value)) = name.split_once('=') else {
             continue;
         };
-        let (key, value) = (decode(key), decode(value));
-        let (key, value) = (key.as_str(), value.as_str());
+        let key = decode(key);
         if key.is_empty() {
             continue;
         }
-        if out.iter().any(|(k, _)| k == key) {
+        if out.iter().any(|(k, _)| *k == key) {
             return Err(format!(
                 "the partition key `{key}` appears twice in the path"
             ));
         }
-        let value = (value != "__HIVE_DEFAULT_PARTITION__").then(|| value.to_string());
-        out.push((key.to_string(), value));
+        let value = decode(value);
+        out.push((
+            key,
+            (value != "__HIVE_DEFAULT_PARTITION__").then_some(value),
+        ));
     }
     Ok(out)
 }
@@ -1068,17 +1069,9 @@ fn project(
         } else if let Some(k) = partitions.iter().position(|(key, _)| key == name) {
             wanted.push(Wanted::Partition(k));
         } else {
-            let available: Vec<&str> = file_schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .chain(partitions.iter().map(|(k, _)| k.as_str()))
-                .collect();
-            return Err(format!(
-                "column `{name}` does not exist; available columns: {}{}",
-                available.join(", "),
-                crate::config::did_you_mean(name, available.iter().copied())
-            ));
+            let mut available = crate::stage::column_names(file_schema);
+            available.extend(partitions.iter().map(|(k, _)| k.as_str()));
+            return Err(crate::stage::no_such_column(name, &available, ""));
         }
     }
     let mut roots: Vec<usize> = wanted

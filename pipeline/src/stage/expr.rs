@@ -237,7 +237,7 @@ fn column(name: &str, schema: &Schema) -> Result<Expr, String> {
         Ok(i) => Ok(Expr::Column(i, schema.field(i).data_type().clone())),
         Err(_) => Err(super::no_such_column(
             name,
-            schema,
+            &super::column_names(schema),
             " (quote names with \"double quotes\", strings with 'single quotes')",
         )),
     }

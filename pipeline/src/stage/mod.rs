@@ -66,17 +66,21 @@ pub(crate) type ComputedStats = Vec<(String, ColumnStats)>;
 pub(crate) fn column_index(stage: &StageRef, schema: &Schema, name: &str) -> Result<usize> {
     schema.index_of(name).map_err(|_| Error::Stage {
         stage: stage.clone(),
-        message: no_such_column(name, schema, ""),
+        message: no_such_column(name, &column_names(schema), ""),
     })
 }
 
+/// The names of `schema`'s columns.
+pub(crate) fn column_names(schema: &Schema) -> Vec<&str> {
+    schema.fields().iter().map(|f| f.name().as_str()).collect()
+}
+
 /// "column `x` does not exist; available columns: a, b[{note}]; did you mean `a`?"
-pub(crate) fn no_such_column(name: &str, schema: &Schema, note: &str) -> String {
-    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+pub(crate) fn no_such_column(name: &str, available: &[&str], note: &str) -> String {
     format!(
         "column `{name}` does not exist; available columns: {}{note}{}",
-        names.join(", "),
-        crate::config::did_you_mean(name, names.iter().copied())
+        available.join(", "),
+        crate::config::did_you_mean(name, available.iter().copied())
     )
 }
 

@@ -330,3 +330,79 @@ fn interrupt_stops_cleanly_without_partial_output() {
         "partial output left behind"
     );
 }
+
+/// `group_by_length` end to end: `sluice run` notes the grouping, writes every row once, and
+/// the batches it writes (an Arrow IPC file keeps them) need a fraction of the padding of
+/// plainly shuffled ones; a window that is no multiple of the batch size is refused with the
+/// stage's place in the file.
+#[test]
+fn a_shuffle_grouping_by_length_writes_batches_of_similar_lengths() {
+    use arrow::array::{AsArray, Int64Array, ListArray, RecordBatch};
+    use arrow::datatypes::Int32Type;
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = (0..3000).collect();
+    let len = |id: i64| (id * 7919 % 300 + 1) as usize;
+    let toks = ListArray::from_iter_primitive::<Int32Type, _, _>(
+        ids.iter().map(|&v| Some(vec![Some(v as i32); len(v)])),
+    );
+    let rb = RecordBatch::try_from_iter([
+        ("id", arc(Int64Array::from(ids.clone()))),
+        ("input_ids", arc(toks)),
+    ])
+    .unwrap();
+    write_parquet(&dir.path().join("seqs.parquet"), &[rb], 500);
+    let run = |group: &str, buffer: usize| {
+        std::fs::write(
+            dir.path().join("job.yaml"),
+            format!(
+                "source: {{type: parquet, path: seqs.parquet}}\nstages:\n  - type: shuffle\n    buffer_rows: {buffer}\n    seed: 7\n{group}  - {{type: batch, size: 32}}\nsink: {{type: arrow_ipc, path: out.arrow}}\n"
+            ),
+        )
+        .unwrap();
+        sluice()
+            .current_dir(dir.path())
+            .args(["run", "job.yaml", "--no-report"])
+            .assert()
+    };
+    // Padding to each batch's longest row, and the ids, of what the run wrote.
+    let written = || {
+        let f = std::fs::File::open(dir.path().join("out.arrow")).unwrap();
+        let mut ids = Vec::new();
+        let mut padding = 0;
+        for b in arrow::ipc::reader::FileReader::try_new(f, None).unwrap() {
+            let b = b.unwrap();
+            ids.extend(int64_values(std::slice::from_ref(&b), "id"));
+            let offsets = b
+                .column_by_name("input_ids")
+                .unwrap()
+                .as_list::<i32>()
+                .offsets()
+                .clone();
+            let lens: Vec<i32> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+            let longest = *lens.iter().max().unwrap();
+            padding += lens.iter().map(|l| longest - l).sum::<i32>();
+        }
+        ids.sort_unstable();
+        (ids, padding)
+    };
+    let grouping = "    group_by_length: {column: input_ids, batches: 8}\n";
+    run(grouping, 1024).success().stdout(contains(
+        "groups rows by the length of `input_ids` for stages[1] (batch) at job.yaml:7:5: windows cut into groups of 8 batches of 32",
+    ));
+    let (got, grouped) = written();
+    assert_eq!(got, ids);
+    run("", 1024).success();
+    let (got, plain) = written();
+    assert_eq!(got, ids);
+    assert!(
+        grouped * 4 < plain,
+        "padding {grouped} grouped, {plain} plain"
+    );
+    run(grouping, 1000)
+        .code(1)
+        .stderr(contains("stages[0] (shuffle) at job.yaml:3:5"))
+        .stderr(contains(
+            "`group_by_length` needs `buffer_rows` (1000) to be a multiple of the batch size (32)",
+        ))
+        .stderr(contains("use 992 or 1024"));
+}

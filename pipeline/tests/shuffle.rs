@@ -91,6 +91,9 @@ struct Case {
     filter: bool,
     /// A filter after the last `batch` too (batches then stand for rows they no longer hold).
     trim: bool,
+    /// `group_by_length` over the token column, this many batches per group (`buffer_rows`
+    /// is then a multiple of `batch`).
+    group: Option<usize>,
 }
 
 fn cases() -> impl Strategy<Value = Case> {
@@ -104,19 +107,35 @@ fn cases() -> impl Strategy<Value = Case> {
         any::<u64>(),
         any::<bool>(),
         any::<bool>(),
+        prop::option::of(1usize..4),
     )
         .prop_map(
-            |(groups, batch_rows, buffer_rows, max_memory, batch, epochs, seed, filter, trim)| {
+            |(
+                groups,
+                batch_rows,
+                buffer_rows,
+                max_memory,
+                batch,
+                epochs,
+                seed,
+                filter,
+                trim,
+                group,
+            )| {
                 Case {
                     groups,
                     batch_rows,
-                    buffer_rows,
+                    buffer_rows: match group {
+                        Some(_) => buffer_rows.div_ceil(batch) * batch,
+                        None => buffer_rows,
+                    },
                     max_memory,
                     batch,
                     epochs,
                     seed,
                     filter,
                     trim,
+                    group,
                 }
             },
         )
@@ -133,13 +152,17 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
     } else {
         ""
     };
+    let group = c
+        .group
+        .map(|g| format!(", group_by_length: {{column: tok, batches: {g}}}"))
+        .unwrap_or_default();
     format!(
         "source: {{type: parquet, path: '{}/*.parquet', batch_rows: {}, prefetch: 2, epochs: {}}}\n\
          stages:\n\
          {filter}\
          - {{type: gaussian_noise, columns: [x], std: 1.0, seed: 9}}\n\
          - {{type: image, column: img, output: pix, shape: [2, 2, 3], seed: 5, ops: [{{random_crop: {{size: [5, 5], padding: 1, padding_mode: reflect, pad_if_needed: true}}}}, {{horizontal_flip: {{}}}}, {{color_jitter: {{brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.1}}}}, {{random_grayscale: {{p: 0.3}}}}, {{normalize: {{mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}}}}]}}\n\
-         - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}}}\n\
+         - {{type: shuffle, buffer_rows: {}, max_memory: {}, seed: {}, batch_rows: 7, across_ranks: {across}{group}}}\n\
          - {{type: feature_dropout, columns: [x], p: 0.3, seed: 2}}\n\
          - {{type: clip, columns: [x], min: -200.0, max: 200.0}}\n\
          - {{type: standardize, columns: [x]}}\n\
@@ -623,6 +646,134 @@ async fn stage_orders_that_would_break_resume_are_refused_with_the_reason() {
         e.contains("`across_ranks` needs a collective between the ranks"),
         "{e}"
     );
+    // `group_by_length` needs the batch stage it groups for, with windows it divides.
+    let e = refused("stages:\n- {type: shuffle, group_by_length: {column: pixels}}\n").await;
+    assert!(
+        e.contains("stages[0] (shuffle)")
+            && e.contains("`group_by_length` makes batches of rows of similar length for the `batch` stage after the shuffle, and there is none"),
+        "{e}"
+    );
+    let e = refused(
+        "stages:\n- {type: shuffle, buffer_rows: 1000, group_by_length: {column: pixels}}\n- {type: batch, size: 64}\n",
+    )
+    .await;
+    assert!(
+        e.contains(
+            "`group_by_length` needs `buffer_rows` (1000) to be a multiple of the batch size (64)"
+        ) && e.contains("use 960 or 1024"),
+        "{e}"
+    );
+    let e = refused(
+        "stages:\n- {type: shuffle, buffer_rows: 1024, group_by_length: {column: label}}\n- {type: batch, size: 64}\n",
+    )
+    .await;
+    assert!(
+        e.contains(
+            "compares the lengths of `label`, a Int64 column: give a list, string or binary column"
+        ),
+        "{e}"
+    );
+    let e = refused(
+        "stages:\n- {type: shuffle, buffer_rows: 1024, group_by_length: {column: pixel}}\n- {type: batch, size: 64}\n",
+    )
+    .await;
+    assert!(
+        e.contains("column `pixel` does not exist") && e.contains("did you mean `pixels`?"),
+        "{e}"
+    );
+}
+
+/// `group_by_length`: rows of tokens 1 to 200 long. Every row once; within each group (8
+/// batches of 16), the batches hold disjoint ranges of lengths (cut from one sorted order)
+/// and leave in a shuffled order; the padding a loader adds (to each batch's longest) is a
+/// fraction of what plain shuffled batches need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouping_by_length_makes_batches_of_similar_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = (0..2000).collect();
+    let len = |id: i64| (id * 7919 % 200 + 1) as usize;
+    let toks = ListArray::from_iter_primitive::<Int32Type, _, _>(
+        ids.iter().map(|&v| Some(vec![Some(v as i32); len(v)])),
+    );
+    let rb = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(ids.clone())) as _),
+        ("tok", Arc::new(toks) as _),
+    ])
+    .unwrap();
+    let file = std::fs::File::create(dir.path().join("seqs.parquet")).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(250))
+        .build();
+    let mut w = ArrowWriter::try_new(file, rb.schema(), Some(props)).unwrap();
+    w.write(&rb).unwrap();
+    w.close().unwrap();
+    let yaml = |group: &str, threads: usize| {
+        format!(
+            "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 100}}\n\
+             stages:\n\
+             - {{type: shuffle, buffer_rows: 512, seed: 1, batch_rows: 40{group}}}\n\
+             - {{type: batch, size: 16}}\n\
+             runtime: {{threads: {threads}}}\n",
+            dir.path().display()
+        )
+    };
+    let grouped = yaml(", group_by_length: {column: tok, batches: 8}", 2);
+    let batches = run(Pipeline::from_yaml(&grouped).unwrap(), None).await.0;
+    let mut got = common::ids(&batches);
+    got.sort_unstable();
+    assert_eq!(got, ids);
+    // Lengths per batch: (shortest, longest, sum).
+    let stats = |bs: &[Batch]| -> Vec<(usize, usize, usize)> {
+        bs.iter()
+            .map(|b| {
+                let ls: Vec<usize> = common::ids(std::slice::from_ref(b))
+                    .into_iter()
+                    .map(len)
+                    .collect();
+                (
+                    *ls.iter().min().unwrap(),
+                    *ls.iter().max().unwrap(),
+                    ls.iter().sum(),
+                )
+            })
+            .collect()
+    };
+    let s = stats(&batches);
+    // Windows of 512 rows = 4 groups of 8 batches; the last window (464 rows) ends with a
+    // group of 5: so consecutive runs of 8 batches are exactly the groups.
+    assert_eq!(s.len(), 125);
+    let mut descending = 0;
+    for group in s.chunks(8) {
+        let mut by_longest = group.to_vec();
+        by_longest.sort_by_key(|t| std::cmp::Reverse(t.1));
+        for pair in by_longest.windows(2) {
+            assert!(pair[0].0 >= pair[1].1, "overlapping batches in {group:?}");
+        }
+        descending += usize::from(by_longest == group);
+    }
+    assert!(
+        descending < 3,
+        "{descending} of 16 groups left in sorted order"
+    );
+    let padding = |s: &[(usize, usize, usize)]| -> usize {
+        s.iter().map(|(_, max, sum)| 16 * max - sum).sum()
+    };
+    let plain = run(Pipeline::from_yaml(&yaml("", 2)).unwrap(), None)
+        .await
+        .0;
+    let (p_grouped, p_plain) = (padding(&s), padding(&stats(&plain)));
+    assert!(
+        p_grouped * 4 < p_plain,
+        "padding {p_grouped} grouped vs {p_plain} plain"
+    );
+    // One thread or two: the same batches.
+    let one = run(
+        Pipeline::from_yaml(&yaml(", group_by_length: {column: tok, batches: 8}", 1)).unwrap(),
+        None,
+    )
+    .await
+    .0;
+    same(&one, &batches).unwrap();
 }
 
 /// `bad.parquet` in `dir`: rows 0..60, `id` and `img` (binary, 4×4×3 bytes of the id), the
@@ -696,6 +847,7 @@ fn resume_checks_the_files_and_settings_the_state_was_taken_under() {
         seed: 3,
         filter: true,
         trim: false,
+        group: None,
     };
     let rt = rt();
     let base = yaml(dir.path(), &c, 2, "", false);
@@ -800,6 +952,22 @@ fn resume_checks_the_files_and_settings_the_state_was_taken_under() {
         false,
     ));
     assert!(e.contains("stages[0] (filter): there then, not now"), "{e}");
+    // Grouping by length reorders the window: the batch size then decides the order too.
+    let e = refused(&yaml(
+        dir.path(),
+        &Case {
+            group: Some(2),
+            batch: 8,
+            ..c.clone()
+        },
+        2,
+        "",
+        false,
+    ));
+    assert!(
+        e.contains("seed 3 then, buffer_rows 32, max_memory 1.0 GiB, seed 3, group_by_length `tok` in 2 batches of 8 now"),
+        "{e}"
+    );
     let e = refused(&yaml(dir.path(), &c, 2, ", rank: 1, world_size: 2", false));
     assert!(e.contains("rank: 0 of 1 then, 1 of 2 now"), "{e}");
     // A file added, then one rewritten with as many rows in other row groups.

@@ -826,6 +826,29 @@ pub struct ShuffleConfig {
     /// Rows per output batch. Default: 1024.
     #[serde(default = "default_shuffle_batch")]
     pub batch_rows: usize,
+    /// Batches of rows of similar length for the `batch` stage after the shuffle (less
+    /// padding for variable-length sequences). Default: off.
+    #[serde(default)]
+    pub group_by_length: Option<GroupByLength>,
+}
+
+/// `group_by_length` of a shuffle, like torchdata's `bucketbatch`: the shuffled window is cut
+/// into groups of `batches × size` rows (`size`: the `batch` stage after the shuffle); each
+/// group is sorted by the length of `column` (longest first, ties in shuffled order), cut
+/// into batches of `size`, and those batches leave in a seeded random order.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GroupByLength {
+    /// A variable-length column: a list (its length) or a string/binary column (bytes).
+    pub column: String,
+    /// Batches per group: more gives batches of closer lengths, fewer mixes lengths more
+    /// often. Default: 100.
+    #[serde(default = "default_group_batches")]
+    pub batches: usize,
+}
+
+fn default_group_batches() -> usize {
+    100
 }
 
 fn default_shuffle_rows() -> usize {

@@ -236,6 +236,31 @@ impl Pipeline {
                             "shuffle after {prev}: shuffle rows first, then batch them"
                         ));
                     }
+                    if c.group_by_length.is_some() {
+                        let size =
+                            self.config.stages[i + 1..]
+                                .iter()
+                                .find_map(|s| match &s.value {
+                                    StageConfig::Batch(b) => Some(b.size),
+                                    _ => None,
+                                });
+                        match size {
+                            None => return fail("`group_by_length` makes batches of rows of similar length for the `batch` stage after the shuffle, and there is none: add one (`- {type: batch, size: N}`)".into()),
+                            Some(size) if size > 0 && c.buffer_rows % size != 0 => {
+                                let below = c.buffer_rows / size * size;
+                                let choices = if below == 0 {
+                                    format!("{size}")
+                                } else {
+                                    format!("{below} or {}", below + size)
+                                };
+                                return fail(format!(
+                                    "`group_by_length` needs `buffer_rows` ({}) to be a multiple of the batch size ({size}), so that every window ends where a batch ends (otherwise every later batch would straddle two of its groups): use {choices}",
+                                    c.buffer_rows
+                                ));
+                            }
+                            Some(_) => {}
+                        }
+                    }
                     if let SourceConfig::Kafka(k) = &self.config.source.value {
                         if c.across_ranks {
                             return fail("`across_ranks` needs a Parquet source (ranks exchange equal windows of an epoch; a Kafka stream has neither): shuffle each rank's partitions locally".into());
@@ -356,6 +381,18 @@ impl Pipeline {
                     }
                     if c.across_ranks {
                         text.push_str(", across_ranks true");
+                    }
+                    if let Some(g) = &c.group_by_length {
+                        let size = stages[i + 1..].iter().find_map(|s| match &s.value {
+                            StageConfig::Batch(b) => Some(b.size),
+                            _ => None,
+                        });
+                        text += &format!(
+                            ", group_by_length `{}` in {} batches of {}",
+                            g.column,
+                            g.batches,
+                            size.unwrap_or(0)
+                        );
                     }
                     text
                 }
@@ -578,7 +615,14 @@ impl Pipeline {
             });
             schema = out;
         }
-        for (i, note) in fuse_gathers(&self.config.stages, &mut slots, &schema, &ctx)? {
+        let mut notes = link_groups(&mut slots);
+        notes.extend(fuse_gathers(
+            &self.config.stages,
+            &mut slots,
+            &schema,
+            &ctx,
+        )?);
+        for (i, note) in notes {
             stage_metrics[i].note(note);
         }
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
@@ -938,6 +982,31 @@ impl PreparedPipeline {
             metrics,
         }
     }
+}
+
+/// Gives each shuffle with `group_by_length` the size of the `batch` stage after it (the
+/// stage order was checked: there is one). Returns a note for each.
+fn link_groups(slots: &mut [StageSlot]) -> Vec<(usize, String)> {
+    let mut notes = Vec::new();
+    for i in 0..slots.len() {
+        let batch = slots[i + 1..].iter().find_map(|s| match &s.built {
+            BuiltStage::Rebatch { size, .. } => Some((*size, s.stage.clone())),
+            _ => None,
+        });
+        if let (BuiltStage::Shuffle(spec), Some((size, at))) = (&mut slots[i].built, batch)
+            && let Some(g) = &mut spec.group
+        {
+            g.batch_size = size;
+            notes.push((
+                i,
+                format!(
+                    "groups rows by the length of `{}` for {at}: windows cut into groups of {} batches of {size}",
+                    g.name, g.batches
+                ),
+            ));
+        }
+    }
+    notes
 }
 
 /// Lets a shuffle hand a byte column to the `image` stage that consumes it as views into its

@@ -387,6 +387,10 @@ pub(crate) fn build(
             if c.max_memory.as_u64() == 0 {
                 return Err(err("`max_memory` must be more than 0".into()));
             }
+            let group = match &c.group_by_length {
+                None => None,
+                Some(g) => Some(shuffle::group_spec(stage, g, input)?),
+            };
             Ok((
                 BuiltStage::Shuffle(shuffle::ShuffleSpec {
                     buffer_rows: c.buffer_rows,
@@ -396,6 +400,7 @@ pub(crate) fn build(
                     batch_rows: c.batch_rows,
                     across_ranks: c.across_ranks,
                     views: Vec::new(),
+                    group,
                 }),
                 input.clone(),
             ))

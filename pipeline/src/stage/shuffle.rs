@@ -35,7 +35,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, AsArray, RecordBatch, StringArray, StringDictionaryBuilder, UInt32Array, UInt64Array,
+    Array, ArrayRef, AsArray, RecordBatch, StringArray, StringDictionaryBuilder, UInt32Array,
+    UInt64Array,
 };
 use arrow::compute::{interleave_record_batch, take_record_batch};
 use arrow::datatypes::{DataType, Field, Int32Type, Schema};
@@ -48,6 +49,7 @@ use rand::seq::SliceRandom;
 
 use crate::batch::{Batch, Lineage, LineageSpan, Mark, Name, Origin, ShuffleMark, data_bytes};
 use crate::collective::Collective;
+use crate::config::GroupByLength;
 use crate::error::{Error, Result, StageRef};
 use crate::state::{KafkaMark, KafkaPositions, KafkaWindow, Position, SourceState, kafka_span};
 
@@ -71,6 +73,97 @@ pub(crate) struct ShuffleSpec {
     pub(crate) across_ranks: bool,
     /// Byte columns emitted as `BinaryView` over the window's buffers (no copy).
     pub(crate) views: Vec<usize>,
+    /// `group_by_length`: batches of rows of similar length.
+    pub(crate) group: Option<GroupSpec>,
+}
+
+/// A built `group_by_length` (see [`GroupByLength`]).
+#[derive(Debug, Clone)]
+pub(crate) struct GroupSpec {
+    /// The column whose lengths are compared, and its name (for errors).
+    pub(crate) column: usize,
+    pub(crate) name: String,
+    pub(crate) batches: usize,
+    /// The size of the `batch` stage after the shuffle (set when the plan is linked: 0
+    /// until then).
+    pub(crate) batch_size: usize,
+}
+
+/// Checks a `group_by_length` against the shuffle's input.
+pub(crate) fn group_spec(stage: &StageRef, g: &GroupByLength, input: &Schema) -> Result<GroupSpec> {
+    if g.batches == 0 {
+        return Err(err(stage, "`group_by_length.batches` must be at least 1"));
+    }
+    let column = super::column_index(stage, input, &g.column)?;
+    let dt = input.field(column).data_type();
+    if !has_length(dt) {
+        return Err(err(
+            stage,
+            format!(
+                "`group_by_length` compares the lengths of `{}`, a {dt} column: give a list, string or binary column (one whose rows differ in length)",
+                g.column
+            ),
+        ));
+    }
+    Ok(GroupSpec {
+        column,
+        name: g.column.clone(),
+        batches: g.batches,
+        batch_size: 0,
+    })
+}
+
+/// Whether rows of `dt` have a length `group_by_length` can compare.
+fn has_length(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::List(_)
+            | DataType::LargeList(_)
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::Utf8View
+            | DataType::BinaryView
+    )
+}
+
+/// Every row's length in `a` (list items or bytes; a null row has length 0).
+fn lengths(a: &dyn Array) -> Option<Vec<u64>> {
+    fn diffs<O: arrow::array::OffsetSizeTrait>(o: &[O]) -> Vec<u64> {
+        o.windows(2)
+            .map(|w| (w[1] - w[0]).as_usize() as u64)
+            .collect()
+    }
+    let mut out = match a.data_type() {
+        DataType::List(_) => diffs(a.as_list::<i32>().offsets()),
+        DataType::LargeList(_) => diffs(a.as_list::<i64>().offsets()),
+        DataType::Utf8 => diffs(a.as_string::<i32>().offsets()),
+        DataType::LargeUtf8 => diffs(a.as_string::<i64>().offsets()),
+        DataType::Binary => diffs(a.as_binary::<i32>().offsets()),
+        DataType::LargeBinary => diffs(a.as_binary::<i64>().offsets()),
+        DataType::Utf8View => a
+            .as_string_view()
+            .views()
+            .iter()
+            .map(|v| u64::from(*v as u32))
+            .collect(),
+        DataType::BinaryView => a
+            .as_binary_view()
+            .views()
+            .iter()
+            .map(|v| u64::from(*v as u32))
+            .collect(),
+        _ => return None,
+    };
+    if let Some(nulls) = a.logical_nulls() {
+        for (len, valid) in out.iter_mut().zip(nulls.iter()) {
+            if !valid {
+                *len = 0;
+            }
+        }
+    }
+    Some(out)
 }
 
 /// Counters a shuffle reports.
@@ -161,7 +254,34 @@ enum Emitter {
         left: u64,
         rng: Box<ChaCha8Rng>,
     },
+    /// `group_by_length` over another emitter's output.
+    Grouped(Box<Grouped>),
 }
+
+/// A window's output regrouped by length: groups of `batches × batch_size` rows of the
+/// shuffled order, each sorted by length (longest first; a stable sort, so ties keep the
+/// shuffled order), cut into batches whose order is then permuted — the short batch of the
+/// window's last group (if any) last, so batch boundaries stay where the `batch` stage cuts.
+/// Everything is a function of (seed, epoch, window, rank, group index): a resumed run
+/// regroups the same way and passes over whole groups without reading them twice.
+struct Grouped {
+    inner: Emitter,
+    spec: GroupSpec,
+    seed: u64,
+    epoch: u64,
+    /// The window and the rank, as the generator's key takes them.
+    key: u64,
+    /// The current group, its rows' origins, their order and how many have been emitted.
+    chunk: Option<(RecordBatch, Vec<RowOrigin>)>,
+    order: Vec<u32>,
+    pos: usize,
+    /// Groups taken so far in this window.
+    groups: u64,
+}
+
+/// The generators that order the batches of `group_by_length`'s groups: this plus the
+/// group's index, keyed by (seed, epoch, window, rank).
+const GROUP_DOMAIN: u64 = 0x6772_6f75_7073_0000;
 
 /// Where the output of a window restarts.
 #[derive(Debug, Clone)]
@@ -347,11 +467,10 @@ impl Shuffler {
                 let want = self.spec.batch_rows;
                 if let Some((data, rows)) = emitter.next(&self.stage, want, &self.origins)? {
                     // Spilled rows were read back (copied) already: wrap them the same way.
-                    let data = match emitter {
-                        Emitter::Memory { .. } => data,
-                        Emitter::Spilled { .. } => {
-                            views(&data, &self.spec.views).map_err(|e| arrow_err(&self.stage, e))?
-                        }
+                    let data = if emitter.read_back() {
+                        views(&data, &self.spec.views).map_err(|e| arrow_err(&self.stage, e))?
+                    } else {
+                        data
                     };
                     let n = data.num_rows() as u64;
                     let mut b = Batch::new(data, self.origins.lineage(rows.into_iter()));
@@ -581,7 +700,7 @@ impl Shuffler {
                 })
             }
         };
-        let mut emitter = if self.runs.is_empty() {
+        let emitter = if self.runs.is_empty() {
             let (pieces, lineage) = self.window_rows();
             let pieces = self.viewed(pieces)?;
             let mut rng = self.rng(epoch, self.window, 0);
@@ -613,9 +732,28 @@ impl Shuffler {
                 rng: Box::new(self.rng(epoch, self.window, 1)),
             }
         };
+        let mut emitter = self.grouped(emitter, epoch);
         let skipped = self.begin_output(&mut emitter)?;
         self.out = Some((emitter, start, skipped));
         Ok(())
+    }
+
+    /// `emitter`'s output regrouped by length, with `group_by_length`.
+    fn grouped(&self, inner: Emitter, epoch: u64) -> Emitter {
+        match &self.spec.group {
+            None => inner,
+            Some(spec) => Emitter::Grouped(Box::new(Grouped {
+                inner,
+                spec: spec.clone(),
+                seed: self.spec.seed,
+                epoch,
+                key: (self.window << 24) ^ (self.rank() << 12),
+                chunk: None,
+                order: Vec::new(),
+                pos: 0,
+                groups: 0,
+            })),
+        }
     }
 
     /// Passes over the rows a resumed run already delivered (a mark may count past the end
@@ -624,7 +762,7 @@ impl Shuffler {
         let mut skipped = 0u64;
         while self.resume_skip > 0 {
             let n = self.resume_skip.min(65536) as usize;
-            let k = emitter.skip(&self.stage, n)?;
+            let k = emitter.skip(&self.stage, n, &self.origins)?;
             skipped += k as u64;
             self.resume_skip -= k as u64;
             if k < n {
@@ -801,7 +939,7 @@ impl Shuffler {
                 self.spill_received(&mut received)?;
             }
         }
-        let mut emitter = if received.runs.is_empty() {
+        let emitter = if received.runs.is_empty() {
             let pieces = self.viewed(received.pieces)?;
             let order = shuffled(&pieces, &mut self.rng(epoch, self.window, 1));
             Emitter::Memory {
@@ -821,6 +959,7 @@ impl Shuffler {
                 rng: Box::new(self.rng(epoch, self.window, 1)),
             }
         };
+        let mut emitter = self.grouped(emitter, epoch);
         let skipped = self.begin_output(&mut emitter)?;
         self.out = Some((emitter, start, skipped));
         Ok(true)
@@ -1208,14 +1347,25 @@ impl Run {
 }
 
 impl Emitter {
+    /// Whether its rows were read back from spill files (copied: the view columns must be
+    /// wrapped again).
+    fn read_back(&self) -> bool {
+        match self {
+            Emitter::Memory { .. } => false,
+            Emitter::Spilled { .. } => true,
+            Emitter::Grouped(g) => g.inner.read_back(),
+        }
+    }
+
     /// Up to `want` rows: data and per-row origins; `None` when the window is exhausted.
     fn next(
         &mut self,
         stage: &StageRef,
         want: usize,
-        _origins: &Origins,
+        origins: &Origins,
     ) -> Result<Option<(RecordBatch, Vec<RowOrigin>)>> {
         match self {
+            Emitter::Grouped(g) => g.next(stage, want, origins),
             Emitter::Memory {
                 pieces,
                 lineage,
@@ -1268,8 +1418,9 @@ impl Emitter {
     }
 
     /// Passes over up to `n` rows; returns how many were passed over.
-    fn skip(&mut self, stage: &StageRef, n: usize) -> Result<usize> {
+    fn skip(&mut self, stage: &StageRef, n: usize, origins: &Origins) -> Result<usize> {
         match self {
+            Emitter::Grouped(g) => g.skip(stage, n, origins),
             Emitter::Memory { order, pos, .. } => {
                 let k = n.min(order.len() - *pos);
                 *pos += k;
@@ -1289,6 +1440,91 @@ impl Emitter {
                 Ok(k)
             }
         }
+    }
+}
+
+impl Grouped {
+    fn group_rows(&self) -> usize {
+        self.spec.batches * self.spec.batch_size.max(1)
+    }
+
+    /// Takes the next group from the inner emitter and orders it; false when the window is
+    /// exhausted.
+    fn fill(&mut self, stage: &StageRef, origins: &Origins) -> Result<bool> {
+        let Some((data, rows)) = self.inner.next(stage, self.group_rows(), origins)? else {
+            return Ok(false);
+        };
+        let len = lengths(data.column(self.spec.column).as_ref()).ok_or_else(|| {
+            Error::Internal(format!(
+                "{stage}: `{}` has no lengths to group by",
+                self.spec.name
+            ))
+        })?;
+        let mut sorted: Vec<u32> = (0..data.num_rows() as u32).collect();
+        sorted.sort_by_key(|&i| std::cmp::Reverse(len[i as usize]));
+        let size = self.spec.batch_size.max(1);
+        let mut batches: Vec<&[u32]> = sorted.chunks(size).collect();
+        let full = sorted.len() / size;
+        let mut rng = super::seeded_rng(
+            self.seed,
+            GROUP_DOMAIN.wrapping_add(self.groups),
+            self.epoch,
+            self.key,
+        );
+        batches[..full].shuffle(&mut rng);
+        self.order = batches.concat();
+        self.pos = 0;
+        self.chunk = Some((data, rows));
+        self.groups += 1;
+        Ok(true)
+    }
+
+    fn next(
+        &mut self,
+        stage: &StageRef,
+        want: usize,
+        origins: &Origins,
+    ) -> Result<Option<(RecordBatch, Vec<RowOrigin>)>> {
+        if self.pos >= self.order.len() && !self.fill(stage, origins)? {
+            return Ok(None);
+        }
+        let Some((data, lineage)) = &self.chunk else {
+            return Err(Error::Internal(format!("{stage}: no group")));
+        };
+        let end = (self.pos + want).min(self.order.len());
+        let idx = &self.order[self.pos..end];
+        self.pos = end;
+        let rb = take_record_batch(data, &UInt32Array::from(idx.to_vec()))
+            .map_err(|e| arrow_err(stage, e))?;
+        let rows = idx.iter().map(|&i| lineage[i as usize]).collect();
+        Ok(Some((rb, rows)))
+    }
+
+    /// Passes over up to `n` rows: whole groups without reading or sorting them.
+    fn skip(&mut self, stage: &StageRef, n: usize, origins: &Origins) -> Result<usize> {
+        let mut done = 0;
+        while done < n {
+            if self.pos < self.order.len() {
+                let k = (n - done).min(self.order.len() - self.pos);
+                self.pos += k;
+                done += k;
+                continue;
+            }
+            let g = self.group_rows();
+            if n - done >= g {
+                let k = self.inner.skip(stage, g, origins)?;
+                self.groups += 1;
+                done += k;
+                if k < g {
+                    break;
+                }
+                continue;
+            }
+            if !self.fill(stage, origins)? {
+                break;
+            }
+        }
+        Ok(done)
     }
 }
 
@@ -1330,6 +1566,7 @@ mod tests {
             batch_rows: 30,
             across_ranks: false,
             views: Vec::new(),
+            group: None,
         };
         let stage = StageRef {
             index: 0,

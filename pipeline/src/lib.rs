@@ -26,4 +26,4 @@ pub use batch::{Batch, Lineage, LineageSpan, Name, Origin};
 pub use config::{ConfigDocument, ConfigError, ConfigErrors, PipelineConfig};
 pub use error::{Error, Result, StageRef};
 pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};
-pub use state::{Acknowledger, DataStamp, ErrorCounts, PlanStamp, SourceState};
+pub use state::{Acknowledger, BatchRun, DataStamp, ErrorCounts, PlanStamp, Rescaled, SourceState};

@@ -238,6 +238,99 @@ pub struct SourceState {
     /// source's `error_budget` has spent, carried into a resumed run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka_errors: Option<ErrorCounts>,
+    /// Resumed on another number of ranks mid-epoch: the batches of the interrupted epoch
+    /// this rank delivers first (see [`Rescaled`]); `parquet` is unset meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescaled: Option<Box<Rescaled>>,
+}
+
+/// The rest of an epoch interrupted on some number of ranks, continued on another number
+/// (made by `Pipeline::rescale`): the batches every old rank still owed in that epoch,
+/// dealt out in contiguous runs — so each is delivered exactly once, exactly as its old rank
+/// would have made it (same rows, order, augmentation) — then every new rank continues at
+/// the start of the next epoch under the new split.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rescaled {
+    /// The old ranks' states (index = old rank), which the runs count from.
+    pub from: Vec<SourceState>,
+    /// The runs of old ranks' batches this rank delivers, in order.
+    pub runs: Vec<BatchRun>,
+    /// Batches every new rank delivers before the next epoch: a rank whose runs hold fewer
+    /// ends with empty batches (no rows), so all take the same number of steps.
+    pub batches: u64,
+    /// Of those, already delivered.
+    pub delivered: u64,
+    /// Where this rank continues afterwards: the start of the next epoch.
+    pub then: Mark,
+}
+
+/// Batches `first..end` of what old rank `rank` delivers after its state in
+/// [`Rescaled::from`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRun {
+    pub rank: usize,
+    pub first: u64,
+    pub end: u64,
+}
+
+impl Rescaled {
+    /// The runs not yet delivered.
+    pub(crate) fn remaining(&self) -> Vec<BatchRun> {
+        let mut skip = self.delivered;
+        let mut out = Vec::new();
+        for r in &self.runs {
+            let n = r.end - r.first;
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            out.push(BatchRun {
+                first: r.first + skip,
+                ..*r
+            });
+            skip = 0;
+        }
+        out
+    }
+
+    /// Deals `runs` (in order) to `world` ranks: contiguous shares, as equal as they can be
+    /// (the first ones a batch longer when they do not divide evenly).
+    pub(crate) fn deal(
+        from: Vec<SourceState>,
+        runs: &[BatchRun],
+        world: usize,
+        then: Mark,
+    ) -> Vec<Rescaled> {
+        let total: u64 = runs.iter().map(|r| r.end - r.first).sum();
+        let w = world as u64;
+        let mut left: Vec<BatchRun> = runs.iter().rev().copied().collect();
+        (0..w)
+            .map(|j| {
+                let mut want = total / w + u64::from(j < total % w);
+                let mut mine = Vec::new();
+                while want > 0 {
+                    let Some(r) = left.last_mut() else { break };
+                    let take = want.min(r.end - r.first);
+                    mine.push(BatchRun {
+                        end: r.first + take,
+                        ..*r
+                    });
+                    r.first += take;
+                    want -= take;
+                    if r.first == r.end {
+                        left.pop();
+                    }
+                }
+                Rescaled {
+                    from: from.clone(),
+                    runs: mine,
+                    batches: total.div_ceil(w),
+                    delivered: 0,
+                    then,
+                }
+            })
+            .collect()
+    }
 }
 
 /// Records a Kafka source consumed, and how many of them could not be decoded.
@@ -726,6 +819,7 @@ impl Acknowledger {
                 Some(p) => Some(p.stamp(parquet.as_ref())),
                 None => self.resumed_plan.clone(),
             },
+            rescaled: None,
         }
     }
 
@@ -969,10 +1063,49 @@ mod tests {
             parquet: None,
             plan: None,
             kafka_errors: None,
+            rescaled: None,
         })
         .unwrap();
         let back: SourceState = serde_json::from_str(&json).unwrap();
         assert_eq!(back.kafka, Some(p));
+    }
+
+    /// 3 old ranks owing 5 batches each, dealt to 2 then 4 ranks: contiguous runs in order,
+    /// shares as equal as can be, everything once; what is left after some are delivered is
+    /// dealt out again the same way.
+    #[test]
+    fn owed_batches_are_dealt_in_contiguous_equal_shares() {
+        let runs: Vec<BatchRun> = (0..3)
+            .map(|rank| BatchRun {
+                rank,
+                first: 0,
+                end: 5,
+            })
+            .collect();
+        let run = |rank, first, end| BatchRun { rank, first, end };
+        let two = Rescaled::deal(Vec::new(), &runs, 2, Mark::start_of(1));
+        assert_eq!(two[0].runs, [run(0, 0, 5), run(1, 0, 3)]);
+        assert_eq!(two[1].runs, [run(1, 3, 5), run(2, 0, 5)]);
+        assert!(two.iter().all(|r| r.batches == 8));
+        let four = Rescaled::deal(Vec::new(), &runs, 4, Mark::start_of(1));
+        let lens: Vec<u64> = four
+            .iter()
+            .map(|r| r.runs.iter().map(|x| x.end - x.first).sum())
+            .collect();
+        assert_eq!(lens, [4, 4, 4, 3]);
+        assert_eq!(four[3].runs, [run(2, 2, 5)]);
+        // Both delivered 6 (of 8 and of 7 batches): 2 + 1 left, dealt to 3.
+        let mut left = two.clone();
+        for r in &mut left {
+            r.delivered = 6;
+        }
+        let rest: Vec<BatchRun> = left.iter().flat_map(Rescaled::remaining).collect();
+        assert_eq!(rest, [run(1, 1, 3), run(2, 4, 5)]);
+        let three = Rescaled::deal(Vec::new(), &rest, 3, Mark::start_of(1));
+        assert_eq!(three[0].runs, [run(1, 1, 2)]);
+        assert_eq!(three[1].runs, [run(1, 2, 3)]);
+        assert_eq!(three[2].runs, [run(2, 4, 5)]);
+        assert!(three.iter().all(|r| r.batches == 1));
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub(crate) mod channel;
 pub mod metrics;
 mod pool;
 pub(crate) mod recycle;
+mod rescale;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -61,6 +62,9 @@ pub struct Pipeline {
     base_dir: PathBuf,
     resume: Option<SourceState>,
     collective: Option<Arc<dyn Collective>>,
+    /// A rescaled state ([`Pipeline::rescale`]): the share of an interrupted epoch delivered
+    /// before `resume` (which is then the start of the next epoch).
+    prelude: Option<SourceState>,
 }
 
 /// What a pipeline will do, found without reading data: files, and the schema after each
@@ -114,6 +118,7 @@ impl Pipeline {
                 base_dir: doc.base_dir().to_path_buf(),
                 resume: None,
                 collective: None,
+                prelude: None,
             }),
             _ => Err(Error::Config(ConfigErrors::sorted(errors))),
         }
@@ -126,6 +131,7 @@ impl Pipeline {
             base_dir: base_dir.into(),
             resume: None,
             collective: None,
+            prelude: None,
         }
     }
 
@@ -135,9 +141,35 @@ impl Pipeline {
     /// A Parquet state records the files and the order-deciding settings it was taken under
     /// ([`crate::PlanStamp`]); if they changed, preparing fails with [`Error::Resume`] naming
     /// what changed, rather than continuing at other rows.
+    ///
+    /// A state made by [`Pipeline::rescale`] first delivers its share of the interrupted
+    /// epoch, then continues at the start of the next one.
     pub fn resume_from(mut self, state: SourceState) -> Self {
-        self.resume = Some(state);
+        match state.rescaled.as_deref() {
+            Some(r) => {
+                self.resume = Some(rescale::after(&state, r));
+                self.prelude = Some(state);
+            }
+            None => {
+                self.resume = Some(state);
+                self.prelude = None;
+            }
+        }
         self
+    }
+
+    /// This pipeline's share of a rescaled epoch, if it has one.
+    fn prelude(&self) -> Option<rescale::Prelude> {
+        let template = Pipeline {
+            config: self.config.clone(),
+            base_dir: self.base_dir.clone(),
+            resume: None,
+            collective: None,
+            prelude: None,
+        };
+        self.prelude
+            .clone()
+            .map(|state| rescale::Prelude::new(template, state))
     }
 
     /// Runs this pipeline as one rank of `collective`: rank and world size come from it (not
@@ -666,6 +698,7 @@ impl Pipeline {
             resume: resume_mark,
             kafka_resume: kafka_resume.then(|| self.resume.clone()).flatten(),
             frozen,
+            prelude: self.prelude(),
         })
     }
 
@@ -677,11 +710,13 @@ impl Pipeline {
         let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
         let (m, a) = (metrics.clone(), acker.clone());
         let delivered = acker.follower(self.resume.as_ref());
+        let prelude = self.prelude();
         BatchStream {
             state: State::Preparing(async move { self.prepare_with(m, a).await }.boxed()),
             metrics,
             acker,
             delivered,
+            prelude,
         }
     }
 }
@@ -734,6 +769,7 @@ async fn compute_stats(
         resume: None,
         kafka_resume: None,
         frozen: Vec::new(),
+        prelude: None,
     };
     let mut indices = Vec::new();
     for name in &c.columns {
@@ -787,6 +823,8 @@ pub struct PreparedPipeline {
     /// The stage configs with every computed statistic written in (see
     /// [`PreparedPipeline::frozen_stages`]).
     frozen: Vec<Located<StageConfig>>,
+    /// A rescaled run's share of the interrupted epoch, delivered first.
+    prelude: Option<rescale::Prelude>,
 }
 
 impl std::fmt::Debug for StageSlot {
@@ -831,15 +869,20 @@ impl PreparedPipeline {
     }
 
     /// Starts the run. Must be called inside a tokio runtime.
-    pub fn stream(self) -> BatchStream {
+    pub fn stream(mut self) -> BatchStream {
         let metrics = self.metrics.clone();
         let acker = self.acker.clone();
         let delivered = acker.follower(Some(&acker.peek_state()));
+        let mut prelude = self.prelude.take();
+        if let Some(p) = &mut prelude {
+            p.set_schema(self.schema.clone());
+        }
         BatchStream {
             state: State::Running(self.start()),
             metrics,
             acker,
             delivered,
+            prelude,
         }
     }
 
@@ -857,6 +900,7 @@ impl PreparedPipeline {
             resume,
             kafka_resume,
             frozen: _,
+            prelude: _,
         } = self;
         let kafka = matches!(source, Source::Kafka(_));
         // Every rank was promised the same number of batches (a Parquet source split over
@@ -1433,6 +1477,8 @@ pub struct BatchStream {
     acker: Arc<Acknowledger>,
     /// Positions just past every batch this stream has yielded.
     delivered: Acknowledger,
+    /// A rescaled run's share of the interrupted epoch, delivered before the stream's own.
+    prelude: Option<rescale::Prelude>,
 }
 
 impl std::fmt::Debug for BatchStream {
@@ -1458,7 +1504,10 @@ impl BatchStream {
     /// shuffle window, augmentation draws and rank share included. (A sink that buffers
     /// should checkpoint through [`BatchStream::acknowledger`] instead, after it flushed.)
     pub fn snapshot(&self) -> SourceState {
-        self.delivered.state()
+        match &self.prelude {
+            Some(p) => p.snapshot(),
+            None => self.delivered.state(),
+        }
     }
 }
 
@@ -1467,12 +1516,33 @@ impl Stream for BatchStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
+            // A rescaled run's share of the interrupted epoch comes first (once prepared).
+            if matches!(self.state, State::Running(_))
+                && let Some(p) = self.prelude.as_mut()
+            {
+                if p.finished() {
+                    self.prelude = None;
+                    continue;
+                }
+                let item = p.poll_next_unpin(cx);
+                if let Poll::Ready(Some(Err(_))) = &item {
+                    self.state = State::Done;
+                }
+                return item;
+            }
             match &mut self.state {
                 State::Preparing(fut) => match fut.poll_unpin(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(prepared)) => {
+                    Poll::Ready(Ok(mut prepared)) => {
                         if let Some(plan) = prepared.acker.plan() {
                             self.delivered.set_plan(plan);
+                        }
+                        let schema = prepared.schema.clone();
+                        if self.prelude.is_none() {
+                            self.prelude = prepared.prelude.take();
+                        }
+                        if let Some(p) = &mut self.prelude {
+                            p.set_schema(schema);
                         }
                         self.state = State::Running(prepared.start());
                     }

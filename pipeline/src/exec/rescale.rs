@@ -1,0 +1,330 @@
+//! Continuing an epoch interrupted on `W` ranks on another number of ranks, exactly.
+//!
+//! Every old rank owed the same number of batches of the interrupted epoch (ranks get equal
+//! batch counts, and checkpoints are taken at the same step everywhere). Those batches are
+//! dealt out to the new ranks in contiguous runs ([`Rescaled::deal`]); a new rank makes each
+//! run by running its old rank's pipeline (that rank of `W`, resumed from its state) and
+//! taking the run's batches — the very batches the old rank would have delivered, rows,
+//! order and augmentation alike. Ranks whose share is a batch shorter end with an empty
+//! batch, so every rank takes the same number of steps; then every rank continues at the
+//! start of the next epoch under the new split. A state taken meanwhile records the runs
+//! and how many batches were delivered, so it resumes exactly — on the same number of ranks,
+//! or dealt out again to yet another number.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use futures::{Stream, StreamExt};
+
+use super::{BatchStream, Pipeline};
+use crate::batch::{Batch, Lineage, Mark};
+use crate::config::{ShardPolicy, SourceConfig, StageConfig};
+use crate::error::{Error, Result};
+use crate::state::{BatchRun, PlanStamp, Rescaled, SourceState};
+
+impl Pipeline {
+    /// For a Parquet pipeline interrupted on `old.len()` ranks (`old`: every rank's state,
+    /// taken at the same step): the states for `world` ranks that continue it exactly —
+    /// first the batches the old ranks still owed in the interrupted epoch, dealt out evenly
+    /// (each delivered once, as its old rank would have made it), then the next epochs under
+    /// the new split. `done`: the batches each old rank had delivered in that epoch (a
+    /// trainer counts its steps); not needed for states that are themselves rescaled.
+    ///
+    /// Fails, saying why, when the rest of the epoch cannot be counted ahead: a Kafka source,
+    /// a `shuffle` with `across_ranks`, no `batch` stage, a stage removing rows before the
+    /// last `batch`, several ranks under a shard policy other than `redistribute`, or files
+    /// not stamped whole. [`SourceState::next_epoch`] continues such a run at the next epoch.
+    pub fn rescale(
+        &self,
+        old: &[SourceState],
+        done: Option<u64>,
+        world: usize,
+    ) -> std::result::Result<Vec<SourceState>, String> {
+        if world == 0 || old.is_empty() {
+            return Err("no ranks".into());
+        }
+        let rescaled: Vec<&Rescaled> = old.iter().filter_map(|s| s.rescaled.as_deref()).collect();
+        if !rescaled.is_empty() {
+            // Interrupted while delivering the rest of an epoch: deal out what is left of it.
+            if rescaled.len() != old.len() {
+                return Err("the ranks' states are from different phases of a resumed epoch (taken at different steps)".into());
+            }
+            let first = rescaled[0];
+            let remaining: Vec<BatchRun> = rescaled.iter().flat_map(|r| r.remaining()).collect();
+            let plan = old[0].plan.clone();
+            return Ok(deal(
+                first.from.clone(),
+                &remaining,
+                world,
+                first.then,
+                plan,
+            ));
+        }
+        let next = SourceState::next_epoch(old)?;
+        let Some(epoch) = next.interrupted else {
+            return Ok(vec![next.state; world]);
+        };
+        let marks: Vec<Mark> = old.iter().filter_map(|s| s.parquet).collect();
+        if marks.len() == old.len() && marks.iter().all(|m| *m == Mark::start_of(epoch)) {
+            // Every rank is at the start of the epoch: it means the same rows on any ranks.
+            let state = SourceState {
+                parquet: Some(Mark::start_of(epoch)),
+                ..next.state
+            };
+            return Ok(vec![state; world]);
+        }
+        if marks.len() != old.len() || marks.iter().any(|m| m.epoch != epoch) {
+            return Err(
+                "the ranks' states are in different epochs (taken at different steps)".into(),
+            );
+        }
+        let owed = self
+            .batches_per_epoch(old)?
+            .checked_sub(done.ok_or("the batches each rank delivered in the epoch are not known")?)
+            .ok_or("more batches were delivered than the epoch has: the states do not match this config")?;
+        let runs: Vec<BatchRun> = (0..old.len())
+            .map(|rank| BatchRun {
+                rank,
+                first: 0,
+                end: owed,
+            })
+            .collect();
+        let then = Mark::start_of(epoch + 1);
+        Ok(deal(old.to_vec(), &runs, world, then, next.state.plan))
+    }
+
+    /// Batches each of `old.len()` ranks delivers per epoch, from the files' rows, the shard
+    /// policy and the `batch` stages; or why that is not known ahead.
+    fn batches_per_epoch(&self, old: &[SourceState]) -> std::result::Result<u64, String> {
+        let SourceConfig::Parquet(p) = &self.config.source.value else {
+            return Err("a Kafka stream has no epochs to count".into());
+        };
+        let stages = &self.config.stages;
+        if stages
+            .iter()
+            .any(|s| matches!(&s.value, StageConfig::Shuffle(c) if c.across_ranks))
+        {
+            return Err("with `across_ranks`, an old rank's batches depend on all the old ranks exchanging rows".into());
+        }
+        let last_batch = stages
+            .iter()
+            .rposition(|s| matches!(s.value, StageConfig::Batch(_)))
+            .ok_or("without a `batch` stage, the batch count is not known ahead")?;
+        if let Some(s) = stages[..last_batch].iter().find(|s| s.value.removes_rows()) {
+            return Err(format!(
+                "a `{}` before the last `batch` makes the batch count depend on the data",
+                s.value.kind()
+            ));
+        }
+        let w = old.len() as u64;
+        if w == 1
+            && let Some(s) = stages[last_batch..].iter().find(|s| s.value.removes_rows())
+        {
+            return Err(format!(
+                "on one rank, a batch that a `{}` after the last `batch` empties is left out, so the batch count depends on the data",
+                s.value.kind()
+            ));
+        }
+        if w > 1 && p.shard != ShardPolicy::Redistribute {
+            return Err("counting the ranks' shares ahead needs `shard: redistribute`".into());
+        }
+        let rows = old
+            .iter()
+            .find_map(|s| s.plan.as_ref()?.data.as_ref())
+            .filter(|d| !d.prefix)
+            .ok_or("the states do not record the rows of every file (written by an older Sluice, or by one rank reading in listing order)")?
+            .rows;
+        let mut rows = rows / w;
+        let mut batches = 0;
+        for s in &stages[..=last_batch] {
+            if let StageConfig::Batch(b) = &s.value {
+                let size = b.size.max(1) as u64;
+                batches = if b.drop_last {
+                    rows / size
+                } else {
+                    rows.div_ceil(size)
+                };
+                if b.drop_last {
+                    rows = rows / size * size;
+                }
+            }
+        }
+        Ok(batches)
+    }
+
+    /// A pipeline making old rank `rank`'s batches: this config as that rank of
+    /// `from.len()`, resumed from its state.
+    fn old_rank(&self, from: &[SourceState], rank: usize) -> Pipeline {
+        let mut config = self.config.clone();
+        config.runtime.rank = Some(rank);
+        config.runtime.world_size = Some(from.len());
+        Pipeline {
+            config,
+            base_dir: self.base_dir.clone(),
+            resume: from.get(rank).cloned(),
+            collective: None,
+            prelude: None,
+        }
+    }
+}
+
+fn deal(
+    from: Vec<SourceState>,
+    runs: &[BatchRun],
+    world: usize,
+    then: Mark,
+    plan: Option<PlanStamp>,
+) -> Vec<SourceState> {
+    Rescaled::deal(from, runs, world, then)
+        .into_iter()
+        .map(|r| SourceState {
+            plan: plan.clone(),
+            rescaled: Some(Box::new(r)),
+            ..SourceState::default()
+        })
+        .collect()
+}
+
+/// The state a rescaled run continues from once its share of the epoch is delivered.
+pub(super) fn after(state: &SourceState, r: &Rescaled) -> SourceState {
+    SourceState {
+        parquet: Some(r.then),
+        plan: state.plan.clone(),
+        ..SourceState::default()
+    }
+}
+
+/// A rank's share of the interrupted epoch, delivered before its own stream.
+#[derive(Debug)]
+pub(super) struct Prelude {
+    /// The pipeline (this rank's) the old ranks' pipelines are made from.
+    template: Pipeline,
+    /// What is left to deliver; `delivered` counts up.
+    state: SourceState,
+    /// The old rank's stream being read: the rank and the batches it has yielded.
+    current: Option<(usize, u64, Box<BatchStream>)>,
+    /// For the empty batches that even out the shares.
+    schema: Option<SchemaRef>,
+}
+
+impl Prelude {
+    pub(super) fn new(template: Pipeline, state: SourceState) -> Self {
+        Prelude {
+            template,
+            state,
+            current: None,
+            schema: None,
+        }
+    }
+
+    fn rescaled(&self) -> &Rescaled {
+        self.state
+            .rescaled
+            .as_deref()
+            .expect("a prelude's state is rescaled")
+    }
+
+    /// Whether every batch of the share has been delivered.
+    pub(super) fn finished(&self) -> bool {
+        let r = self.rescaled();
+        r.delivered >= r.batches
+    }
+
+    /// The state just past the last batch delivered.
+    pub(super) fn snapshot(&self) -> SourceState {
+        self.state.clone()
+    }
+
+    pub(super) fn set_schema(&mut self, schema: SchemaRef) {
+        self.schema.get_or_insert(schema);
+    }
+
+    /// The run and the batch within it that come next, if any batch of a run is left.
+    fn position(&self) -> Option<(usize, u64)> {
+        let r = self.rescaled();
+        let mut left = r.delivered;
+        for (i, run) in r.runs.iter().enumerate() {
+            let n = run.end - run.first;
+            if left < n {
+                return Some((i, run.first + left));
+            }
+            left -= n;
+        }
+        None
+    }
+}
+
+impl Stream for Prelude {
+    type Item = Result<Batch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.finished() {
+            return Poll::Ready(None);
+        }
+        let Some((run, index)) = this.position() else {
+            // Past the runs: an empty batch evens out the shares.
+            let Some(schema) = this.schema.clone() else {
+                return Poll::Ready(Some(Err(Error::Internal(
+                    "no schema for an empty batch".into(),
+                ))));
+            };
+            bump(&mut this.state);
+            return Poll::Ready(Some(Ok(Batch::new(
+                RecordBatch::new_empty(schema),
+                Lineage::default(),
+            ))));
+        };
+        let (rank, then) = {
+            let r = this.rescaled();
+            (r.runs[run].rank, r.then)
+        };
+        let _ = run;
+        loop {
+            // The old rank's stream, positioned at or before `index`.
+            if !matches!(&this.current, Some((r, at, _)) if *r == rank && *at <= index) {
+                let stream = Box::new(this.template.old_rank(&this.rescaled().from, rank).stream());
+                this.current = Some((rank, 0, stream));
+            }
+            let Some((_, at, stream)) = this.current.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let batch = match stream.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(b))) => b,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => {
+                    return Poll::Ready(Some(Err(Error::Resume(format!(
+                        "continuing epoch {} on a new number of ranks: old rank {rank} ended after {at} more batch(es), but {} were counted for it; the states do not match this config and data",
+                        then.epoch.saturating_sub(1),
+                        index + 1
+                    )))));
+                }
+            };
+            if batch.lineage.spans().iter().any(|s| s.epoch >= then.epoch) {
+                return Poll::Ready(Some(Err(Error::Resume(format!(
+                    "continuing epoch {} on a new number of ranks: old rank {rank} reached epoch {} after {at} batch(es), before the {} counted for it; the states do not match this config and data",
+                    then.epoch.saturating_sub(1),
+                    then.epoch,
+                    index + 1
+                )))));
+            }
+            let taken = *at;
+            *at += 1;
+            if taken < index {
+                continue; // another new rank delivers it
+            }
+            this.schema.get_or_insert_with(|| batch.data.schema());
+            bump(&mut this.state);
+            return Poll::Ready(Some(Ok(batch)));
+        }
+    }
+}
+
+fn bump(state: &mut SourceState) {
+    if let Some(r) = state.rescaled.as_mut() {
+        r.delivered += 1;
+    }
+}

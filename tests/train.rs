@@ -194,13 +194,32 @@ fn a_finished_run_resumed_with_more_epochs_trains_exactly_the_longer_run() {
 }
 
 /// A checkpoint of 2 workers, SIGKILLed mid-epoch, resumed on 1 and on 3 workers with
-/// `--elastic`: training continues at the start of the next epoch and trains every row of the
-/// epochs left once; the summary says how much of the interrupted epoch had been trained.
-/// Without `--elastic` another worker count is refused, naming the way out.
+/// `--elastic`. Without a cross-rank shuffle the rest of the interrupted epoch is dealt out to
+/// the new workers — its every row trained, in as many steps as its batches need spread over
+/// them — then two more epochs; with `across_ranks` (an old rank's batches depend on the
+/// exchange between all of them) training continues at the start of the next epoch and the
+/// summary says how much of the interrupted epoch had been trained and why. Without
+/// `--elastic` another worker count is refused, naming the way out.
 #[test]
-fn a_checkpoint_resumes_on_other_worker_counts_at_the_next_epoch_with_elastic() {
+fn a_checkpoint_resumes_on_other_worker_counts_with_elastic_finishing_the_epoch() {
+    elastic_case(false);
+}
+
+#[test]
+fn a_checkpoint_with_a_cross_rank_shuffle_resumes_on_other_worker_counts_at_the_next_epoch() {
+    elastic_case(true);
+}
+
+fn elastic_case(across: bool) {
+    let shuffle = |yaml: String| {
+        if across {
+            yaml
+        } else {
+            yaml.replace("across_ranks: true", "across_ranks: false")
+        }
+    };
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), job(1_000_000)).unwrap();
+    std::fs::write(dir.path().join("job.yaml"), shuffle(job(1_000_000))).unwrap();
     let mut child = spawn_sluice(dir.path(), &["train", "job.yaml"]);
     let ckpt = dir.path().join("state/train.ckpt");
     wait_for(
@@ -222,6 +241,7 @@ fn a_checkpoint_resumes_on_other_worker_counts_at_the_next_epoch_with_elastic() 
     // 718 rows per worker and epoch: 22 steps of 2 × 32 rows, then one of 2 × 14.
     assert_eq!(progress.epoch, epoch);
     let into = at_kill.step - 23 * epoch;
+    assert_eq!(progress.steps, Some(into));
     assert_eq!(
         progress.rows,
         into.min(22) * 64 + into.saturating_sub(22) * 28
@@ -233,7 +253,11 @@ fn a_checkpoint_resumes_on_other_worker_counts_at_the_next_epoch_with_elastic() 
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(d.path().join("state")).unwrap();
         std::fs::write(d.path().join("state/train.ckpt"), &bytes).unwrap();
-        std::fs::write(d.path().join("job.yaml"), job_for(epoch + 3, 1_000_000)).unwrap();
+        std::fs::write(
+            d.path().join("job.yaml"),
+            shuffle(job_for(epoch + 3, 1_000_000)),
+        )
+        .unwrap();
         let w = workers.to_string();
         let refused = run_in_for(
             d.path(),
@@ -252,23 +276,47 @@ fn a_checkpoint_resumes_on_other_worker_counts_at_the_next_epoch_with_elastic() 
             &["job.yaml", "--resume", "--elastic", "--workers", &w],
         );
         assert_eq!(r["world_size"], workers, "{r}");
-        assert_eq!(r["steps_this_run"], 2 * steps_per_epoch, "{r}");
-        assert_eq!(r["steps"], at_kill.step + 2 * steps_per_epoch, "{r}");
-        assert_eq!(r["rows_this_run"], 2 * 1437, "{r}");
         assert_eq!(r["rows_untrained"], 0, "{r}");
         let note = r["elastic"].as_str().unwrap();
-        let passed = format!(
-            "epoch {epoch}: {} of its 1437 rows had been trained, the other {} are not",
-            progress.rows,
-            1437 - progress.rows
-        );
-        assert!(note.contains(&passed), "{note}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if across {
+            assert_eq!(r["steps_this_run"], 2 * steps_per_epoch, "{r}");
+            assert_eq!(r["steps"], at_kill.step + 2 * steps_per_epoch, "{r}");
+            assert_eq!(r["rows_this_run"], 2 * 1437, "{r}");
+            let passed = format!(
+                "epoch {epoch}: {} of its 1437 rows had been trained, the other {} are not (it cannot be continued exactly: with `across_ranks`, an old rank's batches depend on all the old ranks exchanging rows)",
+                progress.rows,
+                1437 - progress.rows
+            );
+            assert!(note.contains(&passed), "{note}");
+            assert!(stdout.contains(&passed), "{stdout}");
+        } else {
+            // The 2 old workers owed 23 − `into` batches each: dealt out, a step per batch
+            // per new worker (the last step of a shorter share takes an empty batch).
+            let owed = 2 * (23 - into);
+            let owed_steps = owed.div_ceil(workers);
+            assert_eq!(r["steps_this_run"], owed_steps + 2 * steps_per_epoch, "{r}");
+            assert_eq!(
+                r["steps"],
+                at_kill.step + owed_steps + 2 * steps_per_epoch,
+                "{r}"
+            );
+            // The old split's epoch: 2 × 718 rows (one left out by `redistribute`).
+            assert_eq!(
+                r["rows_this_run"],
+                2 * 718 - progress.rows + 2 * 1437,
+                "{r}"
+            );
+            let dealt = format!(
+                "the {owed} batch(es) the old ranks still owed of epoch {epoch} are dealt out to the {workers} ranks ({owed_steps} step(s)"
+            );
+            assert!(note.contains(&dealt), "{note}");
+            assert!(stdout.contains(&dealt), "{stdout}");
+        }
         assert!(
             note.contains(&format!("continues at the start of epoch {}", epoch + 1)),
             "{note}"
         );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(stdout.contains(&passed), "{stdout}");
         let (done, _) = read_train_checkpoint(&d.path().join("state/train.ckpt")).unwrap();
         assert!(done.complete);
         assert_eq!(

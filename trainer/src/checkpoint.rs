@@ -45,6 +45,11 @@ pub struct EpochProgress {
     pub epoch: u64,
     /// Rows trained in it.
     pub rows: u64,
+    /// Steps taken in it (each rank one batch): what the batches the ranks still owe of it
+    /// are counted from when it is continued on another number of ranks. Absent in
+    /// checkpoints of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -139,7 +144,11 @@ mod tests {
             pipeline: vec![SourceState::default(), SourceState::default()],
             rows_trained: 99,
             complete: false,
-            epoch: Some(EpochProgress { epoch: 1, rows: 40 }),
+            epoch: Some(EpochProgress {
+                epoch: 1,
+                rows: 40,
+                steps: Some(4),
+            }),
         };
         let bytes = encode(
             &meta,

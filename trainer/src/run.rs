@@ -338,23 +338,70 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// A checkpoint of another number of ranks, continued at the start of the next epoch.
+/// A checkpoint of another number of ranks, continued on this run's.
 struct Elastic {
-    /// Where every rank starts.
+    /// Steps of the interrupted epoch's rest, dealt out to these ranks (0: none).
+    owed_steps: u64,
+    /// Where every rank continues after them.
     next_epoch: u64,
-    /// What was passed over, in words (printed, and `TrainReport::elastic`).
+    /// What happened, in words (printed, and `TrainReport::elastic`).
     note: String,
 }
 
 /// Turns `meta` (written by `meta.world_size` ranks) into a checkpoint for `world` ranks:
-/// every rank starts at the epoch after the latest one any old rank was in.
+/// the batches the old ranks still owed in the interrupted epoch are dealt out to the new
+/// ones ([`Pipeline::rescale`]: each trained once, as the old rank would have made it), then
+/// every rank goes on at the next epoch. Where the rest of the epoch cannot be counted
+/// ahead, every rank starts at the next epoch and what is passed over is reported.
 fn elastic_resume(
     meta: &mut CheckpointMeta,
     world: usize,
+    pipeline: &Pipeline,
     url: &impl std::fmt::Display,
 ) -> Result<Elastic, TrainError> {
+    let head = format!(
+        "elastic resume: the checkpoint (step {}) was written by {} ranks, this run has {world}",
+        meta.step, meta.world_size
+    );
     let next = SourceState::next_epoch(&meta.pipeline)
         .map_err(|e| TrainError::Checkpoint(format!("{url}: --elastic: {e}")))?;
+    let done = next
+        .interrupted
+        .and_then(|e| meta.epoch.filter(|p| p.epoch == e))
+        .and_then(|p| p.steps);
+    let why_not = match pipeline.rescale(&meta.pipeline, done, world) {
+        Ok(states) => {
+            let (owed_steps, owed, next_epoch) = match states[0].rescaled.as_deref() {
+                Some(r) => (
+                    r.batches,
+                    states
+                        .iter()
+                        .filter_map(|s| s.rescaled.as_deref())
+                        .flat_map(|r| r.runs.iter().map(|x| x.end - x.first))
+                        .sum::<u64>(),
+                    r.then.epoch,
+                ),
+                None => (0, 0, states[0].parquet.map_or(0, |m| m.epoch)),
+            };
+            let note = match (owed, next.interrupted) {
+                (0, _) => format!(
+                    "{head}; nothing of the interrupted epoch was left; training continues at the start of epoch {next_epoch}"
+                ),
+                (n, _) => format!(
+                    "{head}; the {n} batch(es) the old ranks still owed of epoch {} are dealt out to the {world} ranks ({owed_steps} step(s), each batch trained once, as its old rank would have made it), then training continues at the start of epoch {next_epoch}",
+                    next_epoch.saturating_sub(1)
+                ),
+            };
+            meta.pipeline = states;
+            meta.epoch = None;
+            return Ok(Elastic {
+                owed_steps,
+                next_epoch,
+                note,
+            });
+        }
+        Err(e) => e,
+    };
     let next_epoch = next.state.parquet.map_or(0, |m| m.epoch);
     let passed = match next.interrupted {
         None => "nothing was passed over (no rank had trained on any batch)".to_string(),
@@ -367,7 +414,7 @@ fn elastic_resume(
                 .as_ref()
                 .and_then(|p| p.data.as_ref())
                 .map(|d| d.rows);
-            match (trained, total) {
+            let rest = match (trained, total) {
                 (Some(t), Some(n)) => format!(
                     "epoch {e}: {t} of its {n} rows had been trained, the other {} are not",
                     n.saturating_sub(t)
@@ -376,16 +423,18 @@ fn elastic_resume(
                     format!("epoch {e}: {t} rows had been trained, the rest of it is not")
                 }
                 _ => format!("the rest of epoch {e} is not trained"),
-            }
+            };
+            format!("{rest} (it cannot be continued exactly: {why_not})")
         }
     };
-    let note = format!(
-        "elastic resume: the checkpoint (step {}) was written by {} ranks, this run has {world}; {passed}; training continues at the start of epoch {next_epoch}",
-        meta.step, meta.world_size
-    );
+    let note = format!("{head}; {passed}; training continues at the start of epoch {next_epoch}");
     meta.pipeline = vec![next.state; world];
     meta.epoch = None;
-    Ok(Elastic { next_epoch, note })
+    Ok(Elastic {
+        owed_steps: 0,
+        next_epoch,
+        note,
+    })
 }
 
 /// One rank's training loop and its report (counts over all ranks; data stall and
@@ -466,11 +515,16 @@ pub(crate) fn worker(
             if meta.world_size != world && !meta.complete {
                 if !options.elastic {
                     return Err(TrainError::Checkpoint(format!(
-                        "{} was written by {} ranks, this run has {world}: resume with the same number of workers (a position inside an epoch means rows only under the split it was taken in), or pass --elastic to continue on {world} at the start of the next epoch (the rest of the interrupted one is not trained, and is reported)",
+                        "{} was written by {} ranks, this run has {world}: resume with the same number of workers (a position inside an epoch means rows only under the split it was taken in), or pass --elastic to continue on {world} (the rest of the interrupted epoch is dealt out to the {world} ranks, or, where it cannot be counted ahead, passed over and reported)",
                         loc.url, meta.world_size
                     )));
                 }
-                let e = elastic_resume(&mut meta, world, &loc.url)?;
+                let mut config = job.pipeline.clone();
+                if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
+                    p.epochs = e;
+                }
+                let template = Pipeline::from_config(config, job.base_dir.clone());
+                let e = elastic_resume(&mut meta, world, &template, &loc.url)?;
                 if rank == 0 {
                     tracing::warn!("{}", e.note);
                 }
@@ -591,7 +645,7 @@ pub(crate) fn worker(
             Some(match (&elastic, &resumed) {
                 // The steps taken on the old ranks, then the epochs left on these.
                 (Some(e), Some((meta, _))) => {
-                    meta.step + epochs.saturating_sub(e.next_epoch) * steps
+                    meta.step + e.owed_steps + epochs.saturating_sub(e.next_epoch) * steps
                 }
                 _ => epochs * steps,
             })
@@ -727,11 +781,15 @@ pub(crate) fn worker(
         last_state = batch.state.clone();
         if let Some(e) = last_state.parquet.map(|m| m.epoch) {
             match &mut ctx.epoch {
-                Some(p) if p.epoch == e => p.rows += rep.rows,
+                Some(p) if p.epoch == e => {
+                    p.rows += rep.rows;
+                    p.steps = p.steps.map(|s| s + 1);
+                }
                 _ => {
                     ctx.epoch = Some(EpochProgress {
                         epoch: e,
                         rows: rep.rows,
+                        steps: Some(1),
                     })
                 }
             }

@@ -154,16 +154,32 @@ impl Pipeline {
         Ok(batches)
     }
 
-    /// A pipeline making old rank `rank`'s batches: this config as that rank of
-    /// `from.len()`, resumed from its state.
-    fn old_rank(&self, from: &[SourceState], rank: usize) -> Pipeline {
+    /// A pipeline making old rank `rank`'s batches from its `skip`-th on: this config as
+    /// that rank of `from.len()`, resumed from its state moved `skip` batches further. (Every
+    /// batch of an epoch but its last holds the last `batch` stage's size in rows of the
+    /// stream — rows a later stage removed included — so the position past `skip` more is
+    /// that many rows further, and the rows passed over are neither augmented nor cut.)
+    fn old_rank(&self, from: &[SourceState], rank: usize, skip: u64) -> Pipeline {
         let mut config = self.config.clone();
         config.runtime.rank = Some(rank);
         config.runtime.world_size = Some(from.len());
+        let size = self
+            .config
+            .stages
+            .iter()
+            .rev()
+            .find_map(|s| match &s.value {
+                StageConfig::Batch(b) => Some(b.size as u64),
+                _ => None,
+            });
+        let mut resume = from.get(rank).cloned();
+        if let (Some(state), Some(size)) = (resume.as_mut(), size) {
+            state.parquet = state.parquet.map(|m| m.advance(skip * size));
+        }
         Pipeline {
             config,
             base_dir: self.base_dir.clone(),
-            resume: from.get(rank).cloned(),
+            resume,
             collective: None,
             prelude: None,
         }
@@ -285,8 +301,8 @@ impl Stream for Prelude {
         loop {
             // The old rank's stream, positioned at or before `index`.
             if !matches!(&this.current, Some((r, at, _)) if *r == rank && *at <= index) {
-                let stream = Box::new(this.template.old_rank(&this.rescaled().from, rank).stream());
-                this.current = Some((rank, 0, stream));
+                let stream = this.template.old_rank(&this.rescaled().from, rank, index);
+                this.current = Some((rank, index, Box::new(stream.stream())));
             }
             let Some((_, at, stream)) = this.current.as_mut() else {
                 return Poll::Ready(None);
@@ -297,7 +313,7 @@ impl Stream for Prelude {
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(None) => {
                     return Poll::Ready(Some(Err(Error::Resume(format!(
-                        "continuing epoch {} on a new number of ranks: old rank {rank} ended after {at} more batch(es), but {} were counted for it; the states do not match this config and data",
+                        "continuing epoch {} on a new number of ranks: old rank {rank} had {at} batch(es) after its state, but {} were counted for it; the states do not match this config and data",
                         then.epoch.saturating_sub(1),
                         index + 1
                     )))));
@@ -305,7 +321,7 @@ impl Stream for Prelude {
             };
             if batch.lineage.spans().iter().any(|s| s.epoch >= then.epoch) {
                 return Poll::Ready(Some(Err(Error::Resume(format!(
-                    "continuing epoch {} on a new number of ranks: old rank {rank} reached epoch {} after {at} batch(es), before the {} counted for it; the states do not match this config and data",
+                    "continuing epoch {} on a new number of ranks: old rank {rank} reached epoch {} after {at} batch(es) past its state, before the {} counted for it; the states do not match this config and data",
                     then.epoch.saturating_sub(1),
                     then.epoch,
                     index + 1

@@ -277,6 +277,8 @@ fn elastic_case(across: bool) {
         );
         assert_eq!(r["world_size"], workers, "{r}");
         assert_eq!(r["rows_untrained"], 0, "{r}");
+        // The length the schedule counted is the length the run had.
+        assert_eq!(r["total_steps"], r["steps"], "{r}");
         let note = r["elastic"].as_str().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         if across {

@@ -247,6 +247,10 @@ pub struct TrainReport {
     /// what was passed over and where training continued.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub elastic: Option<String>,
+    /// The run's length in steps (all runs), as the schedule counts it: `trainer.steps`, or
+    /// what the data gives, whichever is less; unknown for a stream without epochs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_steps: Option<u64>,
 }
 
 /// Models are created one at a time: libtorch's default generator is process-wide, and
@@ -437,6 +441,21 @@ fn elastic_resume(
     })
 }
 
+/// The length in steps of a run resumed from `meta` on as many ranks as wrote it, with
+/// `steps` per epoch and `epochs` epochs: the steps taken, the rest of the current epoch (or
+/// of a rescaled one's share), the epochs after it. `None` when the checkpoint does not say
+/// where in its epoch it is (older versions). (For a run that never changed its number of
+/// ranks this is `epochs × steps`; after a rescale the earlier epochs had other counts.)
+fn resumed_length(meta: &CheckpointMeta, epochs: u64, steps: u64) -> Option<u64> {
+    if let Some(r) = meta.pipeline.first().and_then(|s| s.rescaled.as_deref()) {
+        let left = r.batches.saturating_sub(r.delivered);
+        return Some(meta.step + left + epochs.saturating_sub(r.then.epoch) * steps);
+    }
+    let p = meta.epoch?;
+    let done = p.steps?;
+    Some(meta.step + steps.saturating_sub(done) + epochs.saturating_sub(p.epoch + 1) * steps)
+}
+
 /// One rank's training loop and its report (counts over all ranks; data stall and
 /// collective time of this rank).
 pub(crate) fn worker(
@@ -583,6 +602,7 @@ pub(crate) fn worker(
             already_complete: true,
             notes: Vec::new(),
             elastic: None,
+            total_steps: None,
         }));
     }
 
@@ -646,6 +666,9 @@ pub(crate) fn worker(
                 // The steps taken on the old ranks, then the epochs left on these.
                 (Some(e), Some((meta, _))) => {
                     meta.step + e.owed_steps + epochs.saturating_sub(e.next_epoch) * steps
+                }
+                (None, Some((meta, _))) => {
+                    resumed_length(meta, epochs, steps).unwrap_or(epochs * steps)
                 }
                 _ => epochs * steps,
             })
@@ -926,6 +949,7 @@ pub(crate) fn worker(
         already_complete: false,
         notes,
         elastic: elastic.map(|e| e.note),
+        total_steps,
     }))
 }
 
@@ -1213,6 +1237,57 @@ pub fn eval_stages(frozen: &[Located<StageConfig>]) -> Vec<Located<StageConfig>>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_pipeline::batch::Mark;
+    use sluice_pipeline::{BatchRun, Rescaled};
+
+    /// A run's length after a resume: 10 steps per epoch, 3 epochs.
+    #[test]
+    fn a_resumed_run_counts_its_length_from_where_it_is() {
+        let meta =
+            |step, epoch: Option<EpochProgress>, pipeline: Vec<SourceState>| CheckpointMeta {
+                version: 1,
+                step,
+                world_size: 1,
+                pipeline,
+                rows_trained: 0,
+                complete: false,
+                epoch,
+            };
+        let progress = |epoch, steps| {
+            Some(EpochProgress {
+                epoch,
+                rows: 0,
+                steps,
+            })
+        };
+        // Never rescaled: epochs × steps, wherever it stopped.
+        let plain = meta(14, progress(1, Some(4)), vec![SourceState::default()]);
+        assert_eq!(resumed_length(&plain, 3, 10), Some(30));
+        // Rescaled earlier (25 steps into epoch 1, its old split had other counts): the rest
+        // of epoch 1 and all of epoch 2.
+        let later = meta(25, progress(1, Some(4)), vec![SourceState::default()]);
+        assert_eq!(resumed_length(&later, 3, 10), Some(25 + 6 + 10));
+        // Stopped within a rescaled share: 3 of its 7 batches left, then epochs 1 and 2.
+        let share = SourceState {
+            rescaled: Some(Box::new(Rescaled {
+                from: Vec::new(),
+                runs: vec![BatchRun {
+                    rank: 0,
+                    first: 0,
+                    end: 7,
+                }],
+                batches: 7,
+                delivered: 4,
+                then: Mark::start_of(1),
+            })),
+            ..SourceState::default()
+        };
+        let within = meta(18, None, vec![share]);
+        assert_eq!(resumed_length(&within, 3, 10), Some(18 + 3 + 20));
+        // An older checkpoint without the steps of its epoch.
+        let old = meta(14, progress(1, None), vec![SourceState::default()]);
+        assert_eq!(resumed_length(&old, 3, 10), None);
+    }
 
     #[test]
     fn evaluation_leaves_out_the_random_stages_and_keeps_the_rest() {

@@ -697,6 +697,17 @@ async fn inspect(paths: &[String], rows: usize) -> ExitCode {
                         }
                     );
                 }
+                if !f.partitions.is_empty() {
+                    let values: Vec<String> = f
+                        .partitions
+                        .iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("null")))
+                        .collect();
+                    println!(
+                        "  partition directories (columns with `partitioning: hive`): {}",
+                        values.join(", ")
+                    );
+                }
                 println!("  row groups:");
                 for (i, rg) in f.row_groups.iter().enumerate() {
                     println!(

@@ -206,6 +206,18 @@ fn hive_partition_directories_become_columns() {
     };
     run(", partitioning: hive").success();
     assert_hive_columns(&read_parquet(&dir.path().join("out.parquet")));
+    // `inspect` shows the directories each file would add.
+    sluice()
+        .current_dir(dir.path())
+        .args(["inspect", "-n", "0", "data/**/*.parquet"])
+        .assert()
+        .success()
+        .stdout(contains(
+            "  partition directories (columns with `partitioning: hive`): year=2023, lang=en US\n",
+        ))
+        .stdout(contains(
+            "  partition directories (columns with `partitioning: hive`): year=2024, lang=null\n",
+        ));
     // `columns` places them, and reads only the file columns it names.
     run(", partitioning: hive, columns: [lang, id]").success();
     let out = read_parquet(&dir.path().join("out.parquet"));
@@ -265,6 +277,30 @@ fn a_run_whose_stages_remove_every_row_warns() {
         .stdout(contains("1437 dropped by drop_last"))
         .stderr(contains(
             "no row reached the sink: the 1437 rows read were removed, 1437 of them dropped by drop_last by stages[0] (batch)",
+        ));
+}
+
+/// `across_ranks` on one rank does nothing: the run says so instead of implying an exchange.
+#[test]
+fn a_cross_rank_shuffle_on_one_rank_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\nstages:\n  - {{type: shuffle, buffer_rows: 1437, across_ranks: true}}\n",
+            repo().display()
+        ),
+    )
+    .unwrap();
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--no-report"])
+        .env_remove("WORLD_SIZE")
+        .env_remove("SLUICE_WORLD_SIZE")
+        .assert()
+        .success()
+        .stderr(contains(
+            "stages[0] (shuffle) at job.yaml:3:5: `across_ranks` has no other rank to exchange rows with (world_size 1)",
         ));
 }
 

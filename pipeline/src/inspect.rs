@@ -40,6 +40,9 @@ pub struct ParquetFileInfo {
     pub created_by: Option<String>,
     /// The first rows (up to the number asked for).
     pub head: Vec<RecordBatch>,
+    /// `key=value` directories of its path: the columns `partitioning: hive` adds (a null
+    /// value for Hive's default partition); empty when there are none or they clash.
+    pub partitions: Vec<(String, Option<String>)>,
 }
 
 /// Lists the files named by `specs` and reads their footers and first `head_rows` rows.
@@ -84,6 +87,8 @@ pub async fn inspect_parquet(
             row_groups,
             created_by: pm.file_metadata().created_by().map(str::to_string),
             head,
+            partitions: crate::source::parquet::hive_partitions(&object.location)
+                .unwrap_or_default(),
             url,
         });
     }

@@ -657,6 +657,17 @@ impl Pipeline {
         for (i, note) in notes {
             stage_metrics[i].note(note);
         }
+        if shuffle.as_ref().is_some_and(|s| s.across_ranks) && self.rank_and_world().1 == 1 {
+            let i = self
+                .config
+                .stages
+                .iter()
+                .position(|s| matches!(s.value, StageConfig::Shuffle(_)))
+                .unwrap_or(0);
+            let warning = "`across_ranks` has no other rank to exchange rows with (world_size 1): this shuffle stays within the one rank";
+            tracing::warn!("{}: {warning}", self.stage_ref(i));
+            stage_metrics[i].note(format!("warning: {warning}"));
+        }
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
             let per_epoch = rows / self.config.source.value.epochs();
             if (sh.buffer_rows as u64) * 100 < per_epoch {

@@ -278,7 +278,7 @@ async fn open_file(
 /// The `key=value` directories of an object's path, in order (values percent-decoded, as
 /// pyarrow and Hive write them URI-encoded; `__HIVE_DEFAULT_PARTITION__`, Hive's null, as
 /// `None`).
-fn hive_partitions(
+pub(crate) fn hive_partitions(
     location: &crate::storage::ObjectLocation,
 ) -> std::result::Result<Vec<(String, Option<String>)>, String> {
     let decode = |s: &str| {

@@ -137,16 +137,19 @@ pub(crate) fn build(
     let mut fill = vec![0.0f32; ch];
     // Each op applies once, in its phase (`ImageOp::phase`): a list naming one twice, or in
     // another order, would be applied otherwise than it reads, so it is refused.
+    // Every problem of the ops is reported at once (each op's own checks stop at its
+    // first).
+    let mut problems: Vec<String> = Vec::new();
     if let Some(twice) = c.ops.iter().enumerate().find_map(|(k, op)| {
         c.ops[..k]
             .iter()
             .any(|o| o.name() == op.name())
             .then_some(op)
     }) {
-        return Err(err(format!(
+        problems.push(format!(
             "`{}` is listed twice: give it once (each op applies once)",
             twice.name()
-        )));
+        ));
     }
     if let Some((before, after)) = c.ops.iter().enumerate().find_map(|(k, op)| {
         c.ops[..k]
@@ -154,181 +157,200 @@ pub(crate) fn build(
             .find(|o| o.phase() > op.phase())
             .map(|o| (o, op))
     }) {
-        return Err(err(format!(
+        problems.push(format!(
             "`{}` is listed after `{}`, but the ops apply in this order: the geometry (a crop or resize, flips), then color_jitter, random_grayscale (on the cut window, padding included), normalize (pixels to the model's scale), random_erasing (on the normalized output); list them in that order",
             after.name(),
             before.name()
-        )));
+        ));
     }
     for op in &c.ops {
-        match op {
-            ImageOp::RandomCrop {
-                size,
-                padding,
-                padding_mode,
-                pad_if_needed,
-                fill: PadFill(values),
-            } => {
-                crops += 1;
-                if size[0] == 0 || size[1] == 0 {
-                    return Err(err("random_crop: `size` must be positive".into()));
+        let mut check = || -> std::result::Result<(), String> {
+            let err = |m: String| m;
+            match op {
+                ImageOp::RandomCrop {
+                    size,
+                    padding,
+                    padding_mode,
+                    pad_if_needed,
+                    fill: PadFill(values),
+                } => {
+                    crops += 1;
+                    if size[0] == 0 || size[1] == 0 {
+                        return Err(err("random_crop: `size` must be positive".into()));
+                    }
+                    if !pad_if_needed && (size[0] > h + 2 * padding || size[1] > w + 2 * padding) {
+                        return Err(err(format!(
+                            "random_crop: size {size:?} is larger than the padded image ({}×{}); set `pad_if_needed: true` to pad it up to the size",
+                            h + 2 * padding,
+                            w + 2 * padding
+                        )));
+                    }
+                    if values.len() != 1 && values.len() != ch {
+                        return Err(err(format!(
+                            "random_crop: `fill` has {} values; give one, or one per channel ({ch})",
+                            values.len()
+                        )));
+                    }
+                    if let Some(bad) = values.iter().find(|v| !(0.0..=255.0).contains(*v)) {
+                        return Err(err(format!(
+                            "random_crop: `fill` is in pixel values, 0 to 255, not {bad}"
+                        )));
+                    }
+                    if *padding_mode != PaddingMode::Constant && values.iter().any(|v| *v != 0.0) {
+                        return Err(err(format!(
+                            "random_crop: `fill` is what `constant` padding holds; with `padding_mode: {}` the padding repeats the image, so leave `fill` out",
+                            format!("{padding_mode:?}").to_lowercase()
+                        )));
+                    }
+                    fill = (0..ch).map(|k| values[k % values.len()]).collect();
+                    out_hw = *size;
                 }
-                if !pad_if_needed && (size[0] > h + 2 * padding || size[1] > w + 2 * padding) {
-                    return Err(err(format!(
-                        "random_crop: size {size:?} is larger than the padded image ({}×{}); set `pad_if_needed: true` to pad it up to the size",
-                        h + 2 * padding,
-                        w + 2 * padding
-                    )));
+                ImageOp::RandomResizedCrop { size, scale, ratio } => {
+                    crops += 1;
+                    if size[0] == 0 || size[1] == 0 {
+                        return Err(err("random_resized_crop: `size` must be positive".into()));
+                    }
+                    if !(0.0 < scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                        return Err(err(format!(
+                            "random_resized_crop: `scale` must satisfy 0 < min ≤ max ≤ 1, not {scale:?}"
+                        )));
+                    }
+                    if !(0.0 < ratio[0] && ratio[0] <= ratio[1]) {
+                        return Err(err(format!(
+                            "random_resized_crop: `ratio` must satisfy 0 < min ≤ max, not {ratio:?}"
+                        )));
+                    }
+                    out_hw = *size;
                 }
-                if values.len() != 1 && values.len() != ch {
-                    return Err(err(format!(
-                        "random_crop: `fill` has {} values; give one, or one per channel ({ch})",
-                        values.len()
-                    )));
+                ImageOp::CenterCrop { size } | ImageOp::Resize { size } => {
+                    crops += 1;
+                    if size[0] == 0 || size[1] == 0 {
+                        return Err(err(format!(
+                            "{}: `size` must be positive",
+                            if matches!(op, ImageOp::Resize { .. }) {
+                                "resize"
+                            } else {
+                                "center_crop"
+                            }
+                        )));
+                    }
+                    out_hw = *size;
                 }
-                if let Some(bad) = values.iter().find(|v| !(0.0..=255.0).contains(*v)) {
-                    return Err(err(format!(
-                        "random_crop: `fill` is in pixel values, 0 to 255, not {bad}"
-                    )));
+                ImageOp::HorizontalFlip { p } | ImageOp::VerticalFlip { p } => {
+                    if !(0.0..=1.0).contains(p) {
+                        return Err(err(format!("flip: `p` must be in [0, 1], not {p}")));
+                    }
                 }
-                if *padding_mode != PaddingMode::Constant && values.iter().any(|v| *v != 0.0) {
-                    return Err(err(format!(
-                        "random_crop: `fill` is what `constant` padding holds; with `padding_mode: {}` the padding repeats the image, so leave `fill` out",
-                        format!("{padding_mode:?}").to_lowercase()
-                    )));
-                }
-                fill = (0..ch).map(|k| values[k % values.len()]).collect();
-                out_hw = *size;
-            }
-            ImageOp::RandomResizedCrop { size, scale, ratio } => {
-                crops += 1;
-                if size[0] == 0 || size[1] == 0 {
-                    return Err(err("random_resized_crop: `size` must be positive".into()));
-                }
-                if !(0.0 < scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
-                    return Err(err(format!(
-                        "random_resized_crop: `scale` must satisfy 0 < min ≤ max ≤ 1, not {scale:?}"
-                    )));
-                }
-                if !(0.0 < ratio[0] && ratio[0] <= ratio[1]) {
-                    return Err(err(format!(
-                        "random_resized_crop: `ratio` must satisfy 0 < min ≤ max, not {ratio:?}"
-                    )));
-                }
-                out_hw = *size;
-            }
-            ImageOp::CenterCrop { size } | ImageOp::Resize { size } => {
-                crops += 1;
-                if size[0] == 0 || size[1] == 0 {
-                    return Err(err(format!(
-                        "{}: `size` must be positive",
-                        if matches!(op, ImageOp::Resize { .. }) {
-                            "resize"
-                        } else {
-                            "center_crop"
+                ImageOp::ColorJitter {
+                    brightness,
+                    contrast,
+                    saturation,
+                    hue,
+                } => {
+                    for (name, v) in [
+                        ("brightness", brightness),
+                        ("contrast", contrast),
+                        ("saturation", saturation),
+                    ] {
+                        if !(0.0..1.0).contains(v) {
+                            return Err(err(format!(
+                                "color_jitter: `{name}` must be in [0, 1), not {v}"
+                            )));
                         }
-                    )));
-                }
-                out_hw = *size;
-            }
-            ImageOp::HorizontalFlip { p } | ImageOp::VerticalFlip { p } => {
-                if !(0.0..=1.0).contains(p) {
-                    return Err(err(format!("flip: `p` must be in [0, 1], not {p}")));
-                }
-            }
-            ImageOp::ColorJitter {
-                brightness,
-                contrast,
-                saturation,
-                hue,
-            } => {
-                for (name, v) in [
-                    ("brightness", brightness),
-                    ("contrast", contrast),
-                    ("saturation", saturation),
-                ] {
-                    if !(0.0..1.0).contains(v) {
+                    }
+                    if !(0.0..=0.5).contains(hue) {
                         return Err(err(format!(
-                            "color_jitter: `{name}` must be in [0, 1), not {v}"
+                            "color_jitter: `hue` must be in [0, 0.5], not {hue}"
                         )));
                     }
+                    if (*saturation > 0.0 || *hue > 0.0) && ch != 3 {
+                        return Err(err(
+                            "color_jitter: `saturation` and `hue` need 3 channels".into()
+                        ));
+                    }
                 }
-                if !(0.0..=0.5).contains(hue) {
-                    return Err(err(format!(
-                        "color_jitter: `hue` must be in [0, 0.5], not {hue}"
-                    )));
-                }
-                if (*saturation > 0.0 || *hue > 0.0) && ch != 3 {
-                    return Err(err(
-                        "color_jitter: `saturation` and `hue` need 3 channels".into()
-                    ));
-                }
-            }
-            ImageOp::RandomGrayscale { p } => {
-                if !(0.0..=1.0).contains(p) {
-                    return Err(err(format!(
-                        "random_grayscale: `p` must be in [0, 1], not {p}"
-                    )));
-                }
-                if ch != 3 {
-                    return Err(err("random_grayscale needs 3 channels".into()));
-                }
-            }
-            ImageOp::RandomErasing {
-                p,
-                scale,
-                ratio,
-                value,
-            } => {
-                if !(0.0..=1.0).contains(p) {
-                    return Err(err(format!(
-                        "random_erasing: `p` must be in [0, 1], not {p}"
-                    )));
-                }
-                if !(0.0 < scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
-                    return Err(err(format!(
-                        "random_erasing: `scale` must satisfy 0 < min ≤ max ≤ 1, not {scale:?}"
-                    )));
-                }
-                if !(0.0 < ratio[0] && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
-                    return Err(err(format!(
-                        "random_erasing: `ratio` must satisfy 0 < min ≤ max, not {ratio:?}"
-                    )));
-                }
-                if let EraseValue::Values(v) = value {
-                    if v.len() != 1 && v.len() != ch {
+                ImageOp::RandomGrayscale { p } => {
+                    if !(0.0..=1.0).contains(p) {
                         return Err(err(format!(
-                            "random_erasing: `value` has {} values; give one, or one per channel ({ch})",
-                            v.len()
+                            "random_grayscale: `p` must be in [0, 1], not {p}"
                         )));
                     }
-                    if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
+                    if ch != 3 {
+                        return Err(err("random_grayscale needs 3 channels".into()));
+                    }
+                }
+                ImageOp::RandomErasing {
+                    p,
+                    scale,
+                    ratio,
+                    value,
+                } => {
+                    if !(0.0..=1.0).contains(p) {
                         return Err(err(format!(
-                            "random_erasing: `value` must be finite numbers, not {bad}"
+                            "random_erasing: `p` must be in [0, 1], not {p}"
                         )));
+                    }
+                    if !(0.0 < scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                        return Err(err(format!(
+                            "random_erasing: `scale` must satisfy 0 < min ≤ max ≤ 1, not {scale:?}"
+                        )));
+                    }
+                    if !(0.0 < ratio[0] && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
+                        return Err(err(format!(
+                            "random_erasing: `ratio` must satisfy 0 < min ≤ max, not {ratio:?}"
+                        )));
+                    }
+                    if let EraseValue::Values(v) = value {
+                        if v.len() != 1 && v.len() != ch {
+                            return Err(err(format!(
+                                "random_erasing: `value` has {} values; give one, or one per channel ({ch})",
+                                v.len()
+                            )));
+                        }
+                        if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
+                            return Err(err(format!(
+                                "random_erasing: `value` must be finite numbers, not {bad}"
+                            )));
+                        }
+                    }
+                }
+                ImageOp::Normalize { mean, std } => {
+                    if mean.len() != ch || std.len() != ch {
+                        return Err(err(format!(
+                            "normalize: give one `mean` and one `std` per channel ({ch})"
+                        )));
+                    }
+                    if std.iter().any(|s| !(*s > 0.0 && s.is_finite())) {
+                        return Err(err("normalize: every `std` must be positive".into()));
+                    }
+                    for k in 0..ch {
+                        scale[k] = (1.0 / (255.0 * std[k])) as f32;
+                        bias[k] = (-mean[k] / std[k]) as f32;
                     }
                 }
             }
-            ImageOp::Normalize { mean, std } => {
-                if mean.len() != ch || std.len() != ch {
-                    return Err(err(format!(
-                        "normalize: give one `mean` and one `std` per channel ({ch})"
-                    )));
-                }
-                if std.iter().any(|s| !(*s > 0.0 && s.is_finite())) {
-                    return Err(err("normalize: every `std` must be positive".into()));
-                }
-                for k in 0..ch {
-                    scale[k] = (1.0 / (255.0 * std[k])) as f32;
-                    bias[k] = (-mean[k] / std[k]) as f32;
-                }
-            }
+            Ok(())
+        };
+        if let Err(problem) = check() {
+            problems.push(problem);
         }
     }
     if crops > 1 {
-        return Err(err(
+        problems.push(
             "at most one crop (random_crop, random_resized_crop, center_crop or resize)".into(),
-        ));
+        );
+    }
+    match problems.len() {
+        0 => {}
+        1 => return Err(err(problems.remove(0))),
+        n => {
+            let listed: Vec<String> = problems
+                .iter()
+                .enumerate()
+                .map(|(i, p)| format!("({}) {p}", i + 1))
+                .collect();
+            return Err(err(format!("{n} problems in `ops`: {}", listed.join("; "))));
+        }
     }
     let dead_letter = match &c.dead_letter {
         None => None,
@@ -2572,6 +2594,17 @@ mod tests {
                 [2, 2, 3],
                 vec![jitter(0.1), jitter(0.2)],
                 "`color_jitter` is listed twice",
+            ),
+            // Every op's problem at once, in the order of the list.
+            (
+                &grey,
+                [2, 2, 1],
+                vec![
+                    ImageOp::RandomGrayscale { p: 1.5 },
+                    jitter(0.6),
+                    ImageOp::HorizontalFlip { p: 2.0 },
+                ],
+                "4 problems in `ops`: (1) `color_jitter` is listed after `random_grayscale`, but the ops apply in this order: the geometry (a crop or resize, flips), then color_jitter, random_grayscale (on the cut window, padding included), normalize (pixels to the model's scale), random_erasing (on the normalized output); list them in that order; (2) random_grayscale: `p` must be in [0, 1], not 1.5; (3) color_jitter: `hue` must be in [0, 0.5], not 0.6; (4) flip: `p` must be in [0, 1], not 2",
             ),
         ] {
             let e = refusal(shape, input, ops);

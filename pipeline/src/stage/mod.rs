@@ -401,6 +401,7 @@ pub(crate) fn build(
                     across_ranks: c.across_ranks,
                     views: Vec::new(),
                     group,
+                    rank: ctx.rank,
                 }),
                 input.clone(),
             ))

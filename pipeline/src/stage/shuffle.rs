@@ -75,6 +75,9 @@ pub(crate) struct ShuffleSpec {
     pub(crate) views: Vec<usize>,
     /// `group_by_length`: batches of rows of similar length.
     pub(crate) group: Option<GroupSpec>,
+    /// The pipeline's rank, however it was given (a collective, `runtime.rank`, the
+    /// environment): a rank's windows are permuted the same way in every case.
+    pub(crate) rank: usize,
 }
 
 /// A built `group_by_length` (see [`GroupByLength`]).
@@ -420,11 +423,9 @@ impl Shuffler {
         self
     }
 
+    /// This rank (the collective's, or the configured one): part of every generator's key.
     fn rank(&self) -> u64 {
-        self.collective
-            .as_ref()
-            .map(|c| c.rank() as u64)
-            .unwrap_or(0)
+        self.spec.rank as u64
     }
 
     fn exchanging(&self) -> bool {
@@ -1567,6 +1568,7 @@ mod tests {
             across_ranks: false,
             views: Vec::new(),
             group: None,
+            rank: 0,
         };
         let stage = StageRef {
             index: 0,

@@ -27,9 +27,9 @@ fn example(name: &str) -> PathBuf {
     path
 }
 
-/// Runs the `stream` example on `config` (under `configs/`); its stdout, once it succeeded.
-fn stream_example(config: &str) -> String {
-    let out = std::process::Command::new(example("stream"))
+/// Runs example `name` on `config` (under `configs/`); its stdout, once it succeeded.
+fn run_example(name: &str, config: &str) -> String {
+    let out = std::process::Command::new(example(name))
         .arg(common::repo().join("configs").join(config))
         .output()
         .unwrap();
@@ -40,6 +40,27 @@ fn stream_example(config: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+fn stream_example(config: &str) -> String {
+    run_example("stream", config)
+}
+
+/// Two ranks stopped after 4 batches continue on three: every row of the interrupted epoch
+/// (of the two-way split) once, every row of the next once, equal batch counts.
+#[test]
+fn rescale_example_continues_an_epoch_on_three_ranks_without_losing_a_row() {
+    let stdout = run_example("rescale", "digits-augmented.yaml");
+    for line in [
+        "2 ranks delivered 4 batches each, then stopped",
+        // 718 rows per old rank: 12 batches of up to 64, 4 delivered, 8 owed by each.
+        "the 16 batches the 2 still owed of epoch 0 are dealt out, 6 per rank",
+        "batches per rank after the rescale: [14, 14, 14]",
+        "epoch 0: 1436 distinct rows delivered, each exactly once: true",
+        "epoch 1: 1437 distinct rows delivered, each exactly once: true",
+    ] {
+        assert!(stdout.contains(line), "{line}\n{stdout}");
+    }
 }
 
 #[test]

@@ -888,8 +888,12 @@ impl PreparedPipeline {
         if let Some(p) = &mut prelude {
             p.set_schema(self.schema.clone());
         }
+        let state = match prelude {
+            Some(_) => State::Ready(Box::new(self)),
+            None => State::Running(self.start()),
+        };
         BatchStream {
-            state: State::Running(self.start()),
+            state,
             metrics,
             acker,
             delivered,
@@ -1476,6 +1480,9 @@ impl Running {
 
 enum State {
     Preparing(BoxFuture<'static, Result<PreparedPipeline>>),
+    /// Prepared, not started: a rescaled run's share of the interrupted epoch comes first,
+    /// and starting now would hold a second pipeline's queues and window meanwhile.
+    Ready(Box<PreparedPipeline>),
     Running(Running),
     Done,
 }
@@ -1528,7 +1535,7 @@ impl Stream for BatchStream {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
             // A rescaled run's share of the interrupted epoch comes first (once prepared).
-            if matches!(self.state, State::Running(_))
+            if matches!(self.state, State::Ready(_) | State::Running(_))
                 && let Some(p) = self.prelude.as_mut()
             {
                 if p.finished() {
@@ -1555,7 +1562,10 @@ impl Stream for BatchStream {
                         if let Some(p) = &mut self.prelude {
                             p.set_schema(schema);
                         }
-                        self.state = State::Running(prepared.start());
+                        self.state = match self.prelude {
+                            Some(_) => State::Ready(Box::new(prepared)),
+                            None => State::Running(prepared.start()),
+                        };
                     }
                     Poll::Ready(Err(e)) => {
                         self.state = State::Done;
@@ -1568,6 +1578,12 @@ impl Stream for BatchStream {
                         self.delivered.observe_batch(b);
                     }
                     return item;
+                }
+                State::Ready(_) => {
+                    if let State::Ready(prepared) = std::mem::replace(&mut self.state, State::Done)
+                    {
+                        self.state = State::Running(prepared.start());
+                    }
                 }
                 State::Done => return Poll::Ready(None),
             }

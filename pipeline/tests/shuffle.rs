@@ -1278,6 +1278,13 @@ proptest! {
             }
         };
         prop_assert_eq!(dealt.len(), new);
+        // With a shuffle the states tell how far into the epoch they are: the same deal
+        // without the count, and a wrong count refused.
+        prop_assert_eq!(&template.rescale(&states, None, new).unwrap(), &dealt);
+        if k > 0 {
+            let e = template.rescale(&states, Some(done + 1), new).unwrap_err();
+            prop_assert!(e.contains("were said to be delivered by each rank, but the states are"), "{}", e);
+        }
         let outs: Vec<Vec<Batch>> = (0..new).map(|j| run_rank(&rt, dir.path(), &c, j, new, Some(dealt[j].clone()), None).0).collect();
         if k == 0 {
             // Nothing was delivered: the new ranks simply start over on their own split.

@@ -30,7 +30,8 @@ impl Pipeline {
     /// first the batches the old ranks still owed in the interrupted epoch, dealt out evenly
     /// (each delivered once, as its old rank would have made it), then the next epochs under
     /// the new split. `done`: the batches each old rank had delivered in that epoch (a
-    /// trainer counts its steps); not needed for states that are themselves rescaled.
+    /// trainer counts its steps); with a `shuffle` the states tell it (and a `done` given is
+    /// checked against them), and states that are themselves rescaled do not need it.
     ///
     /// Fails, saying why, when the rest of the epoch cannot be counted ahead: a Kafka source,
     /// a `shuffle` with `across_ranks`, no `batch` stage, a stage removing rows before the
@@ -80,10 +81,21 @@ impl Pipeline {
                 "the ranks' states are in different epochs (taken at different steps)".into(),
             );
         }
-        let owed = self
-            .batches_per_epoch(old)?
-            .checked_sub(done.ok_or("the batches each rank delivered in the epoch are not known")?)
-            .ok_or("more batches were delivered than the epoch has: the states do not match this config")?;
+        let n = self.batches_per_epoch(old)?;
+        let done = match (done, self.delivered_in_epoch(&marks, n)) {
+            (Some(d), Some(m)) if d != m => {
+                return Err(format!(
+                    "{d} batches of epoch {epoch} were said to be delivered by each rank, but the states are {m} batches into it"
+                ));
+            }
+            (Some(d), _) | (None, Some(d)) => d,
+            (None, None) => {
+                return Err("the batches each rank delivered in the epoch are not known (without a `shuffle` the states do not tell them: give them)".into());
+            }
+        };
+        let owed = n.checked_sub(done).ok_or(
+            "more batches were delivered than the epoch has: the states do not match this config",
+        )?;
         let runs: Vec<BatchRun> = (0..old.len())
             .map(|rank| BatchRun {
                 rank,
@@ -93,6 +105,35 @@ impl Pipeline {
             .collect();
         let then = Mark::start_of(epoch + 1);
         Ok(deal(old.to_vec(), &runs, world, then, next.state.plan))
+    }
+
+    /// The batches each rank delivered in its epoch, told by its position in the shuffle's
+    /// output when there is a shuffle (its windows before the current one are full, so the
+    /// rows out are `window × buffer_rows + emitted`; each batch but an epoch's last holds the
+    /// last `batch` stage's size): `None` without one, or when the ranks disagree.
+    fn delivered_in_epoch(&self, marks: &[Mark], per_epoch: u64) -> Option<u64> {
+        let buffer = self.config.stages.iter().find_map(|s| match &s.value {
+            StageConfig::Shuffle(c) => Some(c.buffer_rows as u64),
+            _ => None,
+        })?;
+        let size = self
+            .config
+            .stages
+            .iter()
+            .rev()
+            .find_map(|s| match &s.value {
+                StageConfig::Batch(b) => Some(b.size.max(1) as u64),
+                _ => None,
+            })?;
+        let mut done = marks.iter().map(|m| {
+            m.shuffle.map(|w| {
+                (w.window * buffer + w.emitted)
+                    .div_ceil(size)
+                    .min(per_epoch)
+            })
+        });
+        let first = done.next()??;
+        done.all(|d| d == Some(first)).then_some(first)
     }
 
     /// Batches each of `old.len()` ranks delivers per epoch, from the files' rows, the shard

@@ -20,7 +20,7 @@ use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use futures::StreamExt;
 use sluice::pipeline::collective::{Collective, LocalCollective};
-use sluice::pipeline::{Batch, Pipeline, SourceState};
+use sluice::pipeline::{Batch, Pipeline, PipelineMetrics, SourceState};
 
 /// Runs one pipeline per rank of a `world`-rank group, from `states` if given, taking at most
 /// `limit` batches each; returns every rank's batches and its state after them.
@@ -29,7 +29,7 @@ async fn ranks(
     world: usize,
     states: Option<Vec<SourceState>>,
     limit: Option<usize>,
-) -> Result<Vec<(Vec<Batch>, SourceState)>, Box<dyn std::error::Error>> {
+) -> Result<Vec<(Vec<Batch>, SourceState, u64)>, Box<dyn std::error::Error>> {
     let mut tasks = Vec::new();
     for (rank, collective) in LocalCollective::group(world).into_iter().enumerate() {
         let mut pipeline =
@@ -46,7 +46,9 @@ async fn ranks(
                     None => break,
                 }
             }
-            Ok::<_, sluice::pipeline::Error>((out, stream.snapshot()))
+            // The stream's own count of the rows it delivered (old ranks' share included).
+            let counted = PipelineMetrics::get(&stream.metrics().rows_out);
+            Ok::<_, sluice::pipeline::Error>((out, stream.snapshot(), counted))
         }));
     }
     let mut out = Vec::new();
@@ -83,7 +85,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Two ranks take 4 batches each, then stop (a node is lost): keep their states.
     let before = ranks(&path, 2, None, Some(4)).await?;
-    let states: Vec<SourceState> = before.iter().map(|(_, s)| s.clone()).collect();
+    let states: Vec<SourceState> = before.iter().map(|(_, s, _)| s.clone()).collect();
     println!("2 ranks delivered 4 batches each, then stopped");
 
     // Three ranks continue. `done`: the batches each old rank delivered in the interrupted
@@ -99,12 +101,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "rescaled to 3 ranks: the {owed} batches the 2 still owed of epoch 0 are dealt out, {share} per rank"
     );
     let after = ranks(&path, 3, Some(dealt), None).await?;
-    let counts: Vec<usize> = after.iter().map(|(b, _)| b.len()).collect();
+    let counts: Vec<usize> = after.iter().map(|(b, _, _)| b.len()).collect();
     println!("batches per rank after the rescale: {counts:?}");
+    let rows: u64 = after
+        .iter()
+        .flat_map(|(b, _, _)| b.iter().map(|b| b.num_rows() as u64))
+        .sum();
+    let counted: u64 = after.iter().map(|(_, _, c)| c).sum();
+    println!("rows delivered {rows}, counted by the streams' metrics {counted}");
 
     // Every row of epoch 0 (of the 2-rank split: the 1436 rows it dealt) exactly once.
     let mut seen = BTreeMap::new();
-    for (batches, _) in before.iter().chain(&after) {
+    for (batches, _, _) in before.iter().chain(&after) {
         count_ids(batches, 0, &mut seen);
     }
     let once = seen.values().all(|n| *n == 1);
@@ -114,7 +122,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     // And epoch 1 under the 3-way split: every row once too.
     let mut next = BTreeMap::new();
-    for (batches, _) in &after {
+    for (batches, _, _) in &after {
         count_ids(batches, 1, &mut next);
     }
     println!(

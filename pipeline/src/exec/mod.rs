@@ -721,7 +721,10 @@ impl Pipeline {
         let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
         let (m, a) = (metrics.clone(), acker.clone());
         let delivered = acker.follower(self.resume.as_ref());
-        let prelude = self.prelude();
+        let mut prelude = self.prelude();
+        if let Some(p) = &mut prelude {
+            p.set_metrics(metrics.clone());
+        }
         BatchStream {
             state: State::Preparing(async move { self.prepare_with(m, a).await }.boxed()),
             metrics,
@@ -887,6 +890,7 @@ impl PreparedPipeline {
         let mut prelude = self.prelude.take();
         if let Some(p) = &mut prelude {
             p.set_schema(self.schema.clone());
+            p.set_metrics(metrics.clone());
         }
         let state = match prelude {
             Some(_) => State::Ready(Box::new(self)),

@@ -12,13 +12,15 @@
 //! or dealt out again to yet another number.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use futures::{Stream, StreamExt};
 
-use super::{BatchStream, Pipeline};
+use super::{BatchStream, Pipeline, PipelineMetrics};
 use crate::batch::{Batch, Lineage, Mark};
 use crate::config::{ShardPolicy, SourceConfig, StageConfig};
 use crate::error::{Error, Result};
@@ -264,6 +266,8 @@ pub(super) struct Prelude {
     current: Option<(usize, u64, Box<BatchStream>)>,
     /// For the empty batches that even out the shares.
     schema: Option<SchemaRef>,
+    /// The stream's counters: what the old ranks' pipelines read and delivered is added in.
+    metrics: Option<Arc<PipelineMetrics>>,
 }
 
 impl Prelude {
@@ -273,6 +277,43 @@ impl Prelude {
             state,
             current: None,
             schema: None,
+            metrics: None,
+        }
+    }
+
+    pub(super) fn set_metrics(&mut self, metrics: Arc<PipelineMetrics>) {
+        self.metrics = Some(metrics);
+    }
+
+    /// Adds what the current old rank's pipeline read to the stream's counters, and drops it.
+    fn close_current(&mut self) {
+        if let (Some((_, _, stream)), Some(into)) = (self.current.take(), &self.metrics) {
+            let from = &stream.metrics().source;
+            let to = &into.source;
+            for (a, b) in [
+                (&from.rows, &to.rows),
+                (&from.row_groups, &to.row_groups),
+                (&from.bytes_read, &to.bytes_read),
+                (&from.bytes_decoded, &to.bytes_decoded),
+                (&from.rows_replayed, &to.rows_replayed),
+            ] {
+                b.fetch_add(a.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts a batch delivered from the share as the stream's own.
+    fn delivered(&mut self, batch: &Batch) {
+        bump(&mut self.state);
+        if let Some(m) = &self.metrics {
+            m.rows_out
+                .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            m.batches_out.fetch_add(1, Ordering::Relaxed);
+            m.bytes_out
+                .fetch_add(batch.memory_size() as u64, Ordering::Relaxed);
+        }
+        if self.finished() {
+            self.close_current();
         }
     }
 
@@ -328,11 +369,9 @@ impl Stream for Prelude {
                     "no schema for an empty batch".into(),
                 ))));
             };
-            bump(&mut this.state);
-            return Poll::Ready(Some(Ok(Batch::new(
-                RecordBatch::new_empty(schema),
-                Lineage::default(),
-            ))));
+            let batch = Batch::new(RecordBatch::new_empty(schema), Lineage::default());
+            this.delivered(&batch);
+            return Poll::Ready(Some(Ok(batch)));
         };
         let (rank, then) = {
             let r = this.rescaled();
@@ -342,6 +381,7 @@ impl Stream for Prelude {
         loop {
             // The old rank's stream, positioned at or before `index`.
             if !matches!(&this.current, Some((r, at, _)) if *r == rank && *at <= index) {
+                this.close_current();
                 let stream = this.template.old_rank(&this.rescaled().from, rank, index);
                 this.current = Some((rank, index, Box::new(stream.stream())));
             }
@@ -374,7 +414,7 @@ impl Stream for Prelude {
                 continue; // another new rank delivers it
             }
             this.schema.get_or_insert_with(|| batch.data.schema());
-            bump(&mut this.state);
+            this.delivered(&batch);
             return Poll::Ready(Some(Ok(batch)));
         }
     }

@@ -437,6 +437,27 @@ impl Pipeline {
         out
     }
 
+    /// The index of the (first) `shuffle` stage, 0 without one.
+    fn shuffle_index(&self) -> usize {
+        self.config
+            .stages
+            .iter()
+            .position(|s| matches!(s.value, StageConfig::Shuffle(_)))
+            .unwrap_or(0)
+    }
+
+    /// The size of the last `batch` stage: rows per batch the stream delivers.
+    fn last_batch_size(&self) -> Option<u64> {
+        self.config
+            .stages
+            .iter()
+            .rev()
+            .find_map(|s| match &s.value {
+                StageConfig::Batch(b) => Some(b.size.max(1) as u64),
+                _ => None,
+            })
+    }
+
     fn stage_ref(&self, index: usize) -> StageRef {
         let s = &self.config.stages[index];
         StageRef {
@@ -658,12 +679,7 @@ impl Pipeline {
             stage_metrics[i].note(note);
         }
         if shuffle.as_ref().is_some_and(|s| s.across_ranks) && self.rank_and_world().1 == 1 {
-            let i = self
-                .config
-                .stages
-                .iter()
-                .position(|s| matches!(s.value, StageConfig::Shuffle(_)))
-                .unwrap_or(0);
+            let i = self.shuffle_index();
             let warning = "`across_ranks` has no other rank to exchange rows with (world_size 1): this shuffle stays within the one rank";
             tracing::warn!("{}: {warning}", self.stage_ref(i));
             stage_metrics[i].note(format!("warning: {warning}"));
@@ -671,12 +687,7 @@ impl Pipeline {
         if let (Some(sh), Some(rows)) = (&shuffle, source.total_rows()) {
             let per_epoch = rows / self.config.source.value.epochs();
             if (sh.buffer_rows as u64) * 100 < per_epoch {
-                let i = self
-                    .config
-                    .stages
-                    .iter()
-                    .position(|s| matches!(s.value, StageConfig::Shuffle(_)))
-                    .unwrap_or(0);
+                let i = self.shuffle_index();
                 let warning = format!(
                     "the shuffle window ({} rows) is under 1% of an epoch ({per_epoch} rows): rows move at most one window from where the (permuted) row groups put them; raise `buffer_rows` (spilling keeps memory at `max_memory`)",
                     sh.buffer_rows

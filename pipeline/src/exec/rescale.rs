@@ -118,15 +118,7 @@ impl Pipeline {
             StageConfig::Shuffle(c) => Some(c.buffer_rows as u64),
             _ => None,
         })?;
-        let size = self
-            .config
-            .stages
-            .iter()
-            .rev()
-            .find_map(|s| match &s.value {
-                StageConfig::Batch(b) => Some(b.size.max(1) as u64),
-                _ => None,
-            })?;
+        let size = self.last_batch_size()?;
         let mut done = marks.iter().map(|m| {
             m.shuffle.map(|w| {
                 (w.window * buffer + w.emitted)
@@ -206,15 +198,7 @@ impl Pipeline {
         let mut config = self.config.clone();
         config.runtime.rank = Some(rank);
         config.runtime.world_size = Some(from.len());
-        let size = self
-            .config
-            .stages
-            .iter()
-            .rev()
-            .find_map(|s| match &s.value {
-                StageConfig::Batch(b) => Some(b.size as u64),
-                _ => None,
-            });
+        let size = self.last_batch_size();
         let mut resume = from.get(rank).cloned();
         if let (Some(state), Some(size)) = (resume.as_mut(), size) {
             state.parquet = state.parquet.map(|m| m.advance(skip * size));

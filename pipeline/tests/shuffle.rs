@@ -1284,6 +1284,13 @@ proptest! {
         if k > 0 {
             let e = template.rescale(&states, Some(done + 1), new).unwrap_err();
             prop_assert!(e.contains("were said to be delivered by each rank, but the states are"), "{}", e);
+            if old > 1 {
+                // States of different steps are refused, not dealt out.
+                let mut skewed = states.clone();
+                skewed[1] = run_rank(&rt, dir.path(), &c, 1, old, None, Some(k + 1)).1;
+                let e = template.rescale(&skewed, None, new).unwrap_err();
+                prop_assert!(e.contains("taken at different steps"), "{}", e);
+            }
         }
         let outs: Vec<Vec<Batch>> = (0..new).map(|j| run_rank(&rt, dir.path(), &c, j, new, Some(dealt[j].clone()), None).0).collect();
         if k == 0 {

@@ -84,7 +84,7 @@ impl Pipeline {
             );
         }
         let n = self.batches_per_epoch(old)?;
-        let done = match (done, self.delivered_in_epoch(&marks, n)) {
+        let done = match (done, self.delivered_in_epoch(&marks, n)?) {
             (Some(d), Some(m)) if d != m => {
                 return Err(format!(
                     "{d} batches of epoch {epoch} were said to be delivered by each rank, but the states are {m} batches into it"
@@ -112,22 +112,38 @@ impl Pipeline {
     /// The batches each rank delivered in its epoch, told by its position in the shuffle's
     /// output when there is a shuffle (its windows before the current one are full, so the
     /// rows out are `window × buffer_rows + emitted`; each batch but an epoch's last holds the
-    /// last `batch` stage's size): `None` without one, or when the ranks disagree.
-    fn delivered_in_epoch(&self, marks: &[Mark], per_epoch: u64) -> Option<u64> {
+    /// last `batch` stage's size): `None` without one; an error when the ranks are at
+    /// different batches (states of different steps).
+    fn delivered_in_epoch(
+        &self,
+        marks: &[Mark],
+        per_epoch: u64,
+    ) -> std::result::Result<Option<u64>, String> {
         let buffer = self.config.stages.iter().find_map(|s| match &s.value {
             StageConfig::Shuffle(c) => Some(c.buffer_rows as u64),
             _ => None,
-        })?;
-        let size = self.last_batch_size()?;
-        let mut done = marks.iter().map(|m| {
-            m.shuffle.map(|w| {
-                (w.window * buffer + w.emitted)
-                    .div_ceil(size)
-                    .min(per_epoch)
-            })
         });
-        let first = done.next()??;
-        done.all(|d| d == Some(first)).then_some(first)
+        let (Some(buffer), Some(size)) = (buffer, self.last_batch_size()) else {
+            return Ok(None);
+        };
+        let done: Option<Vec<u64>> = marks
+            .iter()
+            .map(|m| {
+                m.shuffle.map(|w| {
+                    (w.window * buffer + w.emitted)
+                        .div_ceil(size)
+                        .min(per_epoch)
+                })
+            })
+            .collect();
+        let Some(done) = done else { return Ok(None) };
+        match done.first() {
+            Some(first) if done.iter().all(|d| d == first) => Ok(Some(*first)),
+            Some(_) => Err(format!(
+                "the ranks' states are at different batches of the epoch ({done:?}): taken at different steps"
+            )),
+            None => Ok(None),
+        }
     }
 
     /// Batches each of `old.len()` ranks delivers per epoch, from the files' rows, the shard

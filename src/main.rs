@@ -624,6 +624,21 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
                 if let Some(sink) = &job.sink {
                     println!("  sink: {} at {}", sink.value.kind(), sink.location);
                 }
+                if matches!(
+                    job.pipeline.source.value,
+                    sluice::pipeline::config::SourceConfig::Parquet(_)
+                ) {
+                    // Judged for several ranks, the case a lost node leaves.
+                    let world = job.pipeline.runtime.rank_and_world().1.max(2);
+                    match job.pipeline().rescalable(world) {
+                        Ok(()) => println!(
+                            "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): an interrupted epoch is finished exactly"
+                        ),
+                        Err(why) => println!(
+                            "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): a run continues at the next epoch, the rest of the interrupted one untrained: {why}"
+                        ),
+                    }
+                }
                 #[cfg(feature = "torch")]
                 if let Some(loader) = &job.loader {
                     let schema = plan

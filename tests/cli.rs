@@ -44,7 +44,28 @@ fn validate_prints_the_schema_through_every_stage() {
         .success()
         .stdout(contains("ok — 1 file(s), 1437 rows"))
         .stdout(contains("stages[0] (cast) at "))
-        .stdout(contains("pixels: FixedSizeList(64 x Float32"));
+        .stdout(contains("pixels: FixedSizeList(64 x Float32"))
+        .stdout(contains(
+            "on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): an interrupted epoch is finished exactly",
+        ));
+    // A cross-rank shuffle cannot be continued exactly on other ranks: validate says so.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/data/digits/train.parquet'}}\nstages:\n  - {{type: shuffle, across_ranks: true}}\n  - {{type: batch, size: 8}}\n",
+            repo().display()
+        ),
+    )
+    .unwrap();
+    sluice()
+        .arg("validate")
+        .arg(dir.path().join("p.yaml"))
+        .assert()
+        .success()
+        .stdout(contains(
+            "a run continues at the next epoch, the rest of the interrupted one untrained: with `across_ranks`, an old rank's batches depend on all the old ranks exchanging rows",
+        ));
 }
 
 /// What a `shard` policy leaves out or repeats is in the run summary, as words and as

@@ -146,9 +146,9 @@ impl Pipeline {
         }
     }
 
-    /// Batches each of `old.len()` ranks delivers per epoch, from the files' rows, the shard
-    /// policy and the `batch` stages; or why that is not known ahead.
-    fn batches_per_epoch(&self, old: &[SourceState]) -> std::result::Result<u64, String> {
+    /// Whether an epoch this config interrupted on `world` ranks can be continued exactly on
+    /// another number ([`Pipeline::rescale`]), judging by the config alone; else why not.
+    pub fn rescalable(&self, world: usize) -> std::result::Result<(), String> {
         let SourceConfig::Parquet(p) = &self.config.source.value else {
             return Err("a Kafka stream has no epochs to count".into());
         };
@@ -169,8 +169,7 @@ impl Pipeline {
                 s.value.kind()
             ));
         }
-        let w = old.len() as u64;
-        if w == 1
+        if world == 1
             && let Some(s) = stages[last_batch..].iter().find(|s| s.value.removes_rows())
         {
             return Err(format!(
@@ -178,9 +177,22 @@ impl Pipeline {
                 s.value.kind()
             ));
         }
-        if w > 1 && p.shard != ShardPolicy::Redistribute {
+        if world > 1 && p.shard != ShardPolicy::Redistribute {
             return Err("counting the ranks' shares ahead needs `shard: redistribute`".into());
         }
+        Ok(())
+    }
+
+    /// Batches each of `old.len()` ranks delivers per epoch, from the files' rows, the shard
+    /// policy and the `batch` stages; or why that is not known ahead.
+    fn batches_per_epoch(&self, old: &[SourceState]) -> std::result::Result<u64, String> {
+        self.rescalable(old.len())?;
+        let stages = &self.config.stages;
+        let last_batch = stages
+            .iter()
+            .rposition(|s| matches!(s.value, StageConfig::Batch(_)))
+            .ok_or("without a `batch` stage, the batch count is not known ahead")?;
+        let w = old.len() as u64;
         let rows = old
             .iter()
             .find_map(|s| s.plan.as_ref()?.data.as_ref())

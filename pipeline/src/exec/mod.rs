@@ -62,9 +62,10 @@ pub struct Pipeline {
     base_dir: PathBuf,
     resume: Option<SourceState>,
     collective: Option<Arc<dyn Collective>>,
-    /// A rescaled state ([`Pipeline::rescale`]): the share of an interrupted epoch delivered
-    /// before `resume` (which is then the start of the next epoch).
-    prelude: Option<SourceState>,
+    /// From a rescaled state ([`Pipeline::rescale`]): the share of an interrupted epoch
+    /// delivered before `resume` (which is then the start of the next epoch), and the files'
+    /// stamp of that state.
+    prelude: Option<(crate::state::Rescaled, Option<crate::state::PlanStamp>)>,
 }
 
 /// What a pipeline will do, found without reading data: files, and the schema after each
@@ -144,11 +145,11 @@ impl Pipeline {
     ///
     /// A state made by [`Pipeline::rescale`] first delivers its share of the interrupted
     /// epoch, then continues at the start of the next one.
-    pub fn resume_from(mut self, state: SourceState) -> Self {
-        match state.rescaled.as_deref() {
-            Some(r) => {
-                self.resume = Some(rescale::after(&state, r));
-                self.prelude = Some(state);
+    pub fn resume_from(mut self, mut state: SourceState) -> Self {
+        match state.rescaled.take() {
+            Some(share) => {
+                self.resume = Some(rescale::after(&state.plan, &share));
+                self.prelude = Some((*share, state.plan));
             }
             None => {
                 self.resume = Some(state);
@@ -169,7 +170,7 @@ impl Pipeline {
         };
         self.prelude
             .clone()
-            .map(|state| rescale::Prelude::new(template, state))
+            .map(|(share, plan)| rescale::Prelude::new(template, share, plan))
     }
 
     /// Runs this pipeline as one rank of `collective`: rank and world size come from it (not
@@ -269,14 +270,7 @@ impl Pipeline {
                         ));
                     }
                     if c.group_by_length.is_some() {
-                        let size =
-                            self.config.stages[i + 1..]
-                                .iter()
-                                .find_map(|s| match &s.value {
-                                    StageConfig::Batch(b) => Some(b.size),
-                                    _ => None,
-                                });
-                        match size {
+                        match self.batch_after(i) {
                             None => return fail("`group_by_length` makes batches of rows of similar length for the `batch` stage after the shuffle, and there is none: add one (`- {type: batch, size: N}`)".into()),
                             Some(size) if size > 0 && c.buffer_rows % size != 0 => {
                                 let below = c.buffer_rows / size * size;
@@ -415,15 +409,11 @@ impl Pipeline {
                         text.push_str(", across_ranks true");
                     }
                     if let Some(g) = &c.group_by_length {
-                        let size = stages[i + 1..].iter().find_map(|s| match &s.value {
-                            StageConfig::Batch(b) => Some(b.size),
-                            _ => None,
-                        });
                         text += &format!(
                             ", group_by_length `{}` in {} batches of {}",
                             g.column,
                             g.batches,
-                            size.unwrap_or(0)
+                            self.batch_after(i).unwrap_or(0)
                         );
                     }
                     text
@@ -444,6 +434,17 @@ impl Pipeline {
             .iter()
             .position(|s| matches!(s.value, StageConfig::Shuffle(_)))
             .unwrap_or(0)
+    }
+
+    /// The size of the first `batch` stage after stage `i` (what a shuffle's
+    /// `group_by_length` groups for).
+    fn batch_after(&self, i: usize) -> Option<usize> {
+        self.config.stages[i + 1..]
+            .iter()
+            .find_map(|s| match &s.value {
+                StageConfig::Batch(b) => Some(b.size),
+                _ => None,
+            })
     }
 
     /// The size of the last `batch` stage: rows per batch the stream delivers.
@@ -528,8 +529,11 @@ impl Pipeline {
     /// need (one pass over the data for each such stage).
     pub async fn prepare(&self) -> Result<PreparedPipeline> {
         let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
-        self.prepare_with(Arc::new(PipelineMetrics::default()), acker)
-            .await
+        let mut prepared = self
+            .prepare_with(Arc::new(PipelineMetrics::default()), acker)
+            .await?;
+        prepared.prelude = self.prelude();
+        Ok(prepared)
     }
 
     async fn prepare_with(
@@ -720,7 +724,7 @@ impl Pipeline {
             resume: resume_mark,
             kafka_resume: kafka_resume.then(|| self.resume.clone()).flatten(),
             frozen,
-            prelude: self.prelude(),
+            prelude: None,
         })
     }
 
@@ -1566,16 +1570,12 @@ impl Stream for BatchStream {
             match &mut self.state {
                 State::Preparing(fut) => match fut.poll_unpin(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(mut prepared)) => {
+                    Poll::Ready(Ok(prepared)) => {
                         if let Some(plan) = prepared.acker.plan() {
                             self.delivered.set_plan(plan);
                         }
-                        let schema = prepared.schema.clone();
-                        if self.prelude.is_none() {
-                            self.prelude = prepared.prelude.take();
-                        }
                         if let Some(p) = &mut self.prelude {
-                            p.set_schema(schema);
+                            p.set_schema(prepared.schema.clone());
                         }
                         self.state = match self.prelude {
                             Some(_) => State::Ready(Box::new(prepared)),

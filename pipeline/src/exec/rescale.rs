@@ -149,6 +149,11 @@ impl Pipeline {
     /// Whether an epoch this config interrupted on `world` ranks can be continued exactly on
     /// another number ([`Pipeline::rescale`]), judging by the config alone; else why not.
     pub fn rescalable(&self, world: usize) -> std::result::Result<(), String> {
+        self.last_counted_batch(world).map(|_| ())
+    }
+
+    /// [`Pipeline::rescalable`]'s checks; the index of the last `batch` stage when they hold.
+    fn last_counted_batch(&self, world: usize) -> std::result::Result<usize, String> {
         let SourceConfig::Parquet(p) = &self.config.source.value else {
             return Err("a Kafka stream has no epochs to count".into());
         };
@@ -180,18 +185,14 @@ impl Pipeline {
         if world > 1 && p.shard != ShardPolicy::Redistribute {
             return Err("counting the ranks' shares ahead needs `shard: redistribute`".into());
         }
-        Ok(())
+        Ok(last_batch)
     }
 
     /// Batches each of `old.len()` ranks delivers per epoch, from the files' rows, the shard
     /// policy and the `batch` stages; or why that is not known ahead.
     fn batches_per_epoch(&self, old: &[SourceState]) -> std::result::Result<u64, String> {
-        self.rescalable(old.len())?;
+        let last_batch = self.last_counted_batch(old.len())?;
         let stages = &self.config.stages;
-        let last_batch = stages
-            .iter()
-            .rposition(|s| matches!(s.value, StageConfig::Batch(_)))
-            .ok_or("without a `batch` stage, the batch count is not known ahead")?;
         let w = old.len() as u64;
         let rows = old
             .iter()
@@ -250,19 +251,24 @@ fn deal(
 ) -> Vec<SourceState> {
     Rescaled::deal(from, runs, world, then)
         .into_iter()
-        .map(|r| SourceState {
-            plan: plan.clone(),
-            rescaled: Some(Box::new(r)),
-            ..SourceState::default()
-        })
+        .map(|r| rescaled_state(&plan, r))
         .collect()
 }
 
-/// The state a rescaled run continues from once its share of the epoch is delivered.
-pub(super) fn after(state: &SourceState, r: &Rescaled) -> SourceState {
+/// The state of a rank with `share` of a rescaled epoch left, the files stamped by `plan`.
+fn rescaled_state(plan: &Option<PlanStamp>, share: Rescaled) -> SourceState {
     SourceState {
-        parquet: Some(r.then),
-        plan: state.plan.clone(),
+        plan: plan.clone(),
+        rescaled: Some(Box::new(share)),
+        ..SourceState::default()
+    }
+}
+
+/// The state a rescaled run continues from once its share of the epoch is delivered.
+pub(super) fn after(plan: &Option<PlanStamp>, share: &Rescaled) -> SourceState {
+    SourceState {
+        parquet: Some(share.then),
+        plan: plan.clone(),
         ..SourceState::default()
     }
 }
@@ -272,8 +278,9 @@ pub(super) fn after(state: &SourceState, r: &Rescaled) -> SourceState {
 pub(super) struct Prelude {
     /// The pipeline (this rank's) the old ranks' pipelines are made from.
     template: Pipeline,
-    /// What is left to deliver; `delivered` counts up.
-    state: SourceState,
+    /// What is left to deliver (`delivered` counts up), and the files' stamp of its state.
+    share: Rescaled,
+    plan: Option<PlanStamp>,
     /// The old rank's stream being read: the rank and the batches it has yielded.
     current: Option<(usize, u64, Box<BatchStream>)>,
     /// For the empty batches that even out the shares.
@@ -283,10 +290,12 @@ pub(super) struct Prelude {
 }
 
 impl Prelude {
-    pub(super) fn new(template: Pipeline, state: SourceState) -> Self {
+    /// `template` delivering `share`, from a state whose files are stamped by `plan`.
+    pub(super) fn new(template: Pipeline, share: Rescaled, plan: Option<PlanStamp>) -> Self {
         Prelude {
             template,
-            state,
+            share,
+            plan,
             current: None,
             schema: None,
             metrics: None,
@@ -316,7 +325,7 @@ impl Prelude {
 
     /// Counts a batch delivered from the share as the stream's own.
     fn delivered(&mut self, batch: &Batch) {
-        bump(&mut self.state);
+        self.share.delivered += 1;
         if let Some(m) = &self.metrics {
             m.rows_out
                 .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
@@ -329,40 +338,18 @@ impl Prelude {
         }
     }
 
-    fn rescaled(&self) -> &Rescaled {
-        self.state
-            .rescaled
-            .as_deref()
-            .expect("a prelude's state is rescaled")
-    }
-
     /// Whether every batch of the share has been delivered.
     pub(super) fn finished(&self) -> bool {
-        let r = self.rescaled();
-        r.delivered >= r.batches
+        self.share.delivered >= self.share.batches
     }
 
     /// The state just past the last batch delivered.
     pub(super) fn snapshot(&self) -> SourceState {
-        self.state.clone()
+        rescaled_state(&self.plan, self.share.clone())
     }
 
     pub(super) fn set_schema(&mut self, schema: SchemaRef) {
         self.schema.get_or_insert(schema);
-    }
-
-    /// The run and the batch within it that come next, if any batch of a run is left.
-    fn position(&self) -> Option<(usize, u64)> {
-        let r = self.rescaled();
-        let mut left = r.delivered;
-        for (i, run) in r.runs.iter().enumerate() {
-            let n = run.end - run.first;
-            if left < n {
-                return Some((i, run.first + left));
-            }
-            left -= n;
-        }
-        None
     }
 }
 
@@ -374,7 +361,11 @@ impl Stream for Prelude {
         if this.finished() {
             return Poll::Ready(None);
         }
-        let Some((run, index)) = this.position() else {
+        // The next batch of a run: old rank `rank`'s `index`-th after its state.
+        let Some(BatchRun {
+            rank, first: index, ..
+        }) = this.share.remaining().first().copied()
+        else {
             // Past the runs: an empty batch evens out the shares.
             let Some(schema) = this.schema.clone() else {
                 return Poll::Ready(Some(Err(Error::Internal(
@@ -385,16 +376,12 @@ impl Stream for Prelude {
             this.delivered(&batch);
             return Poll::Ready(Some(Ok(batch)));
         };
-        let (rank, then) = {
-            let r = this.rescaled();
-            (r.runs[run].rank, r.then)
-        };
-        let _ = run;
+        let then = this.share.then;
         loop {
             // The old rank's stream, positioned at or before `index`.
             if !matches!(&this.current, Some((r, at, _)) if *r == rank && *at <= index) {
                 this.close_current();
-                let stream = this.template.old_rank(&this.rescaled().from, rank, index);
+                let stream = this.template.old_rank(&this.share.from, rank, index);
                 this.current = Some((rank, index, Box::new(stream.stream())));
             }
             let Some((_, at, stream)) = this.current.as_mut() else {
@@ -429,11 +416,5 @@ impl Stream for Prelude {
             this.delivered(&batch);
             return Poll::Ready(Some(Ok(batch)));
         }
-    }
-}
-
-fn bump(state: &mut SourceState) {
-    if let Some(r) = state.rescaled.as_mut() {
-        r.delivered += 1;
     }
 }

@@ -342,27 +342,18 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// A checkpoint of another number of ranks, continued on this run's.
-struct Elastic {
-    /// Steps of the interrupted epoch's rest, dealt out to these ranks (0: none).
-    owed_steps: u64,
-    /// Where every rank continues after them.
-    next_epoch: u64,
-    /// What happened, in words (printed, and `TrainReport::elastic`).
-    note: String,
-}
-
 /// Turns `meta` (written by `meta.world_size` ranks) into a checkpoint for `world` ranks:
 /// the batches the old ranks still owed in the interrupted epoch are dealt out to the new
 /// ones ([`Pipeline::rescale`]: each trained once, as the old rank would have made it), then
 /// every rank goes on at the next epoch. Where the rest of the epoch cannot be counted
-/// ahead, every rank starts at the next epoch and what is passed over is reported.
+/// ahead, every rank starts at the next epoch and what is passed over is reported. Returns
+/// what happened, in words (printed, and `TrainReport::elastic`).
 fn elastic_resume(
     meta: &mut CheckpointMeta,
     world: usize,
     pipeline: &Pipeline,
     url: &impl std::fmt::Display,
-) -> Result<Elastic, TrainError> {
+) -> Result<String, TrainError> {
     let head = format!(
         "elastic resume: the checkpoint (step {}) was written by {} ranks, this run has {world}",
         meta.step, meta.world_size
@@ -387,22 +378,18 @@ fn elastic_resume(
                 ),
                 None => (0, 0, states[0].parquet.map_or(0, |m| m.epoch)),
             };
-            let note = match (owed, next.interrupted) {
-                (0, _) => format!(
+            let note = match owed {
+                0 => format!(
                     "{head}; nothing of the interrupted epoch was left; training continues at the start of epoch {next_epoch}"
                 ),
-                (n, _) => format!(
+                n => format!(
                     "{head}; the {n} batch(es) the old ranks still owed of epoch {} are dealt out to the {world} ranks ({owed_steps} step(s), each batch trained once, as its old rank would have made it), then training continues at the start of epoch {next_epoch}",
                     next_epoch.saturating_sub(1)
                 ),
             };
             meta.pipeline = states;
             meta.epoch = None;
-            return Ok(Elastic {
-                owed_steps,
-                next_epoch,
-                note,
-            });
+            return Ok(note);
         }
         Err(e) => e,
     };
@@ -431,29 +418,34 @@ fn elastic_resume(
             format!("{rest} (it cannot be continued exactly: {why_not})")
         }
     };
-    let note = format!("{head}; {passed}; training continues at the start of epoch {next_epoch}");
     meta.pipeline = vec![next.state; world];
     meta.epoch = None;
-    Ok(Elastic {
-        owed_steps: 0,
-        next_epoch,
-        note,
-    })
+    Ok(format!(
+        "{head}; {passed}; training continues at the start of epoch {next_epoch}"
+    ))
 }
 
-/// The length in steps of a run resumed from `meta` on as many ranks as wrote it, with
-/// `steps` per epoch and `epochs` epochs: the steps taken, the rest of the current epoch (or
-/// of a rescaled one's share), the epochs after it. `None` when the checkpoint does not say
-/// where in its epoch it is (older versions). (For a run that never changed its number of
-/// ranks this is `epochs × steps`; after a rescale the earlier epochs had other counts.)
+/// The length in steps of a run resumed from `meta` (its states for this run's ranks, as
+/// `elastic_resume` leaves them too), with `steps` per epoch and `epochs` epochs: the steps
+/// taken, the rest of the current epoch (or of a rescaled one's share), the epochs after it.
+/// `None` when the checkpoint does not say where in its epoch it is (older versions). (For a
+/// run that never changed its number of ranks this is `epochs × steps`; after a rescale the
+/// earlier epochs had other counts.)
 fn resumed_length(meta: &CheckpointMeta, epochs: u64, steps: u64) -> Option<u64> {
-    if let Some(r) = meta.pipeline.first().and_then(|s| s.rescaled.as_deref()) {
+    let state = meta.pipeline.first();
+    if let Some(r) = state.and_then(|s| s.rescaled.as_deref()) {
         let left = r.batches.saturating_sub(r.delivered);
         return Some(meta.step + left + epochs.saturating_sub(r.then.epoch) * steps);
     }
-    let p = meta.epoch?;
-    let done = p.steps?;
-    Some(meta.step + steps.saturating_sub(done) + epochs.saturating_sub(p.epoch + 1) * steps)
+    if let Some(p) = meta.epoch {
+        let done = p.steps?;
+        return Some(
+            meta.step + steps.saturating_sub(done) + epochs.saturating_sub(p.epoch + 1) * steps,
+        );
+    }
+    // At the start of an epoch (a run continued at the next epoch on other ranks).
+    let at = state?.parquet.filter(|m| m.is_epoch_start())?;
+    Some(meta.step + epochs.saturating_sub(at.epoch) * steps)
 }
 
 /// One rank's training loop and its report (counts over all ranks; data stall and
@@ -491,8 +483,13 @@ pub(crate) fn worker(
         None => None,
     };
     let mut resumed: Option<(CheckpointMeta, BTreeMap<String, Tensor>)> = None;
-    // Set when the checkpoint came from another number of ranks (`--elastic`).
-    let mut elastic: Option<Elastic> = None;
+    // The data's config: `trainer.epochs` overrides the source's.
+    let mut config = job.pipeline.clone();
+    if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
+        p.epochs = e;
+    }
+    // Set when the checkpoint came from another number of ranks (`--elastic`): what happened.
+    let mut elastic: Option<String> = None;
     if let Some(loc) = &location {
         let mut bytes = Vec::new();
         if rank == 0 {
@@ -538,24 +535,15 @@ pub(crate) fn worker(
                         loc.url, meta.world_size
                     )));
                 }
-                let mut config = job.pipeline.clone();
-                if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
-                    p.epochs = e;
-                }
-                let template = Pipeline::from_config(config, job.base_dir.clone());
-                let e = elastic_resume(&mut meta, world, &template, &loc.url)?;
+                let template = Pipeline::from_config(config.clone(), job.base_dir.clone());
+                let note = elastic_resume(&mut meta, world, &template, &loc.url)?;
                 if rank == 0 {
-                    tracing::warn!("{}", e.note);
+                    tracing::warn!("{note}");
                 }
-                elastic = Some(e);
+                elastic = Some(note);
             }
             resumed = Some((meta, tensors));
         }
-    }
-    // The data's config: `trainer.epochs` overrides the source's.
-    let mut config = job.pipeline.clone();
-    if let (SourceConfig::Parquet(p), Some(e)) = (&mut config.source.value, tc.epochs) {
-        p.epochs = e;
     }
     let epochs = config.source.value.epochs();
     // A finished run goes on when the config now asks for more epochs of a Parquet source
@@ -662,15 +650,9 @@ pub(crate) fn worker(
             } else {
                 per_epoch.div_ceil(size)
             };
-            Some(match (&elastic, &resumed) {
-                // The steps taken on the old ranks, then the epochs left on these.
-                (Some(e), Some((meta, _))) => {
-                    meta.step + e.owed_steps + epochs.saturating_sub(e.next_epoch) * steps
-                }
-                (None, Some((meta, _))) => {
-                    resumed_length(meta, epochs, steps).unwrap_or(epochs * steps)
-                }
-                _ => epochs * steps,
+            Some(match &resumed {
+                Some((meta, _)) => resumed_length(meta, epochs, steps).unwrap_or(epochs * steps),
+                None => epochs * steps,
             })
         }
         _ => None,
@@ -948,7 +930,7 @@ pub(crate) fn worker(
         interrupted,
         already_complete: false,
         notes,
-        elastic: elastic.map(|e| e.note),
+        elastic,
         total_steps,
     }))
 }
@@ -1284,6 +1266,14 @@ mod tests {
         };
         let within = meta(18, None, vec![share]);
         assert_eq!(resumed_length(&within, 3, 10), Some(18 + 3 + 20));
+        // Continued at the start of epoch 2 on other ranks (`--elastic` without a rescale):
+        // that epoch's steps.
+        let next = SourceState {
+            parquet: Some(Mark::start_of(2)),
+            ..SourceState::default()
+        };
+        let at_start = meta(17, None, vec![next]);
+        assert_eq!(resumed_length(&at_start, 3, 10), Some(17 + 10));
         // An older checkpoint without the steps of its epoch.
         let old = meta(14, progress(1, None), vec![SourceState::default()]);
         assert_eq!(resumed_length(&old, 3, 10), None);

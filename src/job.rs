@@ -418,6 +418,9 @@ pub struct RunReport {
     /// The two in words, when either is not zero.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
+    /// With `mix`: each dataset's rows and the rows of it every epoch takes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mix: Vec<sluice_pipeline::exec::metrics::MixShare>,
     /// Records that could not be decoded (Kafka).
     pub records_bad: u64,
     /// Of those, records written to the dead-letter sink.
@@ -703,6 +706,7 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
         shard_left_out: g(&m.source.shard_left_out),
         shard_repeated: g(&m.source.shard_repeated),
         shard: m.source.shard_note(),
+        mix: m.source.mix.lock().map(|m| m.clone()).unwrap_or_default(),
         records_bad: g(&m.source.records_bad),
         records_dead_lettered: g(&m.source.records_dead_lettered),
         partitions: m

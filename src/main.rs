@@ -527,6 +527,12 @@ fn print_summary(config: &Path, r: &RunReport) {
     if let Some(n) = &r.shard {
         println!("  shard    {n}");
     }
+    for m in &r.mix {
+        println!(
+            "  mix      {}: {} of its {} rows each epoch",
+            m.path, m.per_epoch, m.rows
+        );
+    }
     for s in &r.stages {
         let mut removed = if s.rows_removed > 0 {
             format!(", {} {}", s.rows_removed, s.removed_as)

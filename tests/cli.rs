@@ -463,3 +463,76 @@ fn a_shuffle_grouping_by_length_writes_batches_of_similar_lengths() {
         ))
         .stderr(contains("use 992 or 1024"));
 }
+
+/// `mix`: two datasets 3 : 1, every epoch all of the smaller one and a new third of the
+/// larger; `validate` and the run's summary say what each gives, and a share the weights
+/// cannot give without repeating rows is refused before anything is read.
+#[test]
+fn a_mix_of_two_datasets_takes_each_its_share_every_epoch() {
+    use arrow::array::{Int64Array, RecordBatch};
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, ids: std::ops::Range<i64>| {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let rb =
+            RecordBatch::try_from_iter([("id", arc(Int64Array::from_iter_values(ids)))]).unwrap();
+        write_parquet(&dir.path().join(name).join("part-0.parquet"), &[rb], 100);
+    };
+    write("web", 0..3000);
+    write("books", 10_000..10_300);
+    let job = |extra: &str| {
+        std::fs::write(
+            dir.path().join("job.yaml"),
+            format!(
+                "source:\n  type: parquet\n  path: [web, books]\n  epochs: 3\n  mix: {{weights: [3, 1], seed: 1{extra}}}\nstages:\n  - {{type: shuffle, buffer_rows: 256, seed: 2}}\n  - {{type: batch, size: 100}}\nsink: {{type: arrow_ipc, path: out.arrow}}\n"
+            ),
+        )
+        .unwrap();
+    };
+    job("");
+    sluice()
+        .current_dir(dir.path())
+        .args(["validate", "job.yaml"])
+        .assert()
+        .success()
+        .stdout(contains("mix: `web` 900 of its 3000 rows each epoch"))
+        .stdout(contains("mix: `books` 300 of its 300 rows each epoch"));
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--summary-json", "s.json"])
+        .assert()
+        .success()
+        .stdout(contains("  mix      web: 900 of its 3000 rows each epoch"));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("s.json")).unwrap()).unwrap();
+    assert_eq!(
+        r["mix"],
+        serde_json::json!([
+            {"path": "web", "rows": 3000, "per_epoch": 900},
+            {"path": "books", "rows": 300, "per_epoch": 300}
+        ]),
+        "{r}"
+    );
+    let f = std::fs::File::open(dir.path().join("out.arrow")).unwrap();
+    let batches: Vec<RecordBatch> = arrow::ipc::reader::FileReader::try_new(f, None)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let ids = int64_values(&batches, "id");
+    assert_eq!(ids.len(), 3 * 1200);
+    // Three epochs: every book three times, 2700 distinct web rows (nothing repeated yet).
+    let web: std::collections::BTreeSet<i64> =
+        ids.iter().copied().filter(|i| *i < 10_000).collect();
+    assert_eq!(web.len(), 2700);
+    assert_eq!(ids.iter().filter(|i| **i >= 10_000).count(), 900);
+    job(", rows_per_epoch: 2000");
+    sluice()
+        .current_dir(dir.path())
+        .args(["run", "job.yaml"])
+        .assert()
+        .code(1)
+        .stderr(contains("source at job.yaml:2:3"))
+        .stderr(contains(
+            "`mix.rows_per_epoch: 2000` would take 500 rows of `path` entry 1 (`books`), which has 300",
+        ))
+        .stderr(contains("allow at most 1200 rows per epoch"));
+}

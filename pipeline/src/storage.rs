@@ -115,6 +115,9 @@ pub struct ListedObject {
     pub location: ObjectLocation,
     /// Size in bytes.
     pub size: u64,
+    /// Which of the listed specs (`path` entries) named it, counting from 0 (a file named by
+    /// two is listed once, under the first).
+    pub entry: usize,
 }
 
 /// A parsed location: a local absolute path or a remote URL split into store root and path.
@@ -385,10 +388,17 @@ pub fn stream_objects(
     base_dir: PathBuf,
     storage: StorageConfig,
 ) -> ObjectStream {
-    use futures::StreamExt;
-    let per_spec = futures::stream::iter(specs).then(move |spec| {
+    use futures::{StreamExt, TryStreamExt};
+    let per_spec = futures::stream::iter(specs.into_iter().enumerate()).then(move |(i, spec)| {
         let (base_dir, storage) = (base_dir.clone(), storage.clone());
-        async move { stream_spec(spec, &base_dir, &storage).await }
+        async move {
+            let listed = stream_spec(spec, &base_dir, &storage).await?;
+            Ok::<_, Error>(
+                listed
+                    .map_ok(move |o| ListedObject { entry: i, ..o })
+                    .boxed(),
+            )
+        }
     });
     let mut seen = std::collections::HashSet::new();
     per_spec
@@ -440,6 +450,7 @@ async fn stream_spec(
                 let one = ListedObject {
                     size: meta.size,
                     location: loc,
+                    entry: 0,
                 };
                 return Ok(futures::stream::iter([Ok(one)]).boxed());
             }
@@ -525,6 +536,7 @@ async fn stream_spec(
             last = Some(meta.location.clone());
             Ok(ListedObject {
                 size: meta.size,
+                entry: 0,
                 location: ObjectLocation {
                     store: store.clone(),
                     url: Arc::from(format!("{root}/{}", meta.location)),

@@ -901,11 +901,10 @@ pub(crate) fn worker(
             .sum::<u64>()
     };
     drop(stream);
-    let notes = metrics
-        .source
-        .shard_note()
-        .map(|n| format!("source: {n}"))
+    let notes = [metrics.source.shard_note(), metrics.source.mix_note()]
         .into_iter()
+        .flatten()
+        .map(|n| format!("source: {n}"))
         .chain(metrics.stages().iter().flat_map(|s| {
             let notes = s.notes.lock().map(|n| n.clone()).unwrap_or_default();
             notes.into_iter().map(|n| format!("{}: {n}", s.name))
@@ -1044,6 +1043,8 @@ impl Ctx<'_> {
             p.path = Some(OneOrMany(ev.path.0.clone()));
             p.manifest = None;
             p.epochs = 1;
+            // Every held-out row once: the training data's `mix` weighs other files.
+            p.mix = None;
         }
         config.stages = eval_stages(self.frozen);
         config.runtime.rank = Some(0);

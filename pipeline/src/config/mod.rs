@@ -332,6 +332,29 @@ pub struct ParquetSourceConfig {
     /// same keys. Default: `none` (the paths add nothing).
     #[serde(default)]
     pub partitioning: Partitioning,
+    /// Mixes the datasets of a `path` list in set proportions, every epoch a new sample of
+    /// the larger ones; see [`Mix`]. Default: none (every row of every file, each epoch).
+    #[serde(default)]
+    pub mix: Option<Mix>,
+}
+
+/// `mix` of a Parquet source: each `path` entry is a dataset, and every epoch takes
+/// `weights[i] / Σ weights` of its rows from entry `i` — without repeating a row within an
+/// epoch. Which rows: a seeded permutation of the entry's row groups is read as a cycle,
+/// each epoch taking the next rows of it, so every row of a sampled dataset comes once
+/// before any comes again.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Mix {
+    /// One positive weight per `path` entry, in the same order.
+    pub weights: Vec<f64>,
+    /// Rows of an epoch. Default: the most the weights allow without repeating a row (the
+    /// entry with the fewest rows per unit of weight is read whole).
+    #[serde(default)]
+    pub rows_per_epoch: Option<u64>,
+    /// Seed of the row-group permutations the samples are taken from. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
 }
 
 /// What a Parquet source reads from its files' paths; see [`ParquetSourceConfig::partitioning`].
@@ -1346,7 +1369,7 @@ mod tests {
         );
         // The likely intended name, when one is close; none for a name like none of them.
         assert!(
-            all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard, partitioning; did you mean `columns`?"),
+            all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard, partitioning, mix; did you mean `columns`?"),
             "{all}"
         );
         assert!(

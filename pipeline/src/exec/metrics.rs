@@ -39,6 +39,19 @@ pub struct SourceMetrics {
     pub records_dead_lettered: AtomicU64,
     /// Per Kafka partition (`topic/partition`): records, bad records, consumer lag.
     pub partitions: Mutex<std::collections::BTreeMap<String, PartitionMetrics>>,
+    /// With `mix`: what each `path` entry gives an epoch (set when the plan is first made).
+    pub mix: Mutex<Vec<MixShare>>,
+}
+
+/// One dataset of a `mix`: its rows, and how many of them each epoch takes.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MixShare {
+    /// The `path` entry, as written.
+    pub path: String,
+    /// Rows of its files.
+    pub rows: u64,
+    /// Rows of it in every epoch (all ranks).
+    pub per_epoch: u64,
 }
 
 /// Counters of one Kafka partition.
@@ -83,6 +96,25 @@ impl SourceMetrics {
                 "{n} row(s) read twice by `shard: pad` so that every rank gets the same number (counted over all ranks and epochs read)"
             )),
         }
+    }
+
+    /// What a `mix` takes from each dataset every epoch, in words (`None` without one).
+    pub fn mix_note(&self) -> Option<String> {
+        let shares = self.mix.lock().ok()?.clone();
+        let epoch: u64 = shares.iter().map(|s| s.per_epoch).sum();
+        let parts: Vec<String> = shares
+            .iter()
+            .map(|s| {
+                format!(
+                    "`{}` {} of {} rows ({:.1} % of the epoch)",
+                    s.path,
+                    s.per_epoch,
+                    s.rows,
+                    100.0 * s.per_epoch as f64 / epoch.max(1) as f64
+                )
+            })
+            .collect();
+        (!shares.is_empty()).then(|| format!("mix of {epoch} rows per epoch: {}", parts.join(", ")))
     }
 
     /// A copy of the per-partition counters.

@@ -392,6 +392,10 @@ impl Pipeline {
             if last_shuffle.is_some() && p.partitioning != Partitioning::None {
                 text += &format!(", {:?}", p.partitioning);
             }
+            // Which rows each epoch takes (left out when off, as above).
+            if let Some(mix) = &p.mix {
+                text += &format!(", mix {:?}", (&mix.weights, mix.rows_per_epoch, mix.seed));
+            }
             out.insert("source".to_string(), setting_hash(&text));
         }
         for (i, s) in stages.iter().enumerate() {
@@ -507,11 +511,20 @@ impl Pipeline {
             }
         }
         let summary = match &source {
-            Source::Parquet(p) => format!(
-                "{} file(s), {} rows",
-                p.num_files().unwrap_or(0),
-                p.total_rows().unwrap_or(0)
-            ),
+            Source::Parquet(p) => {
+                let mut text = format!(
+                    "{} file(s), {} rows",
+                    p.num_files().unwrap_or(0),
+                    p.total_rows().unwrap_or(0)
+                );
+                for m in p.mix_shares().unwrap_or_default() {
+                    text += &format!(
+                        "; mix: `{}` {} of its {} rows each epoch",
+                        m.path, m.per_epoch, m.rows
+                    );
+                }
+                text
+            }
             Source::Kafka(k) => k.describe(),
         };
         Ok(Plan {
@@ -566,8 +579,8 @@ impl Pipeline {
             let (rank, world) = self.rank_and_world();
             let order = shuffle.as_ref().filter(|s| s.row_groups).map(|s| s.seed);
             p.configure(order, rank, world, resume_mark);
-            if order.is_some() || world > 1 {
-                // The plan (permutation, shares) needs every footer: read them now.
+            if !p.in_listing_order() {
+                // The plan (permutation, shares, mix) needs every footer: read them now.
                 p.open_all().await?;
             }
             let files = p.clone();

@@ -95,6 +95,7 @@ pub(crate) async fn read(
         out.push(ListedObject {
             location: loc,
             size,
+            entry: 0,
         });
     }
     Ok((out, rows))

@@ -332,6 +332,12 @@ impl ParquetSource {
                 message: "`batch_rows`, `prefetch` and `epochs` must be at least 1".into(),
             });
         }
+        if let Some(mix) = &config.mix {
+            check_mix(mix, config).map_err(|message| Error::Source {
+                at: location.to_string(),
+                message,
+            })?;
+        }
         let (objects, expected_rows): (ObjectStream, Vec<(String, u64)>) =
             match (&config.path, &config.manifest) {
                 (Some(paths), None) => (
@@ -426,7 +432,72 @@ impl ParquetSource {
 
     /// Opens every remaining file, checking all footers and schemas (for `sluice validate`).
     pub(crate) async fn open_all(&self) -> Result<()> {
-        self.files.all().await.map(|_| ())
+        let files = self.files.all().await?;
+        self.mixed(&files).map(|_| ())
+    }
+
+    /// With `mix`, once every file is open: what each dataset gives an epoch.
+    pub(crate) fn mix_shares(&self) -> Option<Vec<crate::exec::metrics::MixShare>> {
+        let files = self.files.seen().ok()?.files.clone();
+        self.files.totals()?;
+        Some(self.mixed(&files).ok()??.shares)
+    }
+
+    /// Rows are read in listing order, file after file, as they are listed: no row-group
+    /// permutation, one rank, no `mix` (each of which needs every footer first).
+    pub(crate) fn in_listing_order(&self) -> bool {
+        self.order.is_none() && self.world == 1 && self.config.mix.is_none()
+    }
+
+    /// With `mix`: every `path` entry's row groups in its seeded order, and the rows of it
+    /// every epoch takes, with what that is in words (an error when the weights ask for
+    /// more rows of an entry than it has).
+    fn mixed(&self, files: &[Arc<ParquetFile>]) -> Result<Option<Mixed>> {
+        let Some(mix) = &self.config.mix else {
+            return Ok(None);
+        };
+        let paths = self.config.path.as_ref().map_or(&[][..], |p| &p.0[..]);
+        let mut units: Vec<Vec<Unit>> = vec![Vec::new(); paths.len()];
+        for f in files {
+            if let Some(u) = units.get_mut(f.object.entry) {
+                u.extend(row_groups(f));
+            }
+        }
+        let rows: Vec<u64> = units
+            .iter()
+            .map(|u| u.iter().map(|u| u.len).sum())
+            .collect();
+        let counts =
+            mix_counts(&rows, &mix.weights, mix.rows_per_epoch, paths).map_err(|message| {
+                Error::Source {
+                    at: self.at.to_string(),
+                    message,
+                }
+            })?;
+        for (i, u) in units.iter_mut().enumerate() {
+            use rand::seq::SliceRandom;
+            u.shuffle(&mut crate::stage::seeded_rng(
+                mix.seed, MIX_DOMAIN, 0, i as u64,
+            ));
+        }
+        let shares = paths
+            .iter()
+            .zip(&rows)
+            .zip(&counts)
+            .map(
+                |((path, &rows), &per_epoch)| crate::exec::metrics::MixShare {
+                    path: path.clone(),
+                    rows,
+                    per_epoch,
+                },
+            )
+            .collect();
+        Ok(Some(Mixed {
+            units,
+            rows,
+            counts,
+            shares,
+        }))
     }
 
     /// The same source limited to one epoch (for statistics passes).
@@ -459,7 +530,7 @@ impl ParquetSource {
     /// Otherwise the plan depends on every file: stamped once every footer has been read.
     pub(crate) fn data_stamp(&self, mark: Option<&Mark>) -> Option<DataStamp> {
         let mut seen = self.files.seen.lock().ok()?;
-        if self.order.is_none() && self.world == 1 {
+        if self.in_listing_order() {
             let unit = mark?.unit;
             seen.stamp_prefixes();
             let n = seen.prefix.partition_point(|p| p.units <= unit) + 1;
@@ -491,7 +562,11 @@ impl ParquetSource {
     /// Rows this rank produces over all epochs, once all files are open (for several ranks,
     /// only known ahead under `redistribute`).
     pub(crate) fn total_rows(&self) -> Option<u64> {
-        let (_, rows) = self.files.totals()?;
+        let (_, mut rows) = self.files.totals()?;
+        if self.config.mix.is_some() {
+            let files = self.files.seen().ok()?.files.clone();
+            rows = self.mixed(&files).ok()??.counts.iter().sum();
+        }
         let per_epoch = match (self.world, self.config.shard) {
             (1, _) => rows,
             (w, ShardPolicy::Redistribute) => rows / w as u64,
@@ -606,7 +681,7 @@ impl ParquetSource {
         // run: from its restart point on).
         let first = self.resume.map_or(0, |m| m.epoch);
         let restart = self.resume.filter(|m| m.epoch == epoch);
-        if self.order.is_none() && self.world == 1 {
+        if self.in_listing_order() {
             let files = self.files.clone();
             let epochs = self.config.epochs;
             return futures::stream::unfold(Some(0usize), move |index| {
@@ -655,7 +730,17 @@ impl ParquetSource {
                     .files
                     .fetch_add(files.len() as u64, Ordering::Relaxed);
             }
-            let mut all: Vec<Unit> = files.iter().flat_map(row_groups).collect();
+            let mut all: Vec<Unit> = match self.mixed(&files)? {
+                None => files.iter().flat_map(row_groups).collect(),
+                Some(mixed) => {
+                    if epoch == first
+                        && let Ok(mut shares) = metrics.source.mix.lock()
+                    {
+                        shares.clone_from(&mixed.shares);
+                    }
+                    mixed.epoch(epoch)
+                }
+            };
             if let Some(seed) = self.order {
                 use rand::seq::SliceRandom;
                 all.shuffle(&mut crate::stage::seeded_rng(seed, 0x726f_7767, epoch, 0));
@@ -813,6 +898,158 @@ fn take_rows(units: &[Unit], mut from: u64, mut want: u64, out: &mut Vec<Unit>) 
         want -= n;
         from = 0;
     }
+}
+
+/// Domain of the `mix` permutations' generator.
+const MIX_DOMAIN: u64 = 0x6d69_7865;
+
+/// A `mix` planned over every file (see [`ParquetSource::mixed`]).
+struct Mixed {
+    /// Each entry's row groups, permuted by the mix's seed (the cycle its epochs read).
+    units: Vec<Vec<Unit>>,
+    /// Each entry's rows.
+    rows: Vec<u64>,
+    /// Each entry's rows per epoch.
+    counts: Vec<u64>,
+    shares: Vec<crate::exec::metrics::MixShare>,
+}
+
+impl Mixed {
+    /// The units of `epoch`: entry `i` gives the next `counts[i]` rows of its cycle (from
+    /// row `epoch · counts[i] mod rows[i]`, wrapping around), and the entries' units are
+    /// interleaved in proportion — each placed by where its middle row falls in its entry's
+    /// share — so that reading in plan order mixes the datasets evenly all through the epoch.
+    fn epoch(&self, epoch: u64) -> Vec<Unit> {
+        // (entry, rows of the entry's share before the unit, unit)
+        let mut placed: Vec<(usize, u64, Unit)> = Vec::new();
+        for (i, units) in self.units.iter().enumerate() {
+            let (rows, want) = (self.rows[i], self.counts[i]);
+            if want == 0 || rows == 0 {
+                continue;
+            }
+            let from = (u128::from(epoch) * u128::from(want) % u128::from(rows)) as u64;
+            let head = (rows - from).min(want);
+            let mut picked = Vec::new();
+            take_rows(units, from, head, &mut picked);
+            take_rows(units, 0, want - head, &mut picked);
+            let mut before = 0;
+            for u in picked {
+                let len = u.len;
+                placed.push((i, before, u));
+                before += len;
+            }
+        }
+        // By (2·before + len) / (2·count): the unit's middle as a fraction of its share,
+        // compared exactly; ties in entry order.
+        let key = |&(i, before, ref u): &(usize, u64, Unit)| {
+            (
+                u128::from(2 * before + u.len),
+                u128::from(2 * self.counts[i]),
+                i,
+            )
+        };
+        placed.sort_by(|a, b| {
+            let ((na, da, ia), (nb, db, ib)) = (key(a), key(b));
+            (na * db).cmp(&(nb * da)).then(ia.cmp(&ib))
+        });
+        placed.into_iter().map(|(_, _, u)| u).collect()
+    }
+}
+
+/// A `mix` that cannot work whatever the files hold: refused when the source opens.
+fn check_mix(
+    mix: &crate::config::Mix,
+    config: &ParquetSourceConfig,
+) -> std::result::Result<(), String> {
+    let Some(paths) = &config.path else {
+        return Err(
+            "`mix` weighs the entries of a `path` list: list the datasets under `path` (one entry each), not in a `manifest`".into(),
+        );
+    };
+    if mix.weights.len() != paths.0.len() {
+        return Err(format!(
+            "`mix.weights` has {} weight(s) for the {} `path` entries: give one per entry, in the same order",
+            mix.weights.len(),
+            paths.0.len()
+        ));
+    }
+    if let Some((i, w)) = mix
+        .weights
+        .iter()
+        .enumerate()
+        .find(|(_, w)| !(w.is_finite() && **w > 0.0))
+    {
+        return Err(format!(
+            "`mix.weights[{i}]` is {w}: weights must be positive numbers (leave an entry out of `path` to take none of it)"
+        ));
+    }
+    if mix.rows_per_epoch == Some(0) {
+        return Err("`mix.rows_per_epoch` must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// `total` rows split in proportion to `weights`: each gets the floor of its quota, and the
+/// rows left go to the largest remainders (ties to the earlier entry), so the parts sum to
+/// `total` exactly.
+fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
+    let sum: f64 = weights.iter().sum();
+    let quotas: Vec<f64> = weights.iter().map(|w| total as f64 * w / sum).collect();
+    let mut parts: Vec<u64> = quotas.iter().map(|q| q.floor() as u64).collect();
+    let left = total.saturating_sub(parts.iter().sum());
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ra, rb) = (quotas[a] - quotas[a].floor(), quotas[b] - quotas[b].floor());
+        rb.total_cmp(&ra).then(a.cmp(&b))
+    });
+    for &i in order.iter().cycle().take(left as usize) {
+        parts[i] += 1;
+    }
+    parts
+}
+
+/// Rows of each entry (`rows`) an epoch of a `mix` takes: `rows_per_epoch` (or, without it,
+/// the most that repeats no row) apportioned by `weights`.
+fn mix_counts(
+    rows: &[u64],
+    weights: &[f64],
+    rows_per_epoch: Option<u64>,
+    paths: &[String],
+) -> std::result::Result<Vec<u64>, String> {
+    if let Some(i) = rows.iter().position(|&r| r == 0) {
+        return Err(format!(
+            "`mix`: `path` entry {i} (`{}`) has no rows (an empty file, or only files an earlier entry lists too — a file named by two entries belongs to the first)",
+            paths.get(i).map_or("", |p| p.as_str())
+        ));
+    }
+    let sum: f64 = weights.iter().sum();
+    // The most rows an epoch can take without repeating one: the entry with the fewest rows
+    // per unit of weight (`limit`) read whole.
+    let per_weight = |i: usize| rows[i] as f64 * sum / weights[i];
+    let limit = (0..rows.len())
+        .min_by(|&a, &b| per_weight(a).total_cmp(&per_weight(b)))
+        .unwrap_or(0);
+    let fits = |parts: &[u64]| parts.iter().zip(rows).all(|(p, r)| p <= r);
+    // Floating-point rounding may put one row too many on a whole entry: step down.
+    let mut cap = per_weight(limit).floor() as u64;
+    let mut capped = apportion(cap, weights);
+    while !fits(&capped) && cap > 0 {
+        cap -= 1;
+        capped = apportion(cap, weights);
+    }
+    let Some(want) = rows_per_epoch else {
+        return Ok(capped);
+    };
+    let parts = apportion(want, weights);
+    if want > cap || !fits(&parts) {
+        return Err(format!(
+            "`mix.rows_per_epoch: {want}` would take {} rows of `path` entry {limit} (`{}`), which has {}: an epoch never repeats a row, so these weights allow at most {cap} rows per epoch; lower `rows_per_epoch` or that entry's weight",
+            want as f64 * weights[limit] / sum,
+            paths.get(limit).map_or("", |p| p.as_str()),
+            rows[limit]
+        ));
+    }
+    Ok(parts)
 }
 
 /// This rank's share of an epoch's units (see [`crate::config::ShardPolicy`]).
@@ -1130,4 +1367,47 @@ fn schema_difference(a: &Schema, b: &Schema) -> Option<String> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_are_apportioned_by_the_largest_remainders() {
+        // Quotas 3.33…, 3.33…, 3.33…: the one row left goes to the first.
+        assert_eq!(apportion(10, &[1.0, 1.0, 1.0]), [4, 3, 3]);
+        // 7.5 and 2.5: both remainders equal, the earlier entry first.
+        assert_eq!(apportion(10, &[3.0, 1.0]), [8, 2]);
+        // 0.6, 2.4: the larger remainder wins.
+        assert_eq!(apportion(3, &[1.0, 4.0]), [1, 2]);
+        assert_eq!(apportion(0, &[1.0, 2.0]), [0, 0]);
+    }
+
+    #[test]
+    fn an_epoch_takes_the_most_rows_that_repeat_none() {
+        let paths = ["a".to_string(), "b".to_string()];
+        // b (300 rows, weight 1) limits: 3 × 300 of a, all of b.
+        assert_eq!(
+            mix_counts(&[3000, 300], &[3.0, 1.0], None, &paths),
+            Ok(vec![900, 300])
+        );
+        // a limits when its weight is large: all of a, a tenth of that from b.
+        assert_eq!(
+            mix_counts(&[100, 300], &[10.0, 1.0], None, &paths),
+            Ok(vec![100, 10])
+        );
+        assert_eq!(
+            mix_counts(&[3000, 300], &[3.0, 1.0], Some(40), &paths),
+            Ok(vec![30, 10])
+        );
+        let e = mix_counts(&[3000, 300], &[3.0, 1.0], Some(1201), &paths).unwrap_err();
+        assert!(
+            e.contains("would take 300.25 rows of `path` entry 1 (`b`), which has 300"),
+            "{e}"
+        );
+        assert!(e.contains("allow at most 1200 rows"), "{e}");
+        let e = mix_counts(&[3000, 0], &[3.0, 1.0], None, &paths).unwrap_err();
+        assert!(e.contains("entry 1 (`b`) has no rows"), "{e}");
+    }
 }

@@ -1,8 +1,9 @@
 //! `mix`: several datasets (the entries of a Parquet source's `path` list) in set proportions.
 //! Property tests on random small datasets: every epoch takes each entry's apportioned share
 //! with no row twice, walks each entry's rows as a cycle (every row once before any again),
-//! does not depend on the thread count, resumes exactly, and splits into equal shares per
-//! rank; then the interleaving, the counters and the refusals.
+//! does not depend on the thread count, resumes exactly, splits into equal shares per rank and
+//! continues exactly on another number of ranks; then the interleaving, the counters and the
+//! refusals.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -262,6 +263,47 @@ proptest! {
                 }
             }
             prop_assert_eq!(union.len() as u64, c.epochs * (total / world as u64 * world as u64));
+
+            // Interrupted after `k` batches on `world` ranks, continued on `new` (rescaled):
+            // the interrupted epoch's rows each once, then the epochs of the new split.
+            let new = world % 3 + 1;
+            if total >= new as u64 {
+                let n = ranks[0].len() / c.epochs as usize;
+                let k = cut % (ranks[0].len() + 1);
+                let heads: Vec<(Vec<Batch>, SourceState)> = (0..world)
+                    .map(|r| {
+                        let (b, s, _) = rt.block_on(run(Pipeline::from_yaml(&yaml(dir.path(), &c, 2, r, world)).unwrap(), Some(k)));
+                        (b, s)
+                    })
+                    .collect();
+                let states: Vec<SourceState> = heads.iter().map(|(_, s)| s.clone()).collect();
+                let epoch = states[0].parquet.map_or(0, |m| m.epoch);
+                let done = (k as u64).saturating_sub(epoch * n as u64);
+                let template = Pipeline::from_yaml(&yaml(dir.path(), &c, 1, 0, 1)).unwrap();
+                let dealt = template.rescale(&states, Some(done), new).unwrap();
+                let mut after = Vec::new();
+                for (j, state) in dealt.into_iter().enumerate() {
+                    let p = Pipeline::from_yaml(&yaml(dir.path(), &c, 2, j, new)).unwrap().resume_from(state);
+                    after.extend(rows(&rt.block_on(run(p, None)).0));
+                }
+                let fresh: BTreeSet<(u64, i64)> = (0..new)
+                    .flat_map(|j| rows(&rt.block_on(run(Pipeline::from_yaml(&yaml(dir.path(), &c, 2, j, new)).unwrap(), None)).0))
+                    .collect();
+                let mut got = BTreeSet::new();
+                for row in heads.iter().flat_map(|(b, _)| rows(b)).chain(after) {
+                    prop_assert!(got.insert(row), "{row:?} twice after rescaling {world} → {new} at {k}");
+                }
+                // States at the start of an epoch (nothing of it delivered): the new ranks
+                // take it on their own split.
+                let from_new = if done == 0 { epoch } else { epoch + 1 };
+                let expected: BTreeSet<(u64, i64)> = union
+                    .iter()
+                    .filter(|(e, _)| *e < from_new)
+                    .chain(fresh.iter().filter(|(e, _)| *e >= from_new))
+                    .copied()
+                    .collect();
+                prop_assert_eq!(got, expected, "rescaled {} → {} at {}", world, new, k);
+            }
         }
     }
 }

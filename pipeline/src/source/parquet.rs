@@ -541,7 +541,14 @@ impl ParquetSource {
             return None;
         }
         let n = seen.files.len();
-        seen.stamp(n, false)
+        let mut stamp = seen.stamp(n, false)?;
+        if self.config.mix.is_some() {
+            // An epoch's rows are the mix's (what counting an epoch's batches ahead needs).
+            let files = seen.files.clone();
+            drop(seen);
+            stamp.rows = self.mixed(&files).ok()??.counts.iter().sum();
+        }
+        Some(stamp)
     }
 
     /// The stamp of the first `n` files, opening them as needed (fewer when there are fewer).

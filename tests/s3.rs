@@ -403,3 +403,59 @@ async fn partitioned_layouts_are_listed_partition_by_partition_in_key_order() {
         "one delimited listing plus one per partition"
     );
 }
+
+/// A `mix` of two S3 prefixes reads exactly the rows a local copy of the same files does (the
+/// datasets are told apart by the `path` entry that listed them, on either store).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mix_of_s3_prefixes_reads_what_a_local_copy_does() {
+    let bucket = s3::bucket("mix");
+    let parts = digits_parts(4);
+    upload(&bucket, "digits/a", &parts[..1]).await;
+    upload(&bucket, "digits/b", &parts[1..]).await;
+    let dir = tempfile::tempdir().unwrap();
+    for (sub, files) in [("a", &parts[..1]), ("b", &parts[1..])] {
+        let d = dir.path().join("local").join(sub);
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, bytes) in files {
+            std::fs::write(d.join(name), bytes).unwrap();
+        }
+    }
+    let yaml = |a: &str, b: &str, out: &str| {
+        format!(
+            "source: {{type: parquet, path: ['{a}', '{b}'], epochs: 2, mix: {{weights: [1, 2], seed: 5}}}}\n{STAGES}sink: {{type: parquet, path: {out}}}\n"
+        )
+    };
+    let (code, text) = run(
+        dir.path(),
+        &yaml("local/a/*.parquet", "local/b/*.parquet", "local.parquet"),
+        &s3::endpoint(),
+        &[],
+    );
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = run(
+        dir.path(),
+        &yaml(
+            &format!("s3://{bucket}/digits/a/*.parquet"),
+            &format!("s3://{bucket}/digits/b/"),
+            "s3.parquet",
+        ),
+        &s3::endpoint(),
+        &[],
+    );
+    assert_eq!(code, 0, "{text}");
+    // 360 rows in a, 1077 in b; weighed 1 : 2, an epoch is all of a and 720 of b.
+    assert!(
+        text.contains(&format!(
+            "mix      s3://{bucket}/digits/a/*.parquet: 360 of its 360 rows each epoch"
+        )) && text.contains(&format!(
+            "mix      s3://{bucket}/digits/b/: 720 of its 1077 rows each epoch"
+        )),
+        "{text}"
+    );
+    let (local, remote) = (
+        read_parquet(&dir.path().join("local.parquet")),
+        read_parquet(&dir.path().join("s3.parquet")),
+    );
+    assert_eq!(rows(&remote), 2 * 1080);
+    assert_eq!(int64_values(&remote, "id"), int64_values(&local, "id"));
+}

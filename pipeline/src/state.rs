@@ -481,6 +481,10 @@ pub struct DataStamp {
     /// where files after the position do not move it).
     #[serde(default, skip_serializing_if = "is_false")]
     pub prefix: bool,
+    /// With a `mix`: the rows of each `path` entry (the datasets an epoch's shares are taken
+    /// from), so the epoch can be counted from the state and the config alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<u64>,
 }
 
 fn is_false(v: &bool) -> bool {
@@ -862,6 +866,7 @@ mod tests {
             }),
             plan: Some(PlanStamp {
                 data: Some(DataStamp {
+                    entries: Vec::new(),
                     files: 2,
                     rows: 100,
                     hash: "h".into(),
@@ -899,6 +904,7 @@ mod tests {
     fn plan_differences_name_what_changed() {
         let stamp = |data: Option<(u64, u64, &str)>, order: &[(&str, &str)]| PlanStamp {
             data: data.map(|(files, rows, hash)| DataStamp {
+                entries: Vec::new(),
                 files,
                 rows,
                 hash: hash.into(),
@@ -988,6 +994,7 @@ mod tests {
         assert_eq!(acker.state().plan, Some(plan));
         acker.set_plan(Arc::new(PlanSource::new(BTreeMap::new(), |_| {
             Some(DataStamp {
+                entries: Vec::new(),
                 files: 1,
                 rows: 2,
                 hash: "h".into(),

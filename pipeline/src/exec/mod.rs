@@ -392,11 +392,22 @@ impl Pipeline {
             if last_shuffle.is_some() && p.partitioning != Partitioning::None {
                 text += &format!(", {:?}", p.partitioning);
             }
-            // Which rows each epoch takes (left out when off, as above).
-            if let Some(mix) = &p.mix {
-                text += &format!(", mix {:?}", (&mix.weights, mix.rows_per_epoch, mix.seed));
-            }
             out.insert("source".to_string(), setting_hash(&text));
+            // Which rows each epoch takes, as text: a refusal can say which setting moved.
+            if let Some(mix) = &p.mix {
+                let weights: Vec<String> = mix.weights.iter().map(|w| w.to_string()).collect();
+                let rows = mix
+                    .rows_per_epoch
+                    .map_or("the most".to_string(), |n| n.to_string());
+                out.insert(
+                    "source mix".to_string(),
+                    format!(
+                        "weights {}, rows_per_epoch {rows}, seed {}",
+                        weights.join(":"),
+                        mix.seed
+                    ),
+                );
+            }
         }
         for (i, s) in stages.iter().enumerate() {
             let value = match &s.value {

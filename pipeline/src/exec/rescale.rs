@@ -194,12 +194,30 @@ impl Pipeline {
         let last_batch = self.last_counted_batch(old.len())?;
         let stages = &self.config.stages;
         let w = old.len() as u64;
-        let rows = old
+        let data = old
             .iter()
             .find_map(|s| s.plan.as_ref()?.data.as_ref())
             .filter(|d| !d.prefix)
-            .ok_or("the states do not record the rows of every file (written by an older Sluice, or by one rank reading in listing order)")?
-            .rows;
+            .ok_or("the states do not record the rows of every file (written by an older Sluice, or by one rank reading in listing order)")?;
+        let rows = match &self.config.source.value {
+            SourceConfig::Parquet(p) if let Some(mix) = &p.mix => {
+                let paths = p.path.as_ref().map_or(&[][..], |p| &p.0[..]);
+                if data.entries.len() != paths.len() {
+                    return Err(
+                        "the states do not record the rows of each dataset of the `mix`".into(),
+                    );
+                }
+                crate::source::parquet::mix_counts(
+                    &data.entries,
+                    &mix.weights,
+                    mix.rows_per_epoch,
+                    paths,
+                )?
+                .iter()
+                .sum()
+            }
+            _ => data.rows,
+        };
         let mut rows = rows / w;
         let mut batches = 0;
         for s in &stages[..=last_batch] {

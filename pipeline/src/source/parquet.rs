@@ -113,6 +113,7 @@ impl Seen {
         self.stamp_prefixes();
         let p = self.prefix.get(n.checked_sub(1)?)?;
         Some(DataStamp {
+            entries: Vec::new(),
             files: n as u64,
             rows: p.rows,
             hash: format!("{:016x}", p.hash),
@@ -543,10 +544,10 @@ impl ParquetSource {
         let n = seen.files.len();
         let mut stamp = seen.stamp(n, false)?;
         if self.config.mix.is_some() {
-            // An epoch's rows are the mix's (what counting an epoch's batches ahead needs).
+            // Each dataset's rows: what counting a mixed epoch ahead needs.
             let files = seen.files.clone();
             drop(seen);
-            stamp.rows = self.mixed(&files).ok()??.counts.iter().sum();
+            stamp.entries = self.mixed(&files).ok()??.rows;
         }
         Some(stamp)
     }
@@ -559,6 +560,7 @@ impl ParquetSource {
         }
         let mut seen = self.files.seen()?;
         Ok(seen.stamp(have, true).unwrap_or(DataStamp {
+            entries: Vec::new(),
             files: 0,
             rows: 0,
             hash: format!("{FNV_BASIS:016x}"),
@@ -1017,7 +1019,7 @@ fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
 
 /// Rows of each entry (`rows`) an epoch of a `mix` takes: `rows_per_epoch` (or, without it,
 /// the most that repeats no row) apportioned by `weights`.
-fn mix_counts(
+pub(crate) fn mix_counts(
     rows: &[u64],
     weights: &[f64],
     rows_per_epoch: Option<u64>,

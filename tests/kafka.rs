@@ -1002,6 +1002,18 @@ fn ids_and_states(
     rt: &tokio::runtime::Runtime,
     pipeline: Pipeline,
 ) -> Vec<(Vec<i64>, sluice::pipeline::SourceState)> {
+    per_batch(rt, pipeline, |_| ())
+        .into_iter()
+        .map(|(ids, (), state)| (ids, state))
+        .collect()
+}
+
+/// Every batch of `pipeline`: its ids (column 0), `f` of it, and the state after it.
+fn per_batch<T>(
+    rt: &tokio::runtime::Runtime,
+    pipeline: Pipeline,
+    f: impl Fn(&sluice::pipeline::Batch) -> T,
+) -> Vec<(Vec<i64>, T, sluice::pipeline::SourceState)> {
     rt.block_on(async {
         let mut s = pipeline.stream();
         let mut out = Vec::new();
@@ -1013,7 +1025,7 @@ fn ids_and_states(
                 .as_primitive::<Int64Type>()
                 .values()
                 .to_vec();
-            out.push((ids, s.snapshot()));
+            out.push((ids, f(&b), s.snapshot()));
         }
         out
     })
@@ -1552,29 +1564,16 @@ fn grouping_a_kafka_stream_by_length_pads_less_and_resumes_exactly() {
     };
     // Each batch's ids and padding to its longest row, with the state after it.
     let batches = |p: Pipeline| {
-        rt.block_on(async {
-            let mut s = p.stream();
-            let mut out = Vec::new();
-            while let Some(b) = s.next().await {
-                let b = b.unwrap();
-                let ids = b
-                    .data
-                    .column(0)
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .to_vec();
-                let lens: Vec<usize> = b
-                    .data
-                    .column(1)
-                    .as_list::<i32>()
-                    .iter()
-                    .map(|l| l.unwrap().as_primitive::<Int32Type>().len())
-                    .collect();
-                let longest = lens.iter().copied().max().unwrap_or(0);
-                let padding: usize = lens.iter().map(|l| longest - l).sum();
-                out.push((ids, padding, s.snapshot()));
-            }
-            out
+        per_batch(&rt, p, |b| {
+            let lens: Vec<usize> = b
+                .data
+                .column(1)
+                .as_list::<i32>()
+                .iter()
+                .map(|l| l.unwrap().as_primitive::<Int32Type>().len())
+                .collect();
+            let longest = lens.iter().copied().max().unwrap_or(0);
+            lens.iter().map(|l| longest - l).sum::<usize>()
         })
     };
     let grouping = "    group_by_length: {column: toks, batches: 8}\n";

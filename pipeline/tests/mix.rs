@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use arrow::array::{Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
-use common::ids;
+use common::{ids, rt};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -132,14 +132,6 @@ fn cases() -> impl Strategy<Value = MixCase> {
                 seed,
             }
         })
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// The first `limit` batches (all without one), the state after them and the counters.

@@ -16,7 +16,7 @@ use arrow::array::{
     AsArray, FixedSizeBinaryArray, Float32Array, Int64Array, ListArray, RecordBatch,
 };
 use arrow::datatypes::{Float32Type, Int32Type, Int64Type};
-use common::ids;
+use common::{ids, rt};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -188,14 +188,6 @@ fn yaml(dir: &Path, c: &Case, threads: usize, extra_runtime: &str, across: bool)
 
 fn kept(id: i64, c: &Case) -> bool {
     (!c.filter || id % 5 != 1) && (!c.trim || id % 7 != 3)
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState) {

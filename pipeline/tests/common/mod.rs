@@ -19,3 +19,12 @@ pub fn ids(batches: &[Batch]) -> Vec<i64> {
         })
         .collect()
 }
+
+/// A two-worker runtime for a test's pipelines.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}

@@ -65,9 +65,10 @@ fn yaml(dir: &Path, c: &MixCase, threads: usize, rank: usize, world: usize) -> S
         ""
     };
     format!(
-        "source:\n  type: parquet\n  path: [{}]\n  batch_rows: 4\n  epochs: {}\n  mix: {{weights: [{}], seed: {}{per_epoch}}}\nstages:\n{shuffle}  - {{type: batch, size: {}}}\nruntime: {{threads: {threads}, rank: {rank}, world_size: {world}}}\n",
+        "source:\n  type: parquet\n  path: [{}]\n  batch_rows: 4\n  epochs: {}\n  shard: {}\n  mix: {{weights: [{}], seed: {}{per_epoch}}}\nstages:\n{shuffle}  - {{type: batch, size: {}}}\nruntime: {{threads: {threads}, rank: {rank}, world_size: {world}}}\n",
         paths.join(", "),
         c.epochs,
+        c.shard,
         weights.join(", "),
         c.seed,
         c.batch
@@ -84,6 +85,7 @@ struct MixCase {
     shuffle: bool,
     batch: usize,
     seed: u64,
+    shard: &'static str,
 }
 
 /// The most rows an epoch may take without repeating one (what the test expects; the source
@@ -130,6 +132,7 @@ fn cases() -> impl Strategy<Value = MixCase> {
                 shuffle,
                 batch,
                 seed,
+                shard: "redistribute",
             }
         })
 }
@@ -296,6 +299,54 @@ proptest! {
                     .collect();
                 prop_assert_eq!(got, expected, "rescaled {} → {} at {}", world, new, k);
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Under `drop_last` and `pad` too, a mixed epoch gives every rank as many batches, all of
+    /// them rows of the one-rank epoch: `drop_last` each once, `pad` every one of them.
+    #[test]
+    fn every_shard_policy_splits_a_mixed_epoch_evenly(c in cases(), pad in any::<bool>(), world in 2usize..4) {
+        let c = MixCase { shard: if pad { "pad" } else { "drop_last" }, ..c };
+        let dir = tempfile::tempdir().unwrap();
+        write_entries(dir.path(), &c.entries);
+        let rt = rt();
+        let single: BTreeSet<(u64, i64)> =
+            rows(&rt.block_on(run(Pipeline::from_yaml(&yaml(dir.path(), &c, 1, 0, 1)).unwrap(), None)).0).into_iter().collect();
+        let mut ranks = Vec::new();
+        for r in 0..world {
+            let mut s = Pipeline::from_yaml(&yaml(dir.path(), &c, 2, r, world)).unwrap().stream();
+            let mut out = Vec::new();
+            while let Some(b) = rt.block_on(s.next()) {
+                match b {
+                    Ok(b) => out.push(b),
+                    Err(e) => {
+                        // `drop_last` with fewer row groups in the epoch than ranks.
+                        let e = e.to_string();
+                        prop_assert!(!pad && e.contains("gives each of the"), "{e}");
+                        return Ok(());
+                    }
+                }
+            }
+            ranks.push(out);
+        }
+        let mut union = BTreeSet::new();
+        let mut delivered = 0;
+        for r in &ranks {
+            prop_assert_eq!(r.len(), ranks[0].len());
+            for row in rows(r) {
+                prop_assert!(single.contains(&row), "{row:?} is not in the one-rank run");
+                delivered += 1;
+                union.insert(row);
+            }
+        }
+        if pad {
+            prop_assert_eq!(&union, &single);
+        } else {
+            prop_assert_eq!(union.len(), delivered, "a row on two ranks");
         }
     }
 }

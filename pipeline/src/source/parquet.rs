@@ -1005,7 +1005,10 @@ fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
     let sum: f64 = weights.iter().sum();
     let quotas: Vec<f64> = weights.iter().map(|w| total as f64 * w / sum).collect();
     let mut parts: Vec<u64> = quotas.iter().map(|q| q.floor() as u64).collect();
-    let left = total.saturating_sub(parts.iter().sum());
+    // Fewer than one row per entry is left (more only through rounding: bounded anyway).
+    let left = total
+        .saturating_sub(parts.iter().sum())
+        .min(parts.len() as u64);
     let mut order: Vec<usize> = (0..parts.len()).collect();
     order.sort_by(|&a, &b| {
         let (ra, rb) = (quotas[a] - quotas[a].floor(), quotas[b] - quotas[b].floor());
@@ -1031,6 +1034,10 @@ pub(crate) fn mix_counts(
             paths.get(i).map_or("", |p| p.as_str())
         ));
     }
+    // Relative to the largest weight: no sum of huge weights overflows.
+    let largest = weights.iter().copied().fold(f64::MIN_POSITIVE, f64::max);
+    let weights: Vec<f64> = weights.iter().map(|w| w / largest).collect();
+    let weights = &weights[..];
     let sum: f64 = weights.iter().sum();
     // The most rows an epoch can take without repeating one: the entry with the fewest rows
     // per unit of weight (`limit`) read whole.
@@ -1042,7 +1049,10 @@ pub(crate) fn mix_counts(
     // Floating-point rounding may put one row too many on a whole entry: step down.
     let mut cap = per_weight(limit).floor() as u64;
     let mut capped = apportion(cap, weights);
-    while !fits(&capped) && cap > 0 {
+    for _ in 0..64 {
+        if fits(&capped) || cap == 0 {
+            break;
+        }
         cap -= 1;
         capped = apportion(cap, weights);
     }
@@ -1416,6 +1426,20 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("allow at most 1200 rows"), "{e}");
+        // Weights as large or as small as floats go: the same shares as 3 : 1.
+        assert_eq!(
+            mix_counts(&[3000, 300], &[3e307, 1e307], None, &paths),
+            Ok(vec![900, 300])
+        );
+        assert_eq!(
+            mix_counts(&[3000, 300], &[3e-300, 1e-300], None, &paths),
+            Ok(vec![900, 300])
+        );
+        // A weight too small to matter next to the other: none of that entry.
+        assert_eq!(
+            mix_counts(&[3000, 300], &[1.0, 1e-300], None, &paths),
+            Ok(vec![3000, 0])
+        );
         let e = mix_counts(&[3000, 0], &[3.0, 1.0], None, &paths).unwrap_err();
         assert!(e.contains("entry 1 (`b`) has no rows"), "{e}");
     }

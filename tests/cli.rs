@@ -257,6 +257,41 @@ fn hive_partition_directories_become_columns() {
         .stderr(contains(
             "the path has a `lang=…` directory: set `partitioning: hive` to read it as a column",
         ));
+    // Typed: `year` an int32 column, so a numeric filter works on it.
+    run(", partitioning: hive, partition_types: {year: int32}}\nstages:\n  - {type: filter, predicate: 'year >= 2024'").success();
+    let out = read_parquet(&dir.path().join("out.parquet"));
+    assert_eq!(
+        out[0].schema().field_with_name("year").unwrap().data_type(),
+        &arrow::datatypes::DataType::Int32
+    );
+    assert_eq!(int64_values(&out, "id"), [2]);
+    let year: Vec<i32> = out
+        .iter()
+        .flat_map(|b| {
+            use arrow::array::AsArray;
+            b.column_by_name("year")
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Int32Type>()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(year, [2024]);
+    run(", partitioning: hive, partition_types: {lang: int32}")
+        .code(1)
+        .stderr(contains("year=2023/lang=en%20US/f.parquet"))
+        .stderr(contains(
+            "the partition directory `lang=en US` is not a `int32` value (`partition_types`)",
+        ));
+    run(", partitioning: hive, partition_types: {yaer: int32}")
+        .code(1)
+        .stderr(contains(
+            "`partition_types` names `yaer`, which is not a `key=…` directory of the path; the path has [year, lang]",
+        ))
+        .stderr(contains("did you mean `year`?"));
+    run(", partition_types: {year: int32}")
+        .code(1)
+        .stderr(contains("set `partitioning: hive` too"));
     // A file with other keys.
     let odd = data.join("year=2025/f.parquet");
     std::fs::create_dir_all(odd.parent().unwrap()).unwrap();

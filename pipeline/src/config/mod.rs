@@ -332,6 +332,11 @@ pub struct ParquetSourceConfig {
     /// same keys. Default: `none` (the paths add nothing).
     #[serde(default)]
     pub partitioning: Partitioning,
+    /// Types of partition columns (`{year: int32, day: date32}`), the `cast` type names; the
+    /// others stay `utf8`. A directory value that is not of its type stops the run naming the
+    /// file. Needs `partitioning: hive`.
+    #[serde(default)]
+    pub partition_types: BTreeMap<String, crate::types::DataTypeName>,
     /// Mixes the datasets of a `path` list in set proportions, every epoch a new sample of
     /// the larger ones; see [`Mix`]. Default: none (every row of every file, each epoch).
     #[serde(default)]
@@ -1369,7 +1374,7 @@ mod tests {
         );
         // The likely intended name, when one is close; none for a name like none of them.
         assert!(
-            all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard, partitioning, mix; did you mean `columns`?"),
+            all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard, partitioning, partition_types, mix; did you mean `columns`?"),
             "{all}"
         );
         assert!(

@@ -391,6 +391,9 @@ impl Pipeline {
             // when off, so states taken before the setting existed still match.
             if last_shuffle.is_some() && p.partitioning != Partitioning::None {
                 text += &format!(", {:?}", p.partitioning);
+                if !p.partition_types.is_empty() {
+                    text += &format!(", {:?}", p.partition_types);
+                }
             }
             out.insert("source".to_string(), setting_hash(&text));
             // Which rows each epoch takes, as text: a refusal can say which setting moved.

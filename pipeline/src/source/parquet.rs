@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use std::collections::BTreeMap;
+
+use crate::types::DataTypeName;
 use futures::{FutureExt, StreamExt};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
@@ -40,6 +43,8 @@ pub(crate) struct ParquetFile {
     slots: Vec<Slot>,
     /// The file's `key=value` directories (`partitioning: hive`), in path order.
     partitions: Vec<(String, Option<String>)>,
+    /// Each partition value as a one-row array of its column's type (null for Hive's null).
+    partition_values: Vec<arrow::array::ArrayRef>,
     /// First row of each row group within the file.
     row_group_starts: Vec<u64>,
     /// Projected schema.
@@ -212,6 +217,7 @@ async fn open_file(
     object: ListedObject,
     columns: Option<Vec<String>>,
     partitioning: Partitioning,
+    types: Arc<BTreeMap<String, DataTypeName>>,
     expected_rows: Arc<Vec<(String, u64)>>,
     location: Arc<str>,
 ) -> Result<Arc<ParquetFile>> {
@@ -242,7 +248,9 @@ async fn open_file(
         Partitioning::Hive => hive_partitions(&object.location).map_err(source_error)?,
         Partitioning::None => Vec::new(),
     };
-    let (root_indices, slots, projected) = project(&file_schema, columns.as_deref(), &partitions)
+    let partition_values = typed_partitions(&partitions, &types).map_err(&source_error)?;
+    let (root_indices, slots, projected) =
+        project(&file_schema, columns.as_deref(), &partitions, &types)
         .map_err(|mut message| {
             // A column missing from the file that the path names as a partition.
             if partitioning == Partitioning::None
@@ -271,6 +279,7 @@ async fn open_file(
         mask,
         slots,
         partitions,
+        partition_values,
         row_group_starts,
         schema: projected,
     }))
@@ -370,12 +379,23 @@ impl ParquetSource {
         let at: Arc<str> = Arc::from(location);
         let columns = config.columns.clone();
         let partitioning = config.partitioning;
+        if partitioning == Partitioning::None && !config.partition_types.is_empty() {
+            return Err(Error::Source {
+                at: location.to_string(),
+                message: "`partition_types` types the columns `partitioning: hive` reads from the paths: set `partitioning: hive` too".into(),
+            });
+        }
+        let types = Arc::new(config.partition_types.clone());
         // Footers are small: open up to 16 files ahead, in order.
         let mut opened = objects
             .map(move |o| {
-                let (columns, expected_rows, at) =
-                    (columns.clone(), expected_rows.clone(), at.clone());
-                async move { open_file(o?, columns, partitioning, expected_rows, at).await }
+                let (columns, expected_rows, at, types) = (
+                    columns.clone(),
+                    expected_rows.clone(),
+                    at.clone(),
+                    types.clone(),
+                );
+                async move { open_file(o?, columns, partitioning, types, expected_rows, at).await }
             })
             .buffered(16)
             .boxed();
@@ -1206,22 +1226,22 @@ impl UnitRead {
             }
             let mut chunk = Vec::with_capacity(decoded.len());
             for rb in decoded {
+                let arrow_err = |e| Error::Arrow {
+                    context: format!("{url}: row group {rg}"),
+                    source: e,
+                };
                 let columns = file
                     .slots
                     .iter()
                     .map(|slot| match *slot {
-                        Slot::File(i) => rb.column(i).clone(),
+                        Slot::File(i) => Ok(rb.column(i).clone()),
                         Slot::Partition(k) => {
-                            partition_column(&file.partitions[k].1, rb.num_rows())
+                            partition_column(&file.partition_values[k], rb.num_rows())
                         }
                     })
-                    .collect();
-                let rb = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| {
-                    Error::Arrow {
-                        context: format!("{url}: row group {rg}"),
-                        source: e,
-                    }
-                })?;
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(arrow_err)?;
+                let rb = RecordBatch::try_new(self.schema.clone(), columns).map_err(arrow_err)?;
                 let n = rb.num_rows() as u64;
                 bytes += rb.get_array_memory_size() as u64;
                 rows += n;
@@ -1272,23 +1292,71 @@ enum Slot {
 }
 
 /// Every row of a file's partition column: `value` repeated, or nulls.
-fn partition_column(value: &Option<String>, rows: usize) -> arrow::array::ArrayRef {
-    match value {
-        Some(v) => Arc::new(arrow::array::StringArray::from_iter_values(
-            std::iter::repeat_n(v.as_str(), rows),
-        )),
-        None => arrow::array::new_null_array(&arrow::datatypes::DataType::Utf8, rows),
+fn partition_column(
+    value: &arrow::array::ArrayRef,
+    rows: usize,
+) -> std::result::Result<arrow::array::ArrayRef, arrow::error::ArrowError> {
+    use arrow::array::Array;
+    if value.is_null(0) {
+        return Ok(arrow::array::new_null_array(value.data_type(), rows));
     }
+    if let Some(s) = value.as_any().downcast_ref::<arrow::array::StringArray>() {
+        return Ok(Arc::new(arrow::array::StringArray::from_iter_values(
+            std::iter::repeat_n(s.value(0), rows),
+        )));
+    }
+    let zeros = arrow::array::UInt32Array::from(vec![0u32; rows]);
+    arrow::compute::take(value.as_ref(), &zeros, None)
+}
+
+/// Each partition value as a one-row array of its column's type (`types`, else `utf8`); a
+/// key in `types` that the path does not have, or a value not of its type, is an error.
+fn typed_partitions(
+    partitions: &[(String, Option<String>)],
+    types: &BTreeMap<String, DataTypeName>,
+) -> std::result::Result<Vec<arrow::array::ArrayRef>, String> {
+    if let Some(key) = types
+        .keys()
+        .find(|k| !partitions.iter().any(|(p, _)| p == *k))
+    {
+        let keys: Vec<&str> = partitions.iter().map(|(k, _)| k.as_str()).collect();
+        return Err(format!(
+            "`partition_types` names `{key}`, which is not a `key=…` directory of the path; the path has [{}]{}",
+            keys.join(", "),
+            crate::config::did_you_mean(key, keys.iter().copied())
+        ));
+    }
+    partitions
+        .iter()
+        .map(|(key, value)| {
+            let text: arrow::array::ArrayRef =
+                Arc::new(arrow::array::StringArray::from(vec![value.as_deref()]));
+            let Some(name) = types.get(key) else {
+                return Ok(text);
+            };
+            let options = arrow::compute::CastOptions {
+                safe: false,
+                ..Default::default()
+            };
+            arrow::compute::cast_with_options(&text, name.data_type(), &options).map_err(|e| {
+                format!(
+                    "the partition directory `{key}={}` is not a `{name}` value (`partition_types`): {e}",
+                    value.as_deref().unwrap_or_default()
+                )
+            })
+        })
+        .collect()
 }
 
 /// Computes the root columns to read (file order), where each output column comes from (in
 /// the requested order; default: the file's columns, then the partition keys), and the
-/// output schema (partition columns are nullable `utf8`), without the file's schema
+/// output schema (partition columns are nullable, of their `partition_types` or `utf8`), without the file's schema
 /// metadata, so files written by different tools compare equal.
 fn project(
     file_schema: &Schema,
     columns: Option<&[String]>,
     partitions: &[(String, Option<String>)],
+    types: &BTreeMap<String, DataTypeName>,
 ) -> Result<(Vec<usize>, Vec<Slot>, SchemaRef), String> {
     if let Some((key, _)) = partitions
         .iter()
@@ -1352,7 +1420,9 @@ fn project(
             Wanted::File(i) => Arc::new(file_schema.field(*i).clone()),
             Wanted::Partition(k) => Arc::new(arrow::datatypes::Field::new(
                 &partitions[*k].0,
-                arrow::datatypes::DataType::Utf8,
+                types
+                    .get(&partitions[*k].0)
+                    .map_or(DataType::Utf8, |t| t.data_type().clone()),
                 true,
             )),
         })

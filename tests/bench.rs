@@ -62,7 +62,7 @@ fn bench(workload: &str, rows: usize) {
         .iter()
         .map(|v| v["variant"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["raw", "sluice", "dataloader", "numpy"]);
+    assert_eq!(names, ["raw", "sluice", "floor", "dataloader", "numpy"]);
     let table = String::from_utf8_lossy(&out.stdout);
     for v in variants {
         let name = v["variant"].as_str().unwrap();

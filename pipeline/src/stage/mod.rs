@@ -18,6 +18,25 @@ mod ziggurat_tables;
 use std::fmt;
 use std::sync::Arc;
 
+/// A whole `h`×`w` RGB image (HWC `u8`) to normalized CHW `f32` (`v * scale + bias`), no crop
+/// or flip: the `image` stage's kernel on its own (what `sluice bench`'s floor variant uses).
+pub(crate) fn rgb_to_chw(
+    src: &[u8],
+    h: usize,
+    w: usize,
+    scale: [f32; 3],
+    bias: [f32; 3],
+    dst: &mut [f32],
+) {
+    let window = pixels::Window {
+        top: 0,
+        left: 0,
+        flip_h: false,
+        flip_v: false,
+    };
+    pixels::rgb_crop(src, h, w, [h, w], &window, scale, bias, [0.0; 3], dst);
+}
+
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use chacha20::ChaCha8Rng;

@@ -31,13 +31,4 @@ pub use state::{Acknowledger, BatchRun, DataStamp, ErrorCounts, PlanStamp, Resca
 /// The `image` stage's conversion kernel on its own, for `sluice bench`'s floor variant (what
 /// any float32 loader must at least do); not part of the API.
 #[doc(hidden)]
-pub fn bench_rgb_to_chw(
-    src: &[u8],
-    h: usize,
-    w: usize,
-    scale: [f32; 3],
-    bias: [f32; 3],
-    dst: &mut [f32],
-) {
-    stage::rgb_to_chw(src, h, w, scale, bias, dst);
-}
+pub use stage::rgb_to_chw as bench_rgb_to_chw;

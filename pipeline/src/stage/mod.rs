@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 /// A whole `h`×`w` RGB image (HWC `u8`) to normalized CHW `f32` (`v * scale + bias`), no crop
 /// or flip: the `image` stage's kernel on its own (what `sluice bench`'s floor variant uses).
-pub(crate) fn rgb_to_chw(
+pub fn rgb_to_chw(
     src: &[u8],
     h: usize,
     w: usize,

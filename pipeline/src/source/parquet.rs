@@ -211,6 +211,8 @@ pub(crate) struct ParquetSource {
     resume: Option<Mark>,
     /// Where the source is in the config (`file:line:col`), for errors.
     at: Arc<str>,
+    /// The `mix` planned over every file, once they are all open (shared by clones).
+    mix_plan: Arc<std::sync::OnceLock<Mixed>>,
 }
 
 async fn open_file(
@@ -448,20 +450,19 @@ impl ParquetSource {
             world: 1,
             resume: None,
             at: location.into(),
+            mix_plan: Arc::default(),
         })
     }
 
     /// Opens every remaining file, checking all footers and schemas (for `sluice validate`).
     pub(crate) async fn open_all(&self) -> Result<()> {
-        let files = self.files.all().await?;
-        self.mixed(&files).map(|_| ())
+        self.files.all().await?;
+        self.mixed().map(|_| ())
     }
 
     /// With `mix`, once every file is open: what each dataset gives an epoch.
     pub(crate) fn mix_shares(&self) -> Option<Vec<crate::exec::metrics::MixShare>> {
-        let files = self.files.seen().ok()?.files.clone();
-        self.files.totals()?;
-        Some(self.mixed(&files).ok()??.shares)
+        Some(self.mixed().ok()??.shares.clone())
     }
 
     /// Rows are read in listing order, file after file, as they are listed: no row-group
@@ -470,10 +471,32 @@ impl ParquetSource {
         self.order.is_none() && self.world == 1 && self.config.mix.is_none()
     }
 
+    /// With `mix`, once every file is open: the plan, made on the first call and kept (an
+    /// error when the weights ask for more rows of an entry than it has).
+    fn mixed(&self) -> Result<Option<&Mixed>> {
+        if self.config.mix.is_none() {
+            return Ok(None);
+        }
+        if let Some(m) = self.mix_plan.get() {
+            return Ok(Some(m));
+        }
+        let files = {
+            let seen = self.files.seen()?;
+            if !seen.complete {
+                return Err(Error::Internal(
+                    "a `mix` planned before every file was open".into(),
+                ));
+            }
+            seen.files.clone()
+        };
+        let planned = self.plan_mix(&files)?;
+        Ok(planned.map(|m| self.mix_plan.get_or_init(|| m)))
+    }
+
     /// With `mix`: every `path` entry's row groups in its seeded order, and the rows of it
     /// every epoch takes, with what that is in words (an error when the weights ask for
     /// more rows of an entry than it has).
-    fn mixed(&self, files: &[Arc<ParquetFile>]) -> Result<Option<Mixed>> {
+    fn plan_mix(&self, files: &[Arc<ParquetFile>]) -> Result<Option<Mixed>> {
         let Some(mix) = &self.config.mix else {
             return Ok(None);
         };
@@ -565,9 +588,8 @@ impl ParquetSource {
         let mut stamp = seen.stamp(n, false)?;
         if self.config.mix.is_some() {
             // Each dataset's rows: what counting a mixed epoch ahead needs.
-            let files = seen.files.clone();
             drop(seen);
-            stamp.entries = self.mixed(&files).ok()??.rows;
+            stamp.entries = self.mixed().ok()??.rows.clone();
         }
         Some(stamp)
     }
@@ -593,8 +615,7 @@ impl ParquetSource {
     pub(crate) fn total_rows(&self) -> Option<u64> {
         let (_, mut rows) = self.files.totals()?;
         if self.config.mix.is_some() {
-            let files = self.files.seen().ok()?.files.clone();
-            rows = self.mixed(&files).ok()??.counts.iter().sum();
+            rows = self.mixed().ok()??.counts.iter().sum();
         }
         let per_epoch = match (self.world, self.config.shard) {
             (1, _) => rows,
@@ -759,7 +780,7 @@ impl ParquetSource {
                     .files
                     .fetch_add(files.len() as u64, Ordering::Relaxed);
             }
-            let mut all: Vec<Unit> = match self.mixed(&files)? {
+            let mut all: Vec<Unit> = match self.mixed()? {
                 None => files.iter().flat_map(row_groups).collect(),
                 Some(mixed) => {
                     if epoch == first
@@ -932,7 +953,8 @@ fn take_rows(units: &[Unit], mut from: u64, mut want: u64, out: &mut Vec<Unit>) 
 /// Domain of the `mix` permutations' generator.
 const MIX_DOMAIN: u64 = 0x6d69_7865;
 
-/// A `mix` planned over every file (see [`ParquetSource::mixed`]).
+/// A `mix` planned over every file (see [`ParquetSource::plan_mix`]).
+#[derive(Debug)]
 struct Mixed {
     /// Each entry's row groups, permuted by the mix's seed (the cycle its epochs read).
     units: Vec<Vec<Unit>>,

@@ -211,7 +211,6 @@ fn peak_rss_mib() -> f64 {
 }
 
 /// `sluice bench-child`: runs one Sluice variant in this process and prints a JSON line.
-#[allow(clippy::print_stdout)]
 pub(crate) async fn child(
     data: &Path,
     workload: Workload,
@@ -245,7 +244,7 @@ pub(crate) async fn child(
     .await;
     match result {
         Ok(m) => {
-            println!("{}", serde_json::to_string(&m).unwrap_or_default());
+            out!("{}", serde_json::to_string(&m).unwrap_or_default());
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -484,7 +483,6 @@ fn run_child(mut cmd: Command) -> Result<Measured, String> {
 }
 
 /// `sluice bench`.
-#[allow(clippy::print_stdout)]
 pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     let w = args.workload;
     let rows = args.rows.unwrap_or(w.default_rows());
@@ -533,7 +531,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         ),
         ("numpy", "numpy, vectorised per batch, 1 process"),
     ];
-    println!(
+    out!(
         "sluice bench {}: {rows} rows ({:.0} MB), {} Sluice threads, {} cores, best of {}",
         w.name(),
         (rows * w.row_bytes()) as f64 / 1e6,
@@ -603,13 +601,18 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
             _ => None,
         };
     }
-    println!(
+    out!(
         "{:<11} {:<58} {:>11} {:>9} {:>10} {:>7}",
-        "variant", "work", "samples/s", "MB/s", "peak RSS", "vs raw"
+        "variant",
+        "work",
+        "samples/s",
+        "MB/s",
+        "peak RSS",
+        "vs raw"
     );
     for r in &table {
         match (&r.measured, &r.skipped) {
-            (Some(m), _) => println!(
+            (Some(m), _) => out!(
                 "{:<11} {:<58} {:>11.0} {:>9.1} {:>6.0} MiB {:>6.2}×",
                 r.variant,
                 r.description,
@@ -618,7 +621,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
                 m.peak_rss_mib,
                 r.vs_raw.unwrap_or(f64::NAN)
             ),
-            (None, why) => println!(
+            (None, why) => out!(
                 "{:<11} {:<58} skipped: {}",
                 r.variant,
                 r.description,
@@ -631,15 +634,15 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         _ => None,
     };
     if let Some(x) = sluice_vs_dl {
-        println!("sluice vs PyTorch DataLoader: {x:.1}×");
+        out!("sluice vs PyTorch DataLoader: {x:.1}×");
     }
     let bottleneck = table[1]
         .measured
         .as_ref()
         .and_then(|m| m.bottleneck.clone());
     if let Some(b) = &bottleneck {
-        println!("bottleneck: {} — {}", b.element, b.evidence);
-        println!("  knob: {}", b.suggestion);
+        out!("bottleneck: {} — {}", b.element, b.evidence);
+        out!("  knob: {}", b.suggestion);
     }
     let results = Results {
         workload: w,

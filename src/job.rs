@@ -179,6 +179,13 @@ impl Job {
         if resume && self.checkpoint.is_none() {
             return Err(JobError::NothingToResume);
         }
+        // Before anything is read, listed by the source or deleted by the sink.
+        sluice_sinks::guard::check_overlap(
+            &sink_config,
+            &self.pipeline.source.value,
+            &self.base_dir,
+        )
+        .await?;
         if let Some(c) = &self.checkpoint {
             if !sink_config.flushes_while_running() {
                 let at = self
@@ -195,6 +202,7 @@ impl Job {
                 });
             }
             let location = resolve(&c.path, &self.base_dir, &c.storage)?;
+            sluice_sinks::guard::check_replaceable(&location)?;
             let url = location.url.to_string();
             let mut rows_before = 0;
             match location.store.get(&location.path).await {
@@ -708,7 +716,7 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
         shard: m.source.shard_note(),
         mix: m.source.mix.lock().map(|m| m.clone()).unwrap_or_default(),
         records_bad: g(&m.source.records_bad),
-        records_dead_lettered: g(&m.source.records_dead_lettered),
+        records_dead_lettered: m.records_dead_lettered(),
         partitions: m
             .source
             .partitions()

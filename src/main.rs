@@ -1,7 +1,11 @@
 //! The `sluice` command line: `run`, `validate`, `inspect`.
 //!
 //! Exit codes: 0 success; 1 the job or config failed (message on stderr); 2 bad command-line
-//! usage; 130 interrupted (Ctrl-C/SIGTERM; no partial output left).
+//! usage (an unusable flag value: `--summary-json` or `--report` where nothing can be
+//! written, checked before any work); 130 interrupted (Ctrl-C/SIGTERM; no partial output
+//! left). A closed standard output (`sluice inspect … | head`) is not an error: what would
+//! have been printed is dropped and the exit code is the command's own (`inspect` stops at
+//! once, 0).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -30,6 +34,53 @@ use tracing_subscriber::EnvFilter;
 /// `MIMALLOC_ALLOW_THP=0` turns it off for the process.)
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Prints one line to standard output, like `println!`, but never panics: see
+/// [`write_line`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_line(format_args!($($arg)*))
+    };
+}
+
+/// What became of standard output: [`STDOUT_OPEN`], [`STDOUT_CLOSED`] (the reader went
+/// away) or [`STDOUT_FAILED`] (another write error, reported).
+static STDOUT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(STDOUT_OPEN);
+const STDOUT_OPEN: u8 = 0;
+const STDOUT_CLOSED: u8 = 1;
+const STDOUT_FAILED: u8 = 2;
+
+/// Writes one line to standard output. Once the reader has gone away (`sluice inspect … |
+/// head -2`: a broken pipe), this and later lines are dropped quietly ([`stdout_closed`]
+/// says so) and the command ends as it would have; `println!` would panic. Any other write
+/// error (a full disk behind `>`) is reported once, later lines are dropped, and the command
+/// exits with 1 ([`main`]).
+fn write_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    if STDOUT.load(Ordering::Relaxed) != STDOUT_OPEN {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout
+        .write_fmt(args)
+        .and_then(|()| stdout.write_all(b"\n"));
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            STDOUT.store(STDOUT_CLOSED, Ordering::Relaxed);
+        }
+        Err(e) => {
+            STDOUT.store(STDOUT_FAILED, Ordering::Relaxed);
+            eprintln!("error: cannot write to standard output: {e}");
+        }
+    }
+}
+
+/// Whether standard output can no longer be written: nothing printed from now on is read.
+fn stdout_closed() -> bool {
+    STDOUT.load(std::sync::atomic::Ordering::Relaxed) != STDOUT_OPEN
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -254,6 +305,9 @@ fn main() -> ExitCode {
     });
     // Do not wait for background I/O of an aborted run.
     runtime.shutdown_timeout(Duration::from_secs(1));
+    if STDOUT.load(std::sync::atomic::Ordering::Relaxed) == STDOUT_FAILED {
+        return ExitCode::FAILURE;
+    }
     code
 }
 
@@ -334,6 +388,77 @@ async fn start_observing(
     Ok(tasks)
 }
 
+/// Checks, before any work, that what `--summary-json` and `--report` name can be written,
+/// so that a run is not done only to fail at the end. A flag that cannot be honoured is a
+/// usage error: exit code 2. (The default report directory is not checked: a report that
+/// cannot be written there is a warning.)
+fn check_output_flags(summary_json: Option<&Path>, observe: &Observe) -> Result<(), ExitCode> {
+    let mut problems = Vec::new();
+    if let Some(path) = summary_json
+        && let Err(why) = writable_file(path)
+    {
+        problems.push(format!("--summary-json {}: {why}", path.display()));
+    }
+    if let Some(dir) = &observe.report
+        && let Err(why) = writable_dir(dir)
+    {
+        problems.push(format!("--report {}: {why}", dir.display()));
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    for p in problems {
+        eprintln!("error: {p}");
+    }
+    Err(ExitCode::from(2))
+}
+
+/// Whether a file can be written at `path`: not a directory, in a directory that exists and
+/// lets this user create it. Tried by opening it for appending (an existing file is left as
+/// it is; one created for the test is removed again).
+fn writable_file(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("is a directory; give the path of a file".into());
+    }
+    let existed = path.symlink_metadata().is_ok();
+    match std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        Ok(_) => {
+            if !existed {
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            Err(format!(
+                "cannot be written: the directory {} does not exist",
+                parent.display()
+            ))
+        }
+        Err(e) => Err(format!("cannot be written: {e}")),
+    }
+}
+
+/// Whether files can be written in the directory `dir` (created if missing, as the report
+/// would create it).
+fn writable_dir(dir: &Path) -> Result<(), String> {
+    if dir.exists() && !dir.is_dir() {
+        return Err("is not a directory".into());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the directory: {e}"))?;
+    let probe = dir.join(format!(".sluice-write-test-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| format!("cannot write in the directory: {e}"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// Writes the run report; a failure is reported, not fatal (the run itself succeeded).
 fn write_report(dir: &Path, report: &Report) {
     match report.write(dir) {
@@ -353,6 +478,9 @@ async fn run(
     observe: &Observe,
     quiet: bool,
 ) -> ExitCode {
+    if let Err(code) = check_output_flags(summary_json, observe) {
+        return code;
+    }
     let interrupt = interrupt_signal().shared();
     let job = match Job::from_path(config) {
         Ok(j) => j,
@@ -460,20 +588,20 @@ async fn tick(bar: ProgressBar, metrics: std::sync::Arc<PipelineMetrics>) {
     }
 }
 
-#[allow(clippy::print_stdout)]
 fn print_summary(config: &Path, r: &RunReport) {
     if let Some(done) = r.resumed.as_ref().filter(|d| d.already_complete) {
-        println!("sluice run {}: already complete", config.display());
-        println!(
+        out!("sluice run {}: already complete", config.display());
+        out!(
             "  checkpoint {} records a finished run: {} rows written; nothing was read or written now",
-            done.checkpoint, done.rows_before
+            done.checkpoint,
+            done.rows_before
         );
-        println!(
+        out!(
             "  to go on, raise the source's `epochs` and resume again (the added epochs come out as an uninterrupted longer run's would); to start over, delete the checkpoint and the output"
         );
         return;
     }
-    println!("sluice run {}: ok", config.display());
+    out!("sluice run {}: ok", config.display());
     if let Some(res) = &r.resumed {
         let reread = match res.rows_reread {
             0 => String::new(),
@@ -481,7 +609,7 @@ fn print_summary(config: &Path, r: &RunReport) {
                 "; {n} rows read again to rebuild the position (delivered before, not written again)"
             ),
         };
-        println!(
+        out!(
             "  resumed  from {}: {} rows written before this run, {} in all{reread}",
             res.checkpoint,
             res.rows_before,
@@ -489,7 +617,7 @@ fn print_summary(config: &Path, r: &RunReport) {
         );
     }
     if r.partitions.is_empty() {
-        println!(
+        out!(
             "  source   {} file(s), {} row group(s), {} rows read ({:.2} MB compressed, {:.2} MB decoded)",
             r.files,
             r.row_groups,
@@ -498,7 +626,7 @@ fn print_summary(config: &Path, r: &RunReport) {
             r.bytes_decoded as f64 / 1e6
         );
     } else {
-        println!(
+        out!(
             "  source   kafka: {} rows read ({:.2} MB of messages, {:.2} MB decoded)",
             r.rows_read,
             r.bytes_read as f64 / 1e6,
@@ -506,11 +634,10 @@ fn print_summary(config: &Path, r: &RunReport) {
         );
     }
     if !r.partitions.is_empty() {
-        println!(
-            "  kafka    {} partition(s); {} record(s) could not be decoded, {} dead-lettered",
+        out!(
+            "  kafka    {} partition(s); {} record(s) could not be decoded",
             r.partitions.len(),
-            r.records_bad,
-            r.records_dead_lettered
+            r.records_bad
         );
         for (name, p) in &r.partitions {
             let lag = if p.lag >= 0 {
@@ -518,19 +645,30 @@ fn print_summary(config: &Path, r: &RunReport) {
             } else {
                 "unknown".into()
             };
-            println!(
+            out!(
                 "      {name}: {} records ({:.0}/s), {} bad, lag {lag}",
-                p.records, p.records_per_second, p.bad
+                p.records,
+                p.records_per_second,
+                p.bad
             );
         }
     }
+    if r.records_dead_lettered > 0 {
+        // Undecodable records of the source and rows stages removed into their dead letters.
+        out!(
+            "  dead     {} record(s) dead-lettered",
+            r.records_dead_lettered
+        );
+    }
     if let Some(n) = &r.shard {
-        println!("  shard    {n}");
+        out!("  shard    {n}");
     }
     for m in &r.mix {
-        println!(
+        out!(
             "  mix      {}: {} of its {} rows each epoch",
-            m.path, m.per_epoch, m.rows
+            m.path,
+            m.per_epoch,
+            m.rows
         );
     }
     for s in &r.stages {
@@ -545,15 +683,17 @@ fn print_summary(config: &Path, r: &RunReport) {
                 s.rows_replayed
             );
         }
-        println!(
+        out!(
             "  {}: {} rows in, {} out{removed}",
-            s.name, s.rows_in, s.rows_out
+            s.name,
+            s.rows_in,
+            s.rows_out
         );
         for n in &s.notes {
-            println!("      {n}");
+            out!("      {n}");
         }
     }
-    println!(
+    out!(
         "  sink     {}: {} rows in {} batches, {:.2} MB{}",
         r.sink,
         r.rows_written,
@@ -564,7 +704,7 @@ fn print_summary(config: &Path, r: &RunReport) {
             .map(|o| format!(" -> {o}"))
             .unwrap_or_default()
     );
-    println!(
+    out!(
         "  elapsed  {:.3} s: {:.0} rows/s, {:.1} MB/s (decoded Arrow bytes){}",
         r.elapsed_seconds,
         r.rows_per_second,
@@ -575,18 +715,40 @@ fn print_summary(config: &Path, r: &RunReport) {
     );
 }
 
-#[allow(clippy::print_stdout)]
 async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
+    /// The job, with the `trainer:` section (read by `sluice train` alone) checked as well:
+    /// its problems join the others, each at its `file:line:column`.
+    fn load(doc: &ConfigDocument) -> Result<Job, Box<JobError>> {
+        #[cfg_attr(not(feature = "torch"), allow(unused_mut))]
+        let mut trainer_errors: Vec<sluice::pipeline::ConfigError> = Vec::new();
+        #[cfg(feature = "torch")]
+        let _ = doc.value::<sluice::trainer::TrainerConfig>("trainer", &mut trainer_errors);
+        let refused = |errors: Vec<sluice::pipeline::ConfigError>| {
+            Box::new(JobError::from(PipelineError::Config(
+                sluice::pipeline::ConfigErrors::sorted(errors),
+            )))
+        };
+        match Job::from_document(doc) {
+            Ok(job) if trainer_errors.is_empty() => Ok(job),
+            Ok(_) => Err(refused(trainer_errors)),
+            Err(JobError::Pipeline(PipelineError::Config(c))) => {
+                let mut all = c.0;
+                all.extend(trainer_errors);
+                Err(refused(all))
+            }
+            Err(e) => Err(Box::new(e)),
+        }
+    }
     let mut failed = false;
     for path in configs {
-        let job = ConfigDocument::from_path(path)
-            .map_err(JobError::from)
-            .and_then(|doc| Job::from_document(&doc));
-        let job = match job {
-            Ok(j) => j,
+        let loaded = ConfigDocument::from_path(path)
+            .map_err(|e| Box::new(JobError::from(e)))
+            .and_then(|doc| load(&doc).map(|job| (doc, job)));
+        let (doc, job) = match loaded {
+            Ok(loaded) => loaded,
             Err(e) => {
                 print_error(&e);
-                let n = match &e {
+                let n = match &*e {
                     JobError::Pipeline(PipelineError::Config(c)) => c.0.len(),
                     _ => 1,
                 };
@@ -599,8 +761,30 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
                 continue;
             }
         };
+        let sections = doc.sections(
+            sluice::pipeline::config::TOP_LEVEL_SECTIONS,
+            &mut Vec::new(),
+        );
+        #[cfg(feature = "torch")]
+        if sections.iter().any(|s| s == "trainer") {
+            // What `sluice train` checks before it starts: a `loader:`, the tensors the
+            // trainer names, a `batch` stage, …
+            if let Err(e) = sluice::trainer::TrainJob::from_document(&doc) {
+                print_error(&e);
+                eprintln!("{}: 1 problem found", path.display());
+                failed = true;
+                continue;
+            }
+        }
+        #[cfg(not(feature = "torch"))]
+        if sections.iter().any(|s| s == "trainer" || s == "loader") {
+            eprintln!(
+                "note: {}: `loader:` and `trainer:` were not checked: this sluice was built without the `torch` feature",
+                path.display()
+            );
+        }
         if no_data {
-            println!("{}: ok (YAML only)", path.display());
+            out!("{}: ok (YAML only)", path.display());
             continue;
         }
         match job.pipeline().plan().await {
@@ -622,13 +806,13 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
                 failed = true;
             }
             Ok(plan) => {
-                println!("{}: ok — {}", path.display(), plan.summary);
-                println!("  source: {}", schema_line(&plan.source_schema));
+                out!("{}: ok — {}", path.display(), plan.summary);
+                out!("  source: {}", schema_line(&plan.source_schema));
                 for (stage, schema) in &plan.stages {
-                    println!("  {stage}: {}", schema_line(schema));
+                    out!("  {stage}: {}", schema_line(schema));
                 }
                 if let Some(sink) = &job.sink {
-                    println!("  sink: {} at {}", sink.value.kind(), sink.location);
+                    out!("  sink: {} at {}", sink.value.kind(), sink.location);
                 }
                 if matches!(
                     job.pipeline.source.value,
@@ -637,10 +821,10 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
                     // Judged for several ranks, the case a lost node leaves.
                     let world = job.pipeline.runtime.rank_and_world().1.max(2);
                     match job.pipeline().rescalable(world) {
-                        Ok(()) => println!(
+                        Ok(()) => out!(
                             "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): an interrupted epoch is finished exactly"
                         ),
-                        Err(why) => println!(
+                        Err(why) => out!(
                             "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): a run continues at the next epoch, the rest of the interrupted one untrained: {why}"
                         ),
                     }
@@ -655,7 +839,7 @@ async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
                     match loader.check(&schema) {
                         Ok(lines) => {
                             for l in lines {
-                                println!("  loader: {l}");
+                                out!("  loader: {l}");
                             }
                         }
                         Err(e) => {
@@ -689,14 +873,17 @@ fn schema_line(schema: &arrow::datatypes::Schema) -> String {
         .join(", ")
 }
 
-#[allow(clippy::print_stdout)]
 async fn inspect(paths: &[String], rows: usize) -> ExitCode {
     let cwd = PathBuf::from(".");
     match sluice::pipeline::inspect::inspect_parquet(paths, &cwd, rows).await {
         Ok(files) => {
             for f in files {
-                println!("{}", f.url);
-                println!(
+                // `inspect … | head`: the reader has seen enough.
+                if stdout_closed() {
+                    break;
+                }
+                out!("{}", f.url);
+                out!(
                     "  {} rows, {} row group(s), {} bytes{}",
                     f.rows,
                     f.row_groups.len(),
@@ -705,9 +892,9 @@ async fn inspect(paths: &[String], rows: usize) -> ExitCode {
                         .map(|c| format!(", written by {c}"))
                         .unwrap_or_default()
                 );
-                println!("  schema:");
+                out!("  schema:");
                 for field in f.schema.fields() {
-                    println!(
+                    out!(
                         "    {}: {}{}",
                         field.name(),
                         field.data_type(),
@@ -724,20 +911,25 @@ async fn inspect(paths: &[String], rows: usize) -> ExitCode {
                         .iter()
                         .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("null")))
                         .collect();
-                    println!(
+                    out!(
                         "  partition directories (columns with `partitioning: hive`): {}",
                         values.join(", ")
                     );
                 }
-                println!("  row groups:");
+                out!("  row groups:");
                 for (i, rg) in f.row_groups.iter().enumerate() {
-                    println!(
+                    if stdout_closed() {
+                        break;
+                    }
+                    out!(
                         "    {i}: {} rows, {} bytes compressed, {} uncompressed",
-                        rg.rows, rg.compressed_bytes, rg.uncompressed_bytes
+                        rg.rows,
+                        rg.compressed_bytes,
+                        rg.uncompressed_bytes
                     );
                 }
                 if !f.head.is_empty() {
-                    println!("  first rows:");
+                    out!("  first rows:");
                     print_rows(&f.head);
                 }
             }
@@ -751,7 +943,6 @@ async fn inspect(paths: &[String], rows: usize) -> ExitCode {
 }
 
 /// One line per row, long values (lists) shortened so the output stays readable.
-#[allow(clippy::print_stdout)]
 fn print_rows(batches: &[arrow::array::RecordBatch]) {
     use arrow::util::display::{ArrayFormatter, FormatOptions};
     const MAX: usize = 72;
@@ -782,7 +973,7 @@ fn print_rows(batches: &[arrow::array::RecordBatch]) {
                     format!("{}={v}", field.name())
                 })
                 .collect();
-            println!("    [{row_no}] {}", cells.join(", "));
+            out!("    [{row_no}] {}", cells.join(", "));
             row_no += 1;
         }
     }

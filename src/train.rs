@@ -12,8 +12,8 @@ use sluice::trainer::config::Backend;
 use sluice::trainer::{Progress, TrainJob, TrainOptions, TrainReport, TrainingMetrics};
 
 use crate::{
-    Observe, ProgressMode, SAMPLE_EVERY, interrupt_signal, print_error, start_observing,
-    write_report,
+    Observe, ProgressMode, SAMPLE_EVERY, check_output_flags, interrupt_signal, print_error,
+    start_observing, write_report,
 };
 
 pub(crate) async fn train(
@@ -25,6 +25,9 @@ pub(crate) async fn train(
     observe: &Observe,
     quiet: bool,
 ) -> ExitCode {
+    if let Err(code) = check_output_flags(summary_json, observe) {
+        return code;
+    }
     let interrupt = interrupt_signal();
     let mut job = match TrainJob::from_path(config) {
         Ok(j) => j,
@@ -185,10 +188,9 @@ pub(crate) async fn train(
     ExitCode::SUCCESS
 }
 
-#[allow(clippy::print_stdout)]
 fn print_summary(config: &Path, r: &TrainReport) {
     if r.already_complete {
-        println!(
+        out!(
             "sluice train {}: already complete at step {} ({} rows trained); delete the checkpoint to train again",
             config.display(),
             r.steps,
@@ -196,55 +198,61 @@ fn print_summary(config: &Path, r: &TrainReport) {
         );
         return;
     }
-    println!(
+    out!(
         "sluice train {}: {}",
         config.display(),
         if r.interrupted { "interrupted" } else { "ok" }
     );
-    println!(
+    out!(
         "  steps    {} ({} this run) on {} worker(s), {} rows this run, {:.0} rows/s",
-        r.steps, r.steps_this_run, r.world_size, r.rows_this_run, r.rows_per_second
+        r.steps,
+        r.steps_this_run,
+        r.world_size,
+        r.rows_this_run,
+        r.rows_per_second
     );
     if let Some(l) = r.last_loss {
-        println!("  loss     {l:.4} (last step)");
+        out!("  loss     {l:.4} (last step)");
     }
     if let Some(e) = r.evals.last() {
         match e.accuracy {
-            Some(a) => println!(
+            Some(a) => out!(
                 "  eval     accuracy {:.2}%, loss {:.4} over {} rows at step {}",
                 100.0 * a,
                 e.loss,
                 e.rows,
                 e.step
             ),
-            None => println!(
+            None => out!(
                 "  eval     loss {:.4} over {} rows at step {}",
-                e.loss, e.rows, e.step
+                e.loss,
+                e.rows,
+                e.step
             ),
         }
     }
-    println!(
+    out!(
         "  data     stall {:.2}% of the loop's time ({:.2} s waiting), all-reduce {:.2} s",
         100.0 * r.data_stall_fraction,
         r.data_wait_seconds,
         r.allreduce_seconds
     );
     for n in &r.notes {
-        println!("  pipeline {n}");
+        out!("  pipeline {n}");
     }
     if let Some(e) = &r.elastic {
-        println!("  warning  {e}");
+        out!("  warning  {e}");
     }
     if r.rows_untrained > 0 {
-        println!(
+        out!(
             "  warning  {} rows were held by ranks when another ran out of data and were not trained",
             r.rows_untrained
         );
     }
     if let Some(c) = &r.checkpoint {
-        println!("  checkpoint {c}");
+        out!("  checkpoint {c}");
     }
-    println!(
+    out!(
         "  time     {:.1} s{}",
         r.seconds,
         sluice::peak_rss_bytes()

@@ -165,16 +165,26 @@ fn missing_required_field() {
 #[test]
 fn zero_epochs_or_rows_per_batch_are_refused() {
     let c = Case::new();
-    for key in ["epochs", "batch_rows", "prefetch"] {
+    for (key, said) in [
+        (
+            "epochs",
+            "p.yaml:2:3: `batch_rows`, `prefetch` and `epochs` must be at least 1",
+        ),
+        (
+            "batch_rows",
+            "p.yaml:4:15: source (parquet): `batch_rows: 0` is out of range: allowed 1–16,777,216",
+        ),
+        (
+            "prefetch",
+            "p.yaml:4:13: source (parquet): `prefetch: 0` is out of range: allowed 1–1,024",
+        ),
+    ] {
         let p = c.yaml(&format!(
             "source:\n  type: parquet\n  path: {}\n  {key}: 0\nsink: {{type: parquet, path: out/x.parquet}}\n",
             digits()
         ));
         let err = c.fails("run", &p);
-        assert!(
-            err.contains("p.yaml:2:3") && err.contains("`epochs` must be at least 1"),
-            "{key}: {err}"
-        );
+        assert!(err.contains(said), "{key}: {err}");
         c.assert_no_output();
     }
 }

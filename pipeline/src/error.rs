@@ -60,8 +60,15 @@ pub enum Error {
     )]
     NoMatch { pattern: String, listed: String },
 
+    /// A path given on the command line (`sluice inspect`) matched nothing.
+    #[error(
+        "no files match `{pattern}` (looked in {listed}); check the path{}",
+        if pattern.contains("://") { "" } else { ", which is resolved relative to the current directory" }
+    )]
+    NoMatchHere { pattern: String, listed: String },
+
     /// Listing, reading or writing an object failed.
-    #[error("{url}: {operation} failed: {}", storage_message(source))]
+    #[error("{url}: {operation} failed: {}", storage_message(url, source))]
     Storage {
         url: String,
         operation: &'static str,
@@ -73,23 +80,42 @@ pub enum Error {
     #[error("source at {at}: {message}")]
     Source { at: String, message: String },
 
-    /// Reading part of an object failed after the retry budget was spent.
-    #[error("{url}{}: {message}. The object store kept failing past the retry budget (`storage.retry` of the source); check that it is reachable", .row_group.map(|rg| format!(" (row group {rg})")).unwrap_or_default())]
+    /// Reading part of a file or object failed: the local file system's error, or the
+    /// store's last answer once its retries were spent. The hint follows `kind`.
+    #[error("{url}{}: {message}. {}", place(row_group, &None), read_hint(*kind, *in_inspect))]
     Read {
         url: String,
         row_group: Option<usize>,
         message: String,
+        /// What failed: a local file (and how), or the object store (and how).
+        kind: ReadKind,
+        /// Raised by `sluice inspect` (no config file to point at).
+        in_inspect: bool,
     },
 
-    /// A file could not be decoded as Parquet (not Parquet, truncated, corrupt).
-    #[error("{url}{}: cannot decode Parquet: {source}. {hint}", .row_group.map(|rg| format!(" (row group {rg})")).unwrap_or_default())]
+    /// A file could not be decoded as Parquet (not Parquet, truncated, corrupt). `column` is
+    /// the column whose pages did not decode, when that could be told.
+    #[error(
+        "{url}{}: cannot decode Parquet: {source}. {hint}{}",
+        place(row_group, column),
+        if *in_inspect { "" } else { "; `sluice inspect` shows what can be read" }
+    )]
     Parquet {
         url: String,
         row_group: Option<usize>,
+        column: Option<String>,
         hint: &'static str,
+        /// Raised by `sluice inspect` itself (which is not then suggested).
+        in_inspect: bool,
         #[source]
         source: parquet::errors::ParquetError,
     },
+
+    /// An encrypted Parquet file (Parquet modular encryption, encrypted footer).
+    #[error(
+        "{url}: encrypted Parquet (Parquet modular encryption) is not supported; decrypt it first"
+    )]
+    Encrypted { url: String },
 
     /// Files of one source disagree on their schema.
     #[error(
@@ -140,10 +166,113 @@ pub enum Error {
     Internal(String),
 }
 
-/// What to do about an object-store error, by kind.
+/// What failed when part of a file or object could not be read: chooses the hint of
+/// [`Error::Read`] (never its text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadKind {
+    /// A local file; the file system's error kind.
+    Local(std::io::ErrorKind),
+    /// The object store: the object is not there (any more).
+    StoreNotFound,
+    /// The object store refused access.
+    StoreDenied,
+    /// The object store kept failing (after its retries).
+    Store,
+}
+
+impl ReadKind {
+    /// The kind of a store's error: a local store's by the file system's error kind found in
+    /// its causes, a remote one's by the store's error variant.
+    pub(crate) fn of_store(local: bool, e: &object_store::Error) -> Self {
+        if local {
+            let kind = match e {
+                object_store::Error::NotFound { .. } => std::io::ErrorKind::NotFound,
+                _ => io_kind(e).unwrap_or(std::io::ErrorKind::Other),
+            };
+            return ReadKind::Local(kind);
+        }
+        match e {
+            object_store::Error::NotFound { .. } => ReadKind::StoreNotFound,
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => ReadKind::StoreDenied,
+            _ => ReadKind::Store,
+        }
+    }
+}
+
+/// The file system's error kind somewhere in `e`'s chain of causes.
+fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        next = err.source();
+    }
+    None
+}
+
+/// What to do about a failed read, by what failed.
+fn read_hint(kind: ReadKind, in_inspect: bool) -> &'static str {
+    use std::io::ErrorKind;
+    match kind {
+        ReadKind::Local(ErrorKind::NotFound) => {
+            "The local file was removed or renamed while it was being read"
+        }
+        ReadKind::Local(ErrorKind::PermissionDenied) => {
+            "The local file cannot be read with this user's permissions: check them"
+        }
+        ReadKind::Local(ErrorKind::UnexpectedEof) => {
+            "The local file is shorter than its footer says: it is truncated or corrupt, or it changed while being read"
+        }
+        ReadKind::Local(_) => "The local file could not be read: check the disk and the file",
+        ReadKind::StoreNotFound => "The object was deleted or replaced while it was being read",
+        ReadKind::StoreDenied => {
+            "Access denied: check the credentials and this principal's permissions on the object"
+        }
+        ReadKind::Store if in_inspect => {
+            "The object store kept failing past its retries; check that it is reachable"
+        }
+        ReadKind::Store => {
+            "The object store kept failing past the retry budget (`storage.retry` of the source); check that it is reachable"
+        }
+    }
+}
+
+/// ` (row group 2, column `x`)`: where in a file an error is, when known.
+fn place(row_group: &Option<usize>, column: &Option<String>) -> String {
+    match (row_group, column) {
+        (Some(rg), Some(c)) => format!(" (row group {rg}, column `{c}`)"),
+        (Some(rg), None) => format!(" (row group {rg})"),
+        (None, Some(c)) => format!(" (column `{c}`)"),
+        (None, None) => String::new(),
+    }
+}
+
+/// Whether an error's location is a local path (`file://` URL or a plain path) rather than
+/// an object-store URL.
+fn is_local(url: &str) -> bool {
+    url.starts_with("file:") || !url.contains("://")
+}
+
+/// Hints of [`Error::Parquet`], chosen by what the file's bytes and the error's kind say.
+pub(crate) mod hint {
+    /// The file does not end with Parquet's marker.
+    pub(crate) const NOT_PARQUET: &str = "The file is not Parquet or is truncated (incomplete upload or copy?): it does not end with Parquet's `PAR1` marker";
+    /// Fewer bytes than the footer or a page header says there are.
+    pub(crate) const TRUNCATED: &str =
+        "The file is truncated or corrupt (incomplete upload or copy?)";
+    /// The footer ends with Parquet's marker but does not decode.
+    pub(crate) const CORRUPT_FOOTER: &str =
+        "The file's footer (its schema and row-group index) is corrupt";
+    /// Pages that do not decode.
+    pub(crate) const CORRUPT: &str = "The file is corrupt (damaged after it was written, or written by a faulty writer); restore it from a good copy";
+}
+
 /// An object store's error on one line, with what to do: an S3-style XML error body is cut
-/// down to its `Code` and `Message`, and common causes get a hint.
-fn storage_message(e: &object_store::Error) -> String {
+/// down to its `Code` and `Message`, and common causes get a hint. A local path's error gets
+/// a hint about the file system, never one about reachability or credentials.
+fn storage_message(url: &str, e: &object_store::Error) -> String {
     let text = e.to_string();
     let tag = |name: &str| {
         let open = format!("<{name}>");
@@ -163,8 +292,50 @@ fn storage_message(e: &object_store::Error) -> String {
         ));
     }
     let mut out = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    let hint = if is_local(url) {
+        local_hint(e).to_string()
+    } else {
+        remote_hint(e, code.as_deref(), &text)
+    };
+    if !hint.is_empty() {
+        out.push_str(". ");
+        out.push_str(&hint);
+    }
+    out
+}
+
+/// What to do about a local file system's error, by its kind.
+fn local_hint(e: &object_store::Error) -> &'static str {
+    use std::io::ErrorKind;
+    let kind = match e {
+        object_store::Error::NotFound { .. } => Some(ErrorKind::NotFound),
+        _ => io_kind(e),
+    };
+    match kind {
+        Some(ErrorKind::NotFound) => "No such file or directory: check the path",
+        Some(ErrorKind::PermissionDenied) => {
+            "Permission denied: check the permissions of the path and its directories"
+        }
+        _ => "",
+    }
+}
+
+/// What to do about a remote object store's error: by its code (S3-style) and kind.
+fn remote_hint(e: &object_store::Error, code: Option<&str>, text: &str) -> String {
     let credentials = "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_*, AZURE_* or `storage.options`) and this principal's permissions on the bucket";
-    let hint = match (e, code.as_deref()) {
+    let unreachable = matches!(
+        io_kind(e),
+        Some(
+            std::io::ErrorKind::ConnectionRefused
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::NotConnected
+                | std::io::ErrorKind::TimedOut
+                | std::io::ErrorKind::HostUnreachable
+                | std::io::ErrorKind::NetworkUnreachable
+        )
+    );
+    match (e, code) {
         (_, Some("NoSuchBucket")) => {
             "The bucket does not exist: check its name, and the endpoint and region it lives in".to_string()
         }
@@ -183,45 +354,88 @@ fn storage_message(e: &object_store::Error) -> String {
         (object_store::Error::NotFound { .. }, _) | (_, Some("NoSuchKey")) => {
             "Check the bucket and path".to_string()
         }
-        _ if text.contains("error sending request") || text.contains("Connection refused") => {
+        // The HTTP client's errors carry no I/O error when the request never got an answer.
+        _ if unreachable
+            || text.contains("error sending request")
+            || text.contains("Connection refused") =>
+        {
             "The object store could not be reached: check the endpoint (AWS_ENDPOINT_URL or `storage.options`), that it is up, and the network".to_string()
         }
         _ => String::new(),
-    };
-    if !hint.is_empty() {
-        out.push_str(". ");
-        out.push_str(&hint);
     }
-    out
 }
 
 impl Error {
+    /// A Parquet reader's error on `url`: a failed read becomes [`Error::Read`] (with a hint
+    /// by what failed), anything else [`Error::Parquet`] with a hint by the error's kind and
+    /// where it happened (the footer, `row_group: None`, or a row group's pages).
     pub(crate) fn parquet(
         url: &str,
         row_group: Option<usize>,
         source: parquet::errors::ParquetError,
     ) -> Self {
-        if let parquet::errors::ParquetError::External(inner) = &source
-            && inner.is::<crate::source::reader::ReadError>()
+        use parquet::errors::ParquetError as P;
+        if let P::External(inner) = &source
+            && let Some(read) = inner.downcast_ref::<crate::source::reader::ReadError>()
         {
             return Error::Read {
                 url: url.to_string(),
                 row_group,
-                message: inner.to_string(),
+                message: read.to_string(),
+                kind: read.kind(),
+                in_inspect: false,
             };
         }
-        let text = source.to_string();
-        let hint = if text.contains("magic") || text.contains("footer") || text.contains("EOF") {
-            "The file is not Parquet or is truncated (incomplete upload or copy?); `sluice inspect` shows what can be read"
-        } else {
-            "The file may be corrupt; `sluice inspect` shows what can be read"
+        let hint = match (&source, row_group) {
+            (P::EOF(_) | P::NeedMoreData(_) | P::NeedMoreDataRange(_), _) => hint::TRUNCATED,
+            (_, None) => hint::CORRUPT_FOOTER,
+            (_, Some(_)) => hint::CORRUPT,
         };
+        Error::parquet_with(url, row_group, hint, source)
+    }
+
+    /// [`Error::Parquet`] with the given hint.
+    pub(crate) fn parquet_with(
+        url: &str,
+        row_group: Option<usize>,
+        hint: &'static str,
+        source: parquet::errors::ParquetError,
+    ) -> Self {
         Error::Parquet {
             url: url.to_string(),
             row_group,
+            column: None,
             hint,
+            in_inspect: false,
             source,
         }
+    }
+
+    /// Names the column an [`Error::Parquet`] happened in (other errors are unchanged).
+    pub(crate) fn in_column(mut self, name: Option<String>) -> Self {
+        if let Error::Parquet { column, .. } = &mut self {
+            *column = name;
+        }
+        self
+    }
+
+    /// This error as `sluice inspect` reports it: no suggestion to run `inspect`, and no
+    /// mention of a config file (its paths come from the command line, relative to the
+    /// current directory).
+    pub(crate) fn in_inspect(mut self) -> Self {
+        match &mut self {
+            Error::Parquet { in_inspect, .. } | Error::Read { in_inspect, .. } => {
+                *in_inspect = true;
+            }
+            Error::NoMatch { pattern, listed } => {
+                return Error::NoMatchHere {
+                    pattern: std::mem::take(pattern),
+                    listed: std::mem::take(listed),
+                };
+            }
+            _ => {}
+        }
+        self
     }
 }
 
@@ -264,6 +478,110 @@ mod tests {
         });
         assert!(
             e.ends_with("error sending request. The object store could not be reached: check the endpoint (AWS_ENDPOINT_URL or `storage.options`), that it is up, and the network"),
+            "{e}"
+        );
+    }
+
+    /// A local path's error is the file system's: no reachability or credentials hint,
+    /// whatever the error's text says.
+    #[test]
+    fn local_storage_errors_get_file_system_hints() {
+        let local = |source: object_store::Error| {
+            Error::Storage {
+                url: "file:///data/x.parquet".into(),
+                operation: "stat",
+                source,
+            }
+            .to_string()
+        };
+        let denied = std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "Connection refused (not really)",
+        );
+        let e = local(object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(denied),
+        });
+        assert!(
+            e.ends_with("Permission denied: check the permissions of the path and its directories"),
+            "{e}"
+        );
+        assert!(
+            !e.contains("could not be reached") && !e.contains("credentials"),
+            "{e}"
+        );
+    }
+
+    /// A failed read is blamed on what failed: a local file's error never mentions the
+    /// object store or its retry budget; `inspect` is never told about a config file.
+    #[test]
+    fn read_hints_follow_what_failed() {
+        let read = |kind, in_inspect| {
+            Error::Read {
+                url: "file:///d/a.parquet".into(),
+                row_group: Some(1),
+                message: "reading bytes 4..100 failed".into(),
+                kind,
+                in_inspect,
+            }
+            .to_string()
+        };
+        for k in [
+            std::io::ErrorKind::NotFound,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::Other,
+        ] {
+            let e = read(ReadKind::Local(k), false);
+            assert!(
+                e.starts_with("file:///d/a.parquet (row group 1): reading bytes"),
+                "{e}"
+            );
+            assert!(e.contains("The local file"), "{e}");
+            assert!(!e.contains("object store") && !e.contains("retry"), "{e}");
+        }
+        assert!(
+            read(ReadKind::Store, false).contains("retry budget (`storage.retry` of the source)")
+        );
+        let e = read(ReadKind::Store, true);
+        assert!(
+            e.contains("check that it is reachable") && !e.contains("storage.retry"),
+            "{e}"
+        );
+    }
+
+    /// Hints of undecodable files follow the error's kind and place; `inspect` is not told
+    /// to run `inspect`, nor about a config file.
+    #[test]
+    fn parquet_hints_follow_the_kind_and_inspect_gets_its_own() {
+        use parquet::errors::ParquetError as P;
+        let e = Error::parquet(
+            "file:///a",
+            None,
+            P::EOF("file size of 4 is less than footer".into()),
+        );
+        assert!(e.to_string().contains(hint::TRUNCATED), "{e}");
+        let e = Error::parquet("file:///a", Some(2), P::General("bad page".into()))
+            .in_column(Some("x".into()));
+        let text = e.to_string();
+        assert!(
+            text.starts_with("file:///a (row group 2, column `x`): cannot decode Parquet"),
+            "{text}"
+        );
+        assert!(
+            text.contains(hint::CORRUPT)
+                && text.ends_with("`sluice inspect` shows what can be read"),
+            "{text}"
+        );
+        let text = e.in_inspect().to_string();
+        assert!(!text.contains("sluice inspect"), "{text}");
+        let e = Error::NoMatch {
+            pattern: "x/*.parquet".into(),
+            listed: "/w/x".into(),
+        }
+        .in_inspect()
+        .to_string();
+        assert!(
+            e.contains("relative to the current directory") && !e.contains("config"),
             "{e}"
         );
     }

@@ -5,7 +5,7 @@ use std::path::Path;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use futures::TryStreamExt;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use crate::error::{Error, Result};
@@ -45,8 +45,20 @@ pub struct ParquetFileInfo {
     pub partitions: Vec<(String, Option<String>)>,
 }
 
-/// Lists the files named by `specs` and reads their footers and first `head_rows` rows.
+/// Lists the files named by `specs` (on the command line: relative paths are resolved
+/// against `base_dir`, the current directory) and reads their footers and first `head_rows`
+/// rows. Errors are worded for `sluice inspect`: no config file, no suggestion to run it.
 pub async fn inspect_parquet(
+    specs: &[String],
+    base_dir: &Path,
+    head_rows: usize,
+) -> Result<Vec<ParquetFileInfo>> {
+    inspect_files(specs, base_dir, head_rows)
+        .await
+        .map_err(Error::in_inspect)
+}
+
+async fn inspect_files(
     specs: &[String],
     base_dir: &Path,
     head_rows: usize,
@@ -55,9 +67,7 @@ pub async fn inspect_parquet(
     for object in list_objects(specs, base_dir).await? {
         let url = object.location.url.to_string();
         let mut reader = ObjectReader::new(&object.location, object.size);
-        let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-            .await
-            .map_err(|e| Error::parquet(&url, None, e))?;
+        let meta = reader.metadata(ArrowReaderOptions::new()).await?;
         let pm = meta.metadata().clone();
         let row_groups = pm
             .row_groups()

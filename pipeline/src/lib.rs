@@ -24,8 +24,9 @@ pub mod types;
 
 pub use batch::{Batch, Lineage, LineageSpan, Name, Origin};
 pub use config::{ConfigDocument, ConfigError, ConfigErrors, PipelineConfig};
-pub use error::{Error, Result, StageRef};
+pub use error::{Error, ReadKind, Result, StageRef};
 pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};
+pub use source::input_objects;
 pub use state::{Acknowledger, BatchRun, DataStamp, ErrorCounts, PlanStamp, Rescaled, SourceState};
 
 /// The `image` stage's conversion kernel on its own, for `sluice bench`'s floor variant (what

@@ -301,7 +301,7 @@ fn build_remote(scheme: &str, root: &str, storage: &StorageConfig) -> Result<Arc
 /// The file a `file://` object is, as the local store names it: a `%` in a file name is
 /// literal there (pyarrow writes Hive values URI-encoded, `lang=en%20US`), so the URL's
 /// percent-decoding would name another file. `None` for other stores.
-pub(crate) fn local_file(location: &ObjectLocation) -> Option<PathBuf> {
+pub fn local_file(location: &ObjectLocation) -> Option<PathBuf> {
     if !location.url.starts_with("file:") {
         return None;
     }
@@ -357,6 +357,40 @@ pub fn resolve(spec: &str, base_dir: &Path, storage: &StorageConfig) -> Result<O
 /// Resolves one output location (no globs) with default storage settings.
 pub fn resolve_output(spec: &str, base_dir: &Path) -> Result<ObjectLocation> {
     resolve(spec, base_dir, &StorageConfig::default())
+}
+
+/// Whether the source spec `spec` (a path, URL, glob or prefix, as a `path:` entry takes it)
+/// names the object at `url` — whether or not that object exists yet. A sink checks its
+/// output against its source's specs with this before anything is read, so a run never
+/// reads (or deletes) its own output. A prefix names the `.parquet` objects under it, as
+/// listing does.
+pub fn spec_names(spec: &str, base_dir: &Path, url: &str) -> Result<bool> {
+    let (root, path) = match parse(spec, base_dir)? {
+        Parsed::Local(abs) => (
+            "file://".to_string(),
+            abs.to_string_lossy().trim_start_matches('/').to_string(),
+        ),
+        Parsed::Remote { root, path, .. } => (root, path),
+    };
+    let Some(object) = url.strip_prefix(&root).and_then(|r| r.strip_prefix('/')) else {
+        return Ok(false);
+    };
+    let object = object.trim_start_matches('/');
+    if has_glob(&path) {
+        let pattern = glob::Pattern::new(&path).map_err(|e| Error::InvalidUrl {
+            url: spec.to_string(),
+            reason: format!("invalid glob: {e}"),
+        })?;
+        let opts = glob::MatchOptions {
+            require_literal_separator: true,
+            ..Default::default()
+        };
+        return Ok(pattern.matches_with(object, opts));
+    }
+    let path = path.trim_matches('/');
+    Ok(object == path
+        || (object.ends_with(".parquet")
+            && (path.is_empty() || object.starts_with(&format!("{path}/")))))
 }
 
 fn has_glob(s: &str) -> bool {

@@ -48,7 +48,9 @@ pub(crate) struct Upload {
 }
 
 impl Upload {
-    /// Starts an upload to `path` (checking `overwrite`).
+    /// Starts an upload to `path` (checking `overwrite`). Refuses, before anything is
+    /// written, a local path where something other than a regular file sits (a directory
+    /// above all): the local store would leave its staging file beside it and then fail.
     pub(crate) async fn start(
         path: &str,
         overwrite: bool,
@@ -56,6 +58,7 @@ impl Upload {
         cx: &SinkContext,
     ) -> Result<Self> {
         let location = resolve(path, &cx.base_dir, storage)?;
+        crate::guard::check_replaceable(&location)?;
         if !overwrite {
             match location.store.head(&location.path).await {
                 Ok(_) => {

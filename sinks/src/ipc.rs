@@ -7,6 +7,7 @@ use sluice_pipeline::{Batch, CpuPool};
 
 use crate::config::{ArrowIpcSinkConfig, IpcCompression};
 use crate::file::{SharedBuf, Upload};
+use crate::guard::{OutputLock, check_replaceable};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
 
 pub(crate) struct IpcSink {
@@ -16,6 +17,8 @@ pub(crate) struct IpcSink {
     pool: CpuPool,
     rows: u64,
     batches: u64,
+    /// This run's claim on the output, held until the sink is done.
+    _lock: Option<OutputLock>,
 }
 
 impl IpcSink {
@@ -25,6 +28,9 @@ impl IpcSink {
             IpcCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
             IpcCompression::None => None,
         };
+        let target = sluice_pipeline::storage::resolve(&c.path, &cx.base_dir, &c.storage)?;
+        check_replaceable(&target)?;
+        let lock = OutputLock::acquire(&target, false)?;
         let upload = Upload::start(&c.path, c.overwrite, &c.storage, cx).await?;
         let url = upload.location.url.to_string();
         let enc = |e: arrow::error::ArrowError| Error::Encode {
@@ -44,6 +50,7 @@ impl IpcSink {
             pool: cx.pool.clone(),
             rows: 0,
             batches: 0,
+            _lock: lock,
         })
     }
 

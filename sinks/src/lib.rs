@@ -10,6 +10,7 @@
 
 mod config;
 mod file;
+pub mod guard;
 mod ipc;
 mod kafka;
 mod null;
@@ -37,6 +38,19 @@ pub enum Error {
         "sink: {url} already exists and `overwrite` is false; remove it or set `overwrite: true`"
     )]
     Exists { url: String },
+    /// The sink would write where its source reads.
+    #[error("sink: {0}")]
+    Overlap(String),
+    /// Something other than a regular file sits at the sink's path.
+    #[error("sink: {url} is {what}, not a regular file: {hint}")]
+    NotAFile {
+        url: String,
+        what: &'static str,
+        hint: &'static str,
+    },
+    /// The output is claimed by another run, or the claim could not be made.
+    #[error("sink: {url}: {message}")]
+    Lock { url: String, message: String },
     /// Writing to storage failed.
     #[error("sink: writing {url} failed: {source}")]
     Storage {

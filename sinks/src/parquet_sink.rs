@@ -13,6 +13,7 @@ use sluice_pipeline::{Batch, CpuPool};
 
 use crate::config::{ParquetCompression, ParquetSinkConfig};
 use crate::file::{SharedBuf, Upload};
+use crate::guard::{OutputLock, check_parts_dir, check_replaceable};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
 
 /// One file being written.
@@ -87,6 +88,8 @@ pub(crate) struct ParquetSink {
     batches: u64,
     bytes: u64,
     files: u64,
+    /// This run's claim on the output, held until the sink is done.
+    _lock: Option<OutputLock>,
 }
 
 /// Name of part `n` under `dir`.
@@ -167,9 +170,13 @@ impl ParquetSink {
             batches: 0,
             bytes: 0,
             files: 0,
+            _lock: None,
         };
         match c.max_rows_per_file {
             None => {
+                let target = resolve(&c.path, &cx.base_dir, &c.storage)?;
+                check_replaceable(&target)?;
+                sink._lock = OutputLock::acquire(&target, false)?;
                 // One file: started now, so a location problem shows before any data is read.
                 sink.current = Some(sink.start(&c.path, c.overwrite).await?);
             }
@@ -181,7 +188,14 @@ impl ParquetSink {
             }
             Some(_) => {
                 let dir = c.path.trim_end_matches('/').to_string();
+                let target = resolve(&dir, &cx.base_dir, &c.storage)?;
+                check_parts_dir(&target)?;
+                // Claimed before anything in it is listed or deleted.
+                sink._lock = OutputLock::acquire(&target, true)?;
                 let existing = existing_parts(&dir, c, cx).await?;
+                for (_, loc) in &existing {
+                    check_replaceable(loc)?;
+                }
                 let next = match cx.resume.as_ref().and_then(|s| s.get("next_part")) {
                     Some(n) => n.as_u64().ok_or_else(|| {
                         Error::Internal(format!("checkpoint has a bad sink state: {n}"))

@@ -2,8 +2,92 @@
 //! Vector does): `${VAR}` is replaced by the variable's value, `${VAR:-default}` falls back to
 //! `default` when the variable is unset or empty, and `$$` is a literal `$`. Comments
 //! (`#` at the start of a line or after whitespace) are left alone.
+//!
+//! Line breaks are made uniform first ([`normalize_line_breaks`]): YAML counts `\r\n`, `\n`
+//! and a lone `\r` alike as one break, and so must interpolation and every position in a
+//! message, or a file saved with old Mac line endings would be one long "line" to them.
+
+use std::borrow::Cow;
 
 use super::ConfigError;
+
+/// `text` with every `\r\n` and every lone `\r` turned into `\n`. YAML itself reads all three
+/// as one line break (and folds them to `\n` inside scalars), so the document means the same;
+/// lines and columns stay those an editor shows.
+pub(crate) fn normalize_line_breaks(text: &str) -> Cow<'_, str> {
+    if !text.contains('\r') {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\r') {
+        out.push_str(&rest[..at]);
+        out.push('\n');
+        rest = &rest[at + 1..];
+        if let Some(after) = rest.strip_prefix('\n') {
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// The text of a config file's bytes. Bytes that are not UTF-8 are refused naming the first
+/// one: its byte offset, and its line and column (counted over the valid text before it).
+pub(crate) fn decode(bytes: Vec<u8>, origin: &str) -> Result<String, ConfigError> {
+    if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
+        return Err(ConfigError::new(
+            origin,
+            1,
+            1,
+            "not UTF-8: the file starts with a UTF-16 byte-order mark (byte offset 0); a pipeline file must be UTF-8 text: save it as UTF-8".to_string(),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let bad = e.utf8_error().error_len();
+        let shown: Vec<String> = bytes[at..]
+            .iter()
+            .take(bad.unwrap_or(4).min(4))
+            .map(|b| format!("0x{b:02X}"))
+            .collect();
+        let (line, column) = line_and_column(std::str::from_utf8(&bytes[..at]).unwrap_or(""));
+        let what = match bad {
+            Some(_) => "is not UTF-8",
+            None => "starts a character the file ends before finishing: it is not UTF-8",
+        };
+        ConfigError::new(
+            origin,
+            line,
+            column,
+            format!(
+                "byte offset {at} ({}) {what}; a pipeline file must be UTF-8 text: save it as UTF-8, or remove the byte",
+                shown.join(" ")
+            ),
+        )
+    })
+}
+
+/// 1-based line and column (in characters) just past `prefix`, counting line breaks as YAML
+/// does (`\r\n`, `\n` or a lone `\r`): where the text that follows `prefix` starts.
+pub(crate) fn line_and_column(prefix: &str) -> (usize, usize) {
+    let mut line = 1;
+    let mut column = 1;
+    let mut after_cr = false;
+    for c in prefix.chars() {
+        match c {
+            '\n' if after_cr => {}
+            '\n' | '\r' => {
+                line += 1;
+                column = 1;
+            }
+            _ => column += 1,
+        }
+        after_cr = c == '\r';
+    }
+    (line, column)
+}
 
 /// Replaces every `${…}` in `text` using `lookup`. Returns every unset variable as an error
 /// with its line and column, all at once.
@@ -136,6 +220,39 @@ mod tests {
         assert_eq!((errs[0].line, errs[0].column), (2, 4));
         assert!(errs[0].message.contains("`NOPE` is not set"), "{}", errs[0]);
         assert_eq!((errs[1].line, errs[1].column), (3, 5));
+    }
+
+    #[test]
+    fn line_breaks_are_made_uniform() {
+        assert_eq!(normalize_line_breaks("a\nb\n"), "a\nb\n");
+        assert!(matches!(normalize_line_breaks("a\nb"), Cow::Borrowed(_)));
+        assert_eq!(normalize_line_breaks("a\r\nb\r\n"), "a\nb\n");
+        assert_eq!(normalize_line_breaks("a\rb\r"), "a\nb\n");
+        assert_eq!(normalize_line_breaks("a\r\rb\r\n\nc"), "a\n\nb\n\nc");
+        assert_eq!(normalize_line_breaks("\r"), "\n");
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_placed() {
+        assert_eq!(decode(b"a: 1\n".to_vec(), "f").unwrap(), "a: 1\n");
+        let e = decode(b"a: 1\r\nb: x\xFFy\n".to_vec(), "f.yaml").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 5), "{e}");
+        assert!(e.message.contains("byte offset 10 (0xFF)"), "{e}");
+        assert!(e.message.contains("must be UTF-8"), "{e}");
+        let e = decode(b"a: \xC3".to_vec(), "f.yaml").unwrap_err();
+        assert!(e.message.contains("byte offset 3 (0xC3)"), "{e}");
+        let e = decode(b"\xFF\xFEa\0".to_vec(), "f.yaml").unwrap_err();
+        assert!(e.message.contains("UTF-16"), "{e}");
+    }
+
+    #[test]
+    fn positions_count_every_kind_of_line_break() {
+        for text in ["ab\ncd\nef", "ab\r\ncd\r\nef", "ab\rcd\ref"] {
+            assert_eq!(line_and_column(text), (3, 3), "{text:?}");
+        }
+        assert_eq!(line_and_column(""), (1, 1));
+        assert_eq!(line_and_column("é\r"), (2, 1));
+        assert_eq!(line_and_column("éa"), (1, 3));
     }
 
     #[test]

@@ -2,26 +2,36 @@
 //! `file:line:column`.
 //!
 //! serde stops at the first error of a value, so the document is deserialized in several
-//! passes over the same (tiny) text with `serde-saphyr`: one for the top-level keys, one per
-//! section, and one per element of list sections. Each component (`source`, each stage,
+//! passes over the same text with `serde-saphyr`: one for the top-level keys and one or two
+//! per section. Each component (`source`, each stage,
 //! `sink`) is read in two steps: its `type` first, then the matching typed struct, fed from a
 //! view of the same YAML mapping without the `type` key. Because the typed struct is read
 //! straight from the YAML deserializer (not from a buffered copy, as serde's internally-tagged
 //! enums do), unknown keys, wrong types and missing fields keep their exact positions.
+//!
+//! A pass reads the section's own lines where nothing refers across sections (else the whole
+//! document), so the work must not grow faster than the document: a list section is read in
+//! one typed pass over all its elements, and only an element that fails costs another pass
+//! (from the element after it), at most [`MAX_LIST_RESTARTS`] times per list. (Reading each
+//! element by a pass of its own made 5,000 stages take minutes.)
 
-use std::fmt;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use serde::de::{
-    self, DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
-    Visitor,
-};
+use serde::de::{self, DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, Visitor};
 use serde_saphyr::Spanned;
 
-use super::interpolate::interpolate;
+use self::readers::{
+    ComponentReader, ElementPlan, ElementsReader, KeysVisitor, KindInfo, KindReader, ListReader,
+    TopSeed, TypedReader, ValueReader,
+};
+use super::interpolate::{decode, interpolate, normalize_line_breaks};
 use super::{ConfigError, ConfigErrors};
 use crate::error::{Error, Result};
+
+mod readers;
 
 /// A component configuration selected by a `type:` key (a source, a stage, a sink).
 pub trait Component: Sized {
@@ -46,37 +56,97 @@ pub struct Located<T> {
 #[derive(Debug, Clone)]
 pub struct ConfigDocument {
     text: String,
+    /// Byte offset where each line of `text` starts.
+    line_starts: Vec<usize>,
+    /// The top-level keys with their positions, or why the document is not a mapping.
+    keys: Result<Vec<Spanned<String>>, ConfigError>,
+    /// Where each top-level entry's text is, when it can be read on its own (see
+    /// [`section_spans`]): then a section is parsed from its own lines, not the whole text.
+    spans: Option<Vec<SectionSpan>>,
     origin: String,
     base_dir: PathBuf,
 }
 
+/// The lines of one top-level entry (`stages:` and everything up to the next top-level key).
+#[derive(Debug, Clone)]
+struct SectionSpan {
+    key: String,
+    /// Byte range in the text.
+    start: usize,
+    end: usize,
+    /// 1-based line of the key.
+    line: usize,
+}
+
+impl SectionSpan {
+    /// The entry alone, after as many empty lines as came before it: positions in it are
+    /// positions in the whole document.
+    fn text(&self, whole: &str) -> String {
+        let mut out = "\n".repeat(self.line.saturating_sub(1));
+        out.push_str(whole.get(self.start..self.end).unwrap_or(""));
+        out
+    }
+}
+
+/// Failed elements of one list after which the rest of the list is not read (each costs
+/// another pass over the list): a list that bad is fixed from its first problems.
+pub const MAX_LIST_RESTARTS: usize = 50;
+
 impl ConfigDocument {
     /// Reads and interpolates a config file. Relative paths inside it resolve against the
-    /// file's directory.
+    /// file's directory. A file that is not UTF-8 is refused naming the byte offset, line and
+    /// column of the first byte that is not.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigFile {
-            path: path.display().to_string(),
+        let origin = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| Error::ConfigFile {
+            path: origin.clone(),
             source,
         })?;
+        let text = decode(bytes, &origin).map_err(|e| ConfigErrors(vec![e]))?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::from_str(&text, &path.display().to_string(), base_dir)
+        Self::from_str(&text, &origin, base_dir)
     }
 
     /// Interpolates `text` (named `origin` in messages); relative paths resolve against
-    /// `base_dir`.
+    /// `base_dir`. Line breaks may be `\n`, `\r\n` or `\r`: all read the same.
     pub fn from_str(text: &str, origin: &str, base_dir: impl Into<PathBuf>) -> Result<Self> {
         let env = |name: &str| std::env::var(name).ok();
-        let text = interpolate(text, origin, &env).map_err(ConfigErrors)?;
-        let doc = ConfigDocument {
+        // A leading byte-order mark is no part of the document (and would shift columns).
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let text = normalize_line_breaks(text);
+        let text = interpolate(&text, origin, &env).map_err(ConfigErrors)?;
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        let mut doc = ConfigDocument {
             text,
+            line_starts,
+            keys: Ok(Vec::new()),
+            spans: None,
             origin: origin.to_string(),
             base_dir: base_dir.into(),
         };
-        // A document that is not valid YAML (a syntax error, a key given twice) fails every
-        // section's pass in the same place: say it once, before reading any section.
-        if let Err(e) = serde_saphyr::from_str::<IgnoredAny>(&doc.text) {
-            return Err(ConfigErrors(vec![doc.error("", &e)]).into());
+        match serde_saphyr::with_deserializer_from_str(&doc.text, |d| {
+            d.deserialize_map(KeysVisitor)
+        }) {
+            Ok(keys) => {
+                doc.spans = section_spans(&doc.text, &doc.line_starts, &keys);
+                doc.keys = Ok(keys);
+            }
+            Err(e) => {
+                // A document that is not valid YAML (a syntax error, a key given twice)
+                // fails every section's pass in the same place: say it once, before reading
+                // any section. Valid YAML that is not a mapping is said by `sections`.
+                if let Err(e) = serde_saphyr::from_str::<IgnoredAny>(&doc.text) {
+                    return Err(ConfigErrors(vec![doc.error("", &e)]).into());
+                }
+                let mut not_sections = doc.error("", &e);
+                if not_sections.message == "expected mapping start" {
+                    not_sections.message = "a pipeline file is a mapping of sections (`source:`, `stages:`, `sink:`, …); this document is not one".to_string();
+                }
+                doc.keys = Err(not_sections);
+            }
         }
         Ok(doc)
     }
@@ -91,11 +161,39 @@ impl ConfigDocument {
         &self.base_dir
     }
 
+    /// The interpolated text, as the YAML parser reads it.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Line `line` (1-based) of the text, without its line break.
+    fn line_text(&self, line: usize) -> Option<&str> {
+        let start = *self.line_starts.get(line.checked_sub(1)?)?;
+        let end = self
+            .line_starts
+            .get(line)
+            .map_or(self.text.len(), |next| next - 1);
+        self.text.get(start..end)
+    }
+
+    /// A problem at `at` (a value's or key's position in this document).
+    pub(crate) fn error_at(&self, at: &serde_saphyr::Location, message: String) -> ConfigError {
+        ConfigError::new(
+            &self.origin,
+            (at.line() as usize).max(1),
+            (at.column() as usize).max(1),
+            message,
+        )
+    }
+
     fn error(&self, context: &str, e: &serde_saphyr::Error) -> ConfigError {
         let (line, column) = e
             .location()
-            .map(|l| (l.line() as usize, l.column() as usize))
+            .map(|l| ((l.line() as usize).max(1), (l.column() as usize).max(1)))
             .unwrap_or((1, 1));
+        if let Some(message) = document_message(e.without_snippet()) {
+            return ConfigError::new(&self.origin, line, column, message);
+        }
         let raw = e.without_snippet().to_string();
         let message = match raw.rsplit_once(" at line ") {
             Some((m, _)) => m.to_string(),
@@ -134,16 +232,17 @@ impl ConfigDocument {
             "invalid boolean" => "true or false",
             _ => return message,
         };
-        let Some(text) = self.text.lines().nth(line.saturating_sub(1)) else {
+        let Some(text) = self.line_text(line) else {
             return message;
         };
-        let chars: Vec<char> = text.chars().collect();
-        let at = column.saturating_sub(1).min(chars.len());
-        let value: String = chars[at..]
-            .iter()
-            .take_while(|c| !matches!(c, ',' | '}' | ']' | '#'))
-            .collect();
-        let before: String = chars[..at].iter().collect();
+        let at = text
+            .char_indices()
+            .nth(column.saturating_sub(1))
+            .map_or(text.len(), |(i, _)| i);
+        let (before, rest) = text.split_at(at);
+        let value = rest
+            .find([',', '}', ']', '#'])
+            .map_or(rest, |end| &rest[..end]);
         let key = before
             .trim_end()
             .strip_suffix(':')
@@ -170,22 +269,35 @@ impl ConfigDocument {
         key: &str,
         reader: R,
     ) -> Result<Option<R::Out>, serde_saphyr::Error> {
-        serde_saphyr::with_deserializer_from_str(&self.text, |d| {
-            TopSeed { key, reader }.deserialize(d)
-        })
+        // Read from the section's own lines where it has them: each pass then costs the
+        // section's size, not the document's, and an absent section costs nothing. A
+        // document that is not a mapping has no sections (`sections` says so, once).
+        if self.keys.is_err() {
+            return Ok(None);
+        }
+        let part: String;
+        let text = match &self.spans {
+            Some(spans) => match spans.iter().find(|s| s.key == key) {
+                Some(span) => {
+                    part = span.text(&self.text);
+                    part.as_str()
+                }
+                None => return Ok(None),
+            },
+            None => self.text.as_str(),
+        };
+        serde_saphyr::with_deserializer_from_str(text, |d| TopSeed { key, reader }.deserialize(d))
     }
 
     /// Checks that the document is a mapping whose keys are all in `allowed`. Returns the
     /// keys present; problems are appended to `errors`.
     pub fn sections(&self, allowed: &[&str], errors: &mut Vec<ConfigError>) -> Vec<String> {
-        match serde_saphyr::with_deserializer_from_str(&self.text, |d| {
-            d.deserialize_map(KeysVisitor)
-        }) {
+        match &self.keys {
             Ok(keys) => {
                 let mut present = Vec::new();
                 for k in keys {
                     if allowed.contains(&k.value.as_str()) {
-                        present.push(k.value);
+                        present.push(k.value.clone());
                     } else {
                         errors.push(ConfigError::new(
                             &self.origin,
@@ -202,7 +314,7 @@ impl ConfigDocument {
                 present
             }
             Err(e) => {
-                errors.push(self.error("", &e));
+                errors.push(e.clone());
                 Vec::new()
             }
         }
@@ -253,6 +365,10 @@ impl ConfigDocument {
 
     /// Reads the list section `key` whose elements are components. Invalid elements are
     /// reported and skipped, so every element is checked.
+    ///
+    /// Two passes over the document whatever the list's length: the elements' `type`s and
+    /// keys, then every element typed. An element whose typed read fails ends that pass (a
+    /// streaming parser cannot resume inside a broken value); the next pass starts past it.
     pub fn component_list<T: Component>(
         &self,
         key: &str,
@@ -266,25 +382,90 @@ impl ConfigDocument {
                 return Vec::new();
             }
         };
-        let mut out = Vec::new();
+        let mut plans = Vec::with_capacity(kinds.len());
         for (index, mut kind) in kinds.into_iter().enumerate() {
             let context = format!("{key}[{index}]");
             let keys = std::mem::take(&mut kind.keys);
-            let Some((kind, location)) = self.check_kind::<T>(&context, kind, errors) else {
-                continue;
-            };
-            let skip = self.unknown_keys::<T>(&context, &kind, &keys, errors);
-            let reader = NthReader {
-                index,
-                inner: ComponentReader::<T>::new(&kind, &skip),
-            };
-            match self.run(key, reader) {
-                Ok(Some(Some(value))) => out.push(Located { value, location }),
-                Ok(_) => {}
-                Err(e) => errors.push(self.error(&format!("{context} ({kind})"), &e)),
+            let at = kind.at;
+            plans.push(
+                self.check_kind::<T>(&context, kind, errors)
+                    .map(|(kind, location)| {
+                        let skip = self.unknown_keys::<T>(&context, &kind, &keys, errors);
+                        ElementPlan {
+                            kind,
+                            at,
+                            location,
+                            skip,
+                        }
+                    }),
+            );
+        }
+        self.read_elements(key, &plans, errors)
+    }
+
+    /// The typed passes of [`Self::component_list`]: from element `start` on, restarting past
+    /// each element that fails.
+    fn read_elements<T: Component>(
+        &self,
+        key: &str,
+        plans: &[Option<ElementPlan>],
+        errors: &mut Vec<ConfigError>,
+    ) -> Vec<Located<T>> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let mut restarts = 0;
+        while start < plans.len() {
+            let at = Cell::new(start);
+            let read = RefCell::new(Vec::new());
+            let result = self.run(
+                key,
+                ElementsReader::<T> {
+                    start,
+                    plans,
+                    at: &at,
+                    read: &read,
+                    _t: PhantomData,
+                },
+            );
+            for (index, value) in read.into_inner() {
+                if let Some(Some(plan)) = plans.get(index) {
+                    out.push(Located {
+                        value,
+                        location: plan.location.clone(),
+                    });
+                }
+            }
+            let Err(e) = result else { break };
+            let failed = at.get();
+            let kind = plans
+                .get(failed)
+                .and_then(Option::as_ref)
+                .map_or("?", |p| p.kind.as_str());
+            errors.push(self.error(&format!("{key}[{failed}] ({kind})"), &e));
+            start = (failed + 1).max(start + 1);
+            restarts += 1;
+            if restarts >= MAX_LIST_RESTARTS {
+                if let Some((next, plan)) = plans
+                    .iter()
+                    .enumerate()
+                    .skip(start)
+                    .find_map(|(i, p)| p.as_ref().map(|p| (i, p)))
+                {
+                    errors.push(self.unchecked(key, next, plan));
+                }
+                break;
             }
         }
         out
+    }
+
+    fn unchecked(&self, key: &str, next: usize, plan: &ElementPlan) -> ConfigError {
+        self.error_at(
+            &plan.at,
+            format!(
+                "{key}[{next}] and the entries after it were not checked: {MAX_LIST_RESTARTS} entries of `{key}` before it have problems; fix those and check again"
+            ),
+        )
     }
 
     fn check_kind<T: Component>(
@@ -334,11 +515,11 @@ impl ConfigDocument {
         kind: &str,
         keys: &[Spanned<String>],
         errors: &mut Vec<ConfigError>,
-    ) -> Vec<String> {
+    ) -> HashSet<String> {
         let Some(fields) = component_fields::<T>(kind) else {
-            return Vec::new();
+            return HashSet::new();
         };
-        let mut unknown = Vec::new();
+        let mut unknown = HashSet::new();
         for k in keys {
             if !fields.contains(&k.value.as_str()) {
                 errors.push(ConfigError::new(
@@ -351,284 +532,97 @@ impl ConfigDocument {
                         fields.join(", ")
                     ),
                 ));
-                unknown.push(k.value.clone());
+                unknown.insert(k.value.clone());
             }
         }
         unknown
     }
 }
 
-/// Reads one value from a deserializer.
-trait ValueReader {
-    type Out;
-    fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error>;
-}
-
-struct Seed<R>(R);
-
-impl<'de, R: ValueReader> DeserializeSeed<'de> for Seed<R> {
-    type Value = R::Out;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<R::Out, D::Error> {
-        self.0.read(d)
+/// Where each top-level entry's lines are, when each can be parsed on its own exactly as in
+/// the whole document: every top-level key starts a line of its own (a block mapping), and
+/// nothing refers across entries — no anchors or aliases (`&a`, `*a`), tags (`!t`) or
+/// directives (`%YAML`), which are looked for conservatively (a false alarm only costs
+/// speed). `None`: read every section from the whole text.
+fn section_spans(
+    text: &str,
+    line_starts: &[usize],
+    keys: &[Spanned<String>],
+) -> Option<Vec<SectionSpan>> {
+    if may_refer_across(text) {
+        return None;
     }
-}
-
-/// Visits the top-level mapping, handing the value of `key` to `reader` and skipping the rest.
-struct TopSeed<'k, R> {
-    key: &'k str,
-    reader: R,
-}
-
-impl<'de, R: ValueReader> DeserializeSeed<'de> for TopSeed<'_, R> {
-    type Value = Option<R::Out>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de, R: ValueReader> Visitor<'de> for TopSeed<'_, R> {
-    type Value = Option<R::Out>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a pipeline mapping (source:, stages:, sink:, …)")
-    }
-    fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<Self::Value, M::Error> {
-        let mut reader = Some(self.reader);
-        let mut out = None;
-        while let Some(k) = m.next_key::<String>()? {
-            match (k == self.key, reader.take()) {
-                (true, Some(r)) => out = Some(m.next_value_seed(Seed(r))?),
-                (_, r) => {
-                    reader = r;
-                    m.next_value::<IgnoredAny>()?;
+    let mut spans = Vec::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        let line = k.referenced.line() as usize;
+        if k.referenced.column() != 1 || line == 0 {
+            return None;
+        }
+        let end = match keys.get(i + 1) {
+            Some(next) => {
+                let next_line = next.referenced.line() as usize;
+                if next_line <= line {
+                    return None;
                 }
+                *line_starts.get(next_line - 1)?
             }
-        }
-        Ok(out)
+            None => text.len(),
+        };
+        spans.push(SectionSpan {
+            key: k.value.clone(),
+            start: *line_starts.get(line - 1)?,
+            end,
+            line,
+        });
     }
+    Some(spans)
 }
 
-struct KeysVisitor;
-
-impl<'de> Visitor<'de> for KeysVisitor {
-    type Value = Vec<Spanned<String>>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a pipeline mapping (source:, stages:, sink:, …)")
-    }
-    fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<Self::Value, M::Error> {
-        let mut keys = Vec::new();
-        while let Some(k) = m.next_key::<Spanned<String>>()? {
-            m.next_value::<IgnoredAny>()?;
-            keys.push(k);
-        }
-        Ok(keys)
-    }
-}
-
-struct TypedReader<T>(PhantomData<T>);
-
-impl<T: DeserializeOwned> ValueReader for TypedReader<T> {
-    type Out = T;
-    fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
-        T::deserialize(d)
-    }
-}
-
-/// The `type` of a component and where the component starts.
-struct KindInfo {
-    kind: Option<Spanned<String>>,
-    keys: Vec<Spanned<String>>,
-    at: serde_saphyr::Location,
-}
-
-#[derive(Clone, Copy)]
-struct KindReader;
-
-impl ValueReader for KindReader {
-    type Out = KindInfo;
-    fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<KindInfo, D::Error> {
-        let s: Spanned<KindOnly> = Spanned::deserialize(d)?;
-        Ok(KindInfo {
-            kind: s.value.kind,
-            keys: s.value.keys,
-            at: s.referenced,
-        })
-    }
-}
-
-use serde::Deserialize;
-
-struct KindOnly {
-    kind: Option<Spanned<String>>,
-    keys: Vec<Spanned<String>>,
-}
-
-/// `type: null` is YAML's null, but means the `null` sink.
-fn kind_name(v: Spanned<Option<String>>) -> Spanned<String> {
-    Spanned::new(
-        v.value.unwrap_or_else(|| "null".to_string()),
-        v.referenced,
-        v.defined,
-    )
-}
-
-impl<'de> Deserialize<'de> for KindOnly {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = KindOnly;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a mapping with a `type:` key")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<KindOnly, M::Error> {
-                let mut kind = None;
-                let mut keys = Vec::new();
-                while let Some(k) = m.next_key::<Spanned<String>>()? {
-                    if k.value == "type" {
-                        kind = Some(kind_name(m.next_value::<Spanned<Option<String>>>()?));
-                    } else {
-                        m.next_value::<IgnoredAny>()?;
-                        keys.push(k);
-                    }
+/// Whether the text may hold an anchor, alias or tag (`&`, `*` or `!` where a YAML node can
+/// start: after `:`, `-`, `?`, `[`, `{`, `,` or at the start of a line) or a directive.
+fn may_refer_across(text: &str) -> bool {
+    text.lines().any(|line| {
+        line.starts_with('%')
+            || line.char_indices().any(|(i, c)| {
+                matches!(c, '&' | '*' | '!') && {
+                    let before = line[..i].trim_end_matches([' ', '\t']);
+                    before.is_empty() || before.ends_with([':', '-', '?', '[', '{', ','])
                 }
-                Ok(KindOnly { kind, keys })
-            }
-        }
-        d.deserialize_map(V)
-    }
+            })
+    })
 }
 
-struct ComponentReader<'k, T> {
-    kind: &'k str,
-    /// Keys already reported as unknown: hidden from the typed pass so it can report the next
-    /// problem.
-    skip: &'k [String],
-    _t: PhantomData<T>,
-}
-
-impl<'k, T> ComponentReader<'k, T> {
-    fn new(kind: &'k str, skip: &'k [String]) -> Self {
-        ComponentReader {
-            kind,
-            skip,
-            _t: PhantomData,
-        }
-    }
-}
-
-impl<T: Component> ValueReader for ComponentReader<'_, T> {
-    type Out = T;
-    fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de, T: Component> Visitor<'de> for ComponentReader<'_, T> {
-    type Value = T;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "a {} mapping", T::WHAT)
-    }
-    fn visit_map<M: MapAccess<'de>>(self, m: M) -> Result<T, M::Error> {
-        T::deserialize_kind(
-            self.kind,
-            de::value::MapAccessDeserializer::new(WithoutKey {
-                inner: m,
-                skip: self.skip,
-            }),
-        )
-    }
-}
-
-/// A view of a mapping without `type` and the given keys.
-struct WithoutKey<'k, M> {
-    inner: M,
-    skip: &'k [String],
-}
-
-impl<'de, M: MapAccess<'de>> MapAccess<'de> for WithoutKey<'_, M> {
-    type Error = M::Error;
-    fn next_key_seed<K: DeserializeSeed<'de>>(
-        &mut self,
-        seed: K,
-    ) -> Result<Option<K::Value>, M::Error> {
-        loop {
-            match self.inner.next_key::<String>()? {
-                None => return Ok(None),
-                Some(k) if k == "type" || self.skip.contains(&k) => {
-                    self.inner.next_value::<IgnoredAny>()?;
+/// What a problem of the document as a whole means to its author, in place of the parser's
+/// wording (which names its own API and options): several documents in one file, or a
+/// document beyond the parser's resource budget.
+fn document_message(e: &serde_saphyr::Error) -> Option<String> {
+    use serde_saphyr::budget::BudgetBreach;
+    match e {
+        serde_saphyr::Error::MultipleDocuments { .. } => Some(
+            "this file holds several YAML documents (`---`); a pipeline file holds one: keep one, or put each in a file of its own"
+                .to_string(),
+        ),
+        serde_saphyr::Error::Budget { breach, .. } => {
+            let what = match breach {
+                BudgetBreach::Depth { .. } => "it is nested more than 64 levels deep".to_string(),
+                BudgetBreach::Nodes { nodes } => format!("it holds more than {nodes} values"),
+                BudgetBreach::Events { events } => format!("it holds more than {events} items"),
+                BudgetBreach::ScalarBytes { .. } => {
+                    "its values hold more than 64 MiB of text".to_string()
                 }
-                Some(k) => {
-                    return seed
-                        .deserialize(de::value::StringDeserializer::<M::Error>::new(k))
-                        .map(Some);
+                BudgetBreach::Aliases { .. }
+                | BudgetBreach::AliasAnchorRatio { .. }
+                | BudgetBreach::Anchors { .. } => {
+                    "it uses too many aliases (`*name`) or anchors (`&name`)".to_string()
                 }
-            }
+                BudgetBreach::Documents { .. } => "it holds too many YAML documents".to_string(),
+                _ => "it is too large or too deeply nested".to_string(),
+            };
+            Some(format!(
+                "this document cannot be read as a pipeline file: {what}; a pipeline file is a few screens of YAML"
+            ))
         }
-    }
-    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, M::Error> {
-        self.inner.next_value_seed(seed)
-    }
-}
-
-/// Applies a reader to every element of a sequence.
-struct ListReader<R>(R);
-
-impl<R: ValueReader + Copy> ValueReader for ListReader<R> {
-    type Out = Vec<R::Out>;
-    fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de, R: ValueReader + Copy> Visitor<'de> for ListReader<R> {
-    type Value = Vec<R::Out>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list")
-    }
-    fn visit_seq<S: SeqAccess<'de>>(self, mut s: S) -> Result<Self::Value, S::Error> {
-        let mut out = Vec::new();
-        while let Some(v) = s.next_element_seed(Seed(self.0))? {
-            out.push(v);
-        }
-        Ok(out)
-    }
-}
-
-/// Applies a reader to element `index` of a sequence, skipping the others.
-struct NthReader<R> {
-    index: usize,
-    inner: R,
-}
-
-impl<R: ValueReader> ValueReader for NthReader<R> {
-    type Out = Option<R::Out>;
-    fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<Self::Out, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de, R: ValueReader> Visitor<'de> for NthReader<R> {
-    type Value = Option<R::Out>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list")
-    }
-    fn visit_seq<S: SeqAccess<'de>>(self, mut s: S) -> Result<Self::Value, S::Error> {
-        let mut inner = Some(self.inner);
-        let mut out = None;
-        let mut i = 0;
-        loop {
-            if i == self.index
-                && let Some(r) = inner.take()
-            {
-                match s.next_element_seed(Seed(r))? {
-                    Some(v) => out = Some(v),
-                    None => break,
-                }
-            } else if s.next_element::<IgnoredAny>()?.is_none() {
-                break;
-            }
-            i += 1;
-        }
-        Ok(out)
+        _ => None,
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod interpolate;
 mod kafka;
+pub mod limits;
 mod load;
 
 use std::collections::BTreeMap;
@@ -51,9 +52,68 @@ impl ConfigError {
             file: file.to_string(),
             line,
             column,
-            message: with_suggestion(message),
+            message: with_suggestion(shorten(&message)),
         }
     }
+
+    /// A problem with a setting that has no place in a file (a config built in code, or what
+    /// the machine allows): shown as `setting: message`.
+    pub(crate) fn unlocated(setting: &str, message: String) -> Self {
+        ConfigError {
+            file: setting.to_string(),
+            line: 0,
+            column: 0,
+            message: shorten(&message),
+        }
+    }
+}
+
+/// Longest quoted value (between backticks or double quotes) a message shows whole, in bytes.
+pub const MAX_QUOTED_BYTES: usize = 80;
+/// Longest message shown whole, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 2000;
+/// Most problems a list of config errors shows; the rest are counted.
+pub const MAX_SHOWN_ERRORS: usize = 50;
+
+/// `text` cut to at most `max` bytes (at a character boundary), with how much was left out.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes)", &text[..end], text.len() - end)
+}
+
+/// A message with every long quoted value (a 50 MB string, a pasted file) cut to
+/// [`MAX_QUOTED_BYTES`], and the whole to [`MAX_MESSAGE_BYTES`]: what was left out is counted.
+fn shorten(message: &str) -> String {
+    if message.len() <= MAX_QUOTED_BYTES {
+        return message.to_string();
+    }
+    let mut out = String::with_capacity(message.len().min(MAX_MESSAGE_BYTES + 64));
+    let mut rest = message;
+    while let Some(open) = rest.find(['`', '"']) {
+        let quote = &rest[open..open + 1];
+        out.push_str(&rest[..=open]);
+        let inner = &rest[open + 1..];
+        let (value, after) = match inner.find(quote) {
+            Some(close) => (&inner[..close], &inner[close..]),
+            None => (inner, ""),
+        };
+        out.push_str(&cut(value, MAX_QUOTED_BYTES));
+        match after.strip_prefix(quote) {
+            Some(tail) => {
+                out.push_str(quote);
+                rest = tail;
+            }
+            None => rest = after,
+        }
+    }
+    out.push_str(rest);
+    cut(&out, MAX_MESSAGE_BYTES)
 }
 
 /// A message naming an unknown name and what was expected ("unknown field `colums`,
@@ -85,6 +145,10 @@ fn with_suggestion(message: String) -> String {
 /// (Jaro–Winkler similarity at least 0.8), else nothing: for messages about an unknown key,
 /// type or column that list the known ones.
 pub fn did_you_mean<'a>(unknown: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
+    // Names are short; comparing a huge value with each candidate would take long for nothing.
+    if unknown.len() > 64 {
+        return String::new();
+    }
     let best = candidates
         .into_iter()
         .filter(|c| !c.is_empty() && *c != unknown)
@@ -98,6 +162,9 @@ pub fn did_you_mean<'a>(unknown: &str, candidates: impl IntoIterator<Item = &'a 
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            return write!(f, "{}: {}", self.file, self.message);
+        }
         write!(
             f,
             "{}:{}:{}: {}",
@@ -110,15 +177,20 @@ impl fmt::Display for ConfigError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
+/// The first [`MAX_SHOWN_ERRORS`] problems, one per line, then how many more there are.
 impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
+        for (i, e) in self.0.iter().take(MAX_SHOWN_ERRORS).enumerate() {
             if i > 0 {
                 f.write_str("\n")?;
             }
             write!(f, "{e}")?;
         }
-        Ok(())
+        match self.0.len().saturating_sub(MAX_SHOWN_ERRORS) {
+            0 => Ok(()),
+            1 => f.write_str("\n… and 1 more problem"),
+            n => write!(f, "\n… and {n} more problems"),
+        }
     }
 }
 
@@ -162,6 +234,8 @@ impl PipelineConfig {
         let runtime = doc
             .value::<RuntimeConfig>("runtime", errors)
             .unwrap_or_default();
+        // Every size setting of the file (its other sections' too), before anything runs.
+        limits::check(doc, errors);
         Some(PipelineConfig {
             source: source?,
             stages,
@@ -174,7 +248,8 @@ impl PipelineConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeConfig {
-    /// Size of the CPU pool that decodes and transforms batches. Default: the number of cores.
+    /// Size of the CPU pool that decodes and transforms batches, at most 1024; `0` means one
+    /// per core, as does leaving it out (at most 1024). Default: the number of cores.
     #[serde(default)]
     pub threads: Option<usize>,
     /// Batches transformed concurrently per group of stages (order is preserved). Default:
@@ -677,8 +752,9 @@ pub struct FillNullConfig {
     pub columns: BTreeMap<String, Literal>,
 }
 
-/// `type: standardize`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `type: standardize`. A NaN stays NaN and ±inf stays ±inf (`(x - mean) / std`), a null
+/// stays null.
+#[derive(Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct StandardizeConfig {
     /// Numeric columns (or lists of numbers, standardized element-wise with one mean/std per
@@ -692,6 +768,42 @@ pub struct StandardizeConfig {
     /// Standard deviation to divide by; must be > 0. A computed std of 0 becomes 1.
     #[serde(default)]
     pub std: Option<f64>,
+    /// What the first pass computing `mean` and `std` does with a NaN or ±inf value (nulls
+    /// are always left out). Absent means [`NonFinite::Error`]; only allowed when the
+    /// statistics are computed.
+    #[serde(default)]
+    pub non_finite: Option<NonFinite>,
+}
+
+// Written by hand so that `non_finite` appears only when set: the resume stamp hashes a
+// stage's `Debug` text (`Pipeline::order_settings`, for stages before a `shuffle`), and the
+// text of a config without the key must stay what it was before the key existed, or every
+// checkpoint taken by an older Sluice would be refused. (The key moves no row anyway.)
+impl fmt::Debug for StandardizeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("StandardizeConfig");
+        d.field("columns", &self.columns)
+            .field("mean", &self.mean)
+            .field("std", &self.std);
+        if let Some(n) = &self.non_finite {
+            d.field("non_finite", n);
+        }
+        d.finish()
+    }
+}
+
+/// What computing `standardize` statistics does with a NaN or ±inf value.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFinite {
+    /// Stop the run at the first one, naming its row (file, row group, row) — the default:
+    /// a single NaN would otherwise make the mean, and so every output value, NaN.
+    #[default]
+    Error,
+    /// Leave it out of the mean and standard deviation, and report how many were left out
+    /// (and where the first was) in the run summary. The value itself stays NaN or ±inf in
+    /// the output.
+    Skip,
 }
 
 /// `type: one_hot`.
@@ -711,16 +823,17 @@ pub struct OneHotConfig {
     pub smoothing: f64,
 }
 
-/// `type: clip`.
+/// `type: clip`. As numpy's and torch's `clip`: NaN stays NaN, `-inf`/`+inf` become the
+/// bounds, a null stays null.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClipConfig {
     /// Numeric columns (or lists of numbers, clipped element-wise).
     pub columns: Vec<String>,
-    /// Lower bound (optional).
+    /// Lower bound (optional; a number, not NaN).
     #[serde(default)]
     pub min: Option<f64>,
-    /// Upper bound (optional).
+    /// Upper bound (optional; a number, not NaN).
     #[serde(default)]
     pub max: Option<f64>,
 }

@@ -35,7 +35,9 @@ pub struct SourceMetrics {
     pub rows_replayed: AtomicU64,
     /// Records that could not be decoded (Kafka).
     pub records_bad: AtomicU64,
-    /// Of those, records written to the dead-letter sink.
+    /// Of those, records written to the dead-letter sink. (Rows a stage dead-letters are
+    /// its own: [`StageMetrics::rows_dead_lettered`]; the run's total is
+    /// [`PipelineMetrics::records_dead_lettered`].)
     pub records_dead_lettered: AtomicU64,
     /// Per Kafka partition (`topic/partition`): records, bad records, consumer lag.
     pub partitions: Mutex<std::collections::BTreeMap<String, PartitionMetrics>>,
@@ -150,6 +152,9 @@ pub struct StageMetrics {
     pub removed_as: &'static str,
     /// Human-readable notes produced while running (computed statistics, …).
     pub notes: Mutex<Vec<String>>,
+    /// Every row this stage removes is written to its dead-letter files first (an `image`
+    /// stage with `on_error: skip` and `dead_letter`).
+    pub dead_letters: bool,
 }
 
 impl StageMetrics {
@@ -164,6 +169,21 @@ impl StageMetrics {
             rows_removed: AtomicU64::new(0),
             rows_replayed: AtomicU64::new(0),
             notes: Mutex::new(Vec::new()),
+            dead_letters: false,
+        }
+    }
+
+    /// Marks a stage whose removed rows all go to dead-letter files.
+    pub(crate) fn with_dead_letters(mut self, dead_letters: bool) -> Self {
+        self.dead_letters = dead_letters;
+        self
+    }
+
+    /// Rows this stage wrote to its dead-letter files.
+    pub fn rows_dead_lettered(&self) -> u64 {
+        match self.dead_letters {
+            true => self.rows_removed.load(Ordering::Relaxed),
+            false => 0,
         }
     }
 
@@ -212,6 +232,14 @@ impl PipelineMetrics {
     /// Queues (name of the consumer side, counters), in pipeline order.
     pub fn queues(&self) -> Vec<(String, Arc<QueueStats>)> {
         self.queues.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Records and rows written to dead-letter files or topics in this run: the source's
+    /// undecodable records and the rows stages removed into their dead letters (`image`
+    /// with `on_error: skip`). What `records_dead_lettered` of a run summary says.
+    pub fn records_dead_lettered(&self) -> u64 {
+        let stages: u64 = self.stages().iter().map(|s| s.rows_dead_lettered()).sum();
+        Self::get(&self.source.records_dead_lettered) + stages
     }
 
     /// Convenience: load a counter.

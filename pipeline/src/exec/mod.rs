@@ -644,8 +644,14 @@ impl Pipeline {
         let mut slots: Vec<StageSlot> = Vec::new();
         let stage_metrics: Vec<Arc<StageMetrics>> = (0..self.config.stages.len())
             .map(|i| {
-                let removed_as = self.config.stages[i].value.removed_as();
-                Arc::new(StageMetrics::new(self.stage_ref(i).to_string(), removed_as))
+                let stage = &self.config.stages[i].value;
+                // Every row such a stage removes goes to its dead-letter files first.
+                let dead_letters =
+                    matches!(stage, StageConfig::Image(c) if c.dead_letter.is_some());
+                Arc::new(
+                    StageMetrics::new(self.stage_ref(i).to_string(), stage.removed_as())
+                        .with_dead_letters(dead_letters),
+                )
             })
             .collect();
         let mut frozen = Vec::with_capacity(self.config.stages.len());
@@ -665,6 +671,7 @@ impl Pipeline {
                 let computed = compute_stats(
                     parquet,
                     &slots,
+                    &sref,
                     &s.value,
                     &pool,
                     &self.config,
@@ -672,18 +679,18 @@ impl Pipeline {
                 )
                 .await?;
                 for (name, st) in &computed {
-                    stage_metrics[i].note(format!(
-                        "computed over {} values of `{name}`: mean {:.6}, std {:.6}",
-                        st.count,
-                        st.mean,
-                        st.std()
-                    ));
+                    let note = stats_note(name, st);
+                    if st.skipped > 0 || st.count == 0 {
+                        tracing::warn!("{sref}: {note}");
+                    }
+                    stage_metrics[i].note(note);
                 }
                 frozen.extend(computed.iter().map(|(name, st)| Located {
                     value: StageConfig::Standardize(crate::config::StandardizeConfig {
                         columns: vec![name.clone()],
                         mean: Some(st.mean),
                         std: Some(st.std()),
+                        non_finite: None,
                     }),
                     location: s.location.clone(),
                 }));
@@ -790,10 +797,13 @@ fn placeholder_stats(config: &StageConfig) -> Option<ComputedStats> {
 }
 
 /// One pass over the source (one epoch) through the stages built so far, accumulating the
-/// mean and variance of the columns of a `standardize` stage.
+/// mean and variance of the columns of a `standardize` stage. NaN and ±inf values stop the
+/// pass naming their row, or are left out and counted (`non_finite`); statistics that cannot
+/// be computed (no finite value, an overflow) are an error rather than a NaN mean.
 async fn compute_stats(
     source: &ParquetSource,
     slots: &[StageSlot],
+    sref: &StageRef,
     config: &StageConfig,
     pool: &CpuPool,
     runtime: &PipelineConfig,
@@ -839,24 +849,86 @@ async fn compute_stats(
         .iter()
         .map(|n| (n.clone(), ColumnStats::empty()))
         .collect();
+    let skip = c.non_finite.unwrap_or_default() == crate::config::NonFinite::Skip;
     let mut stream = prepared.stream();
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let idx = indices.clone();
         let mut st = std::mem::take(&mut stats);
+        let sref = sref.clone();
         stats = pool
             .run(move || -> Result<ComputedStats> {
-                for ((_, i), (_, s)) in idx.iter().zip(st.iter_mut()) {
-                    s.update(batch.data.column(*i)).map_err(|e| Error::Arrow {
+                for ((name, i), (_, s)) in idx.iter().zip(st.iter_mut()) {
+                    let first = s.update(batch.data.column(*i)).map_err(|e| Error::Arrow {
                         context: "computing standardize statistics".into(),
                         source: e,
                     })?;
+                    let Some(bad) = first else { continue };
+                    let row = batch.lineage.describe_row(bad.row as u64);
+                    if !skip {
+                        return Err(Error::Data {
+                            stage: sref,
+                            message: format!(
+                                "column `{name}` holds {} (not a finite number): its mean and std would not be numbers, and neither would any value this stage writes; set `non_finite: skip` to leave NaN and ±inf values out of the statistics (the run summary counts them), or remove those rows before this stage",
+                                bad.value
+                            ),
+                            rows: row,
+                        });
+                    }
+                    if s.first_skipped.is_none() {
+                        s.first_skipped = Some(row);
+                    }
                 }
                 Ok(st)
             })
             .await??;
     }
+    for (name, st) in &stats {
+        check_stats(sref, name, st)?;
+    }
     Ok(stats)
+}
+
+/// Refuses statistics that would corrupt every value: none computed although values were
+/// seen (all NaN or ±inf), or a mean or variance beyond float64 (values near its limits).
+fn check_stats(sref: &StageRef, name: &str, st: &ColumnStats) -> Result<()> {
+    let message = if st.count == 0 && st.skipped > 0 {
+        format!(
+            "every one of the {} non-null values of column `{name}` is NaN or ±inf: there is no mean or std to compute; give `mean` and `std`, or remove those rows first",
+            st.skipped
+        )
+    } else if !(st.mean.is_finite() && st.m2.is_finite()) {
+        format!(
+            "the mean or variance of column `{name}` overflows float64 (values near ±1.8e308): give `mean` and `std`, or scale the column first"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Error::Stage {
+        stage: sref.clone(),
+        message,
+    })
+}
+
+/// The run summary's line about one column's computed statistics (`check_stats` has refused
+/// the ones that are not numbers).
+fn stats_note(name: &str, st: &ColumnStats) -> String {
+    if st.count == 0 {
+        // No row reached the stage (an empty source, a filter that keeps none) or only nulls:
+        // mean 0 and std 1 leave whatever comes later as it is.
+        return format!(
+            "warning: no values of `{name}` to compute statistics over: mean 0, std 1 (values pass unchanged)"
+        );
+    }
+    let mut note = format!("computed over {} values of `{name}`", st.count);
+    if st.skipped > 0 {
+        note += &format!(
+            ", {} NaN/±inf value(s) left out (`non_finite: skip`; the first at {})",
+            st.skipped,
+            st.first_skipped.as_deref().unwrap_or("an unknown row")
+        );
+    }
+    note + &format!(": mean {:.6}, std {:.6}", st.mean, st.std())
 }
 
 /// A pipeline whose source is open and whose stages are built: [`PreparedPipeline::stream`]

@@ -3,6 +3,8 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use crate::config::limits::{MAX_THREADS, THREADS};
+use crate::config::{ConfigError, ConfigErrors};
 use crate::error::{Error, Result};
 
 /// A fixed-size rayon pool with an async `run`.
@@ -12,18 +14,35 @@ pub struct CpuPool {
 }
 
 impl CpuPool {
-    /// A pool of `threads` threads (`None`: one per core).
+    /// A pool of `threads` threads (`None` or `Some(0)`: one per core), at most
+    /// [`MAX_THREADS`]. More is refused, and so is a pool the system will not start, naming
+    /// `runtime.threads` and its range.
     pub fn new(threads: Option<usize>) -> Result<Self> {
-        let threads = threads.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        });
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        let max = usize::try_from(MAX_THREADS).unwrap_or(usize::MAX);
+        let threads = match threads {
+            None | Some(0) => cores.min(max),
+            Some(n) if n > max => {
+                return Err(threads_error(format!(
+                    "{n} is out of range: allowed {}; {}",
+                    THREADS.range(),
+                    THREADS.why
+                )));
+            }
+            Some(n) => n,
+        };
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.max(1))
+            .num_threads(threads)
             .thread_name(|i| format!("sluice-cpu-{i}"))
             .build()
-            .map_err(|e| Error::Internal(format!("cannot start CPU pool: {e}")))?;
+            .map_err(|e| {
+                threads_error(format!(
+                    "the system would not start a CPU pool of {threads} threads ({e}); lower `runtime.threads` (allowed: {}), or raise the system's limit on threads (`ulimit -u`, the container's pids limit)",
+                    THREADS.range()
+                ))
+            })?;
         Ok(CpuPool {
             pool: Arc::new(pool),
         })
@@ -59,4 +78,13 @@ impl CpuPool {
             Err(_) => Err(Error::Internal("CPU pool dropped a task".into())),
         }
     }
+}
+
+/// A problem with `runtime.threads` found when the pool starts (a config built in code, or
+/// what the machine allows).
+fn threads_error(message: String) -> Error {
+    Error::Config(ConfigErrors(vec![ConfigError::unlocated(
+        "runtime.threads",
+        message,
+    )]))
 }

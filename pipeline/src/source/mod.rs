@@ -12,6 +12,29 @@ use crate::exec::channel::Sender;
 use crate::exec::metrics::PipelineMetrics;
 use std::sync::Arc;
 
+/// The objects a Parquet source would read — its `path` listing or its `manifest` — without
+/// opening any of them: for checks that must come before any data is read (a sink refusing
+/// to write over its own inputs).
+pub async fn input_objects(
+    config: &crate::config::ParquetSourceConfig,
+    base_dir: &std::path::Path,
+) -> crate::error::Result<Vec<crate::storage::ListedObject>> {
+    use futures::TryStreamExt;
+    match (&config.path, &config.manifest) {
+        (_, Some(manifest)) => Ok(manifest::read(manifest, base_dir, &config.storage).await?.0),
+        (Some(paths), None) => {
+            crate::storage::stream_objects(
+                paths.0.clone(),
+                base_dir.to_path_buf(),
+                config.storage.clone(),
+            )
+            .try_collect()
+            .await
+        }
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
 /// An open source of either kind.
 #[derive(Debug)]
 pub(crate) enum Source {

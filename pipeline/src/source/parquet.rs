@@ -17,11 +17,11 @@ use crate::types::DataTypeName;
 use futures::{FutureExt, StreamExt};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader, RowSelection, RowSelector,
 };
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
-use super::reader::ObjectReader;
+use super::reader::{ObjectReader, ReadError};
 
 use crate::batch::{Batch, Lineage, Mark, Name, Origin};
 use crate::config::{ParquetSourceConfig, Partitioning, ShardPolicy};
@@ -224,9 +224,7 @@ async fn open_file(
     location: Arc<str>,
 ) -> Result<Arc<ParquetFile>> {
     let mut reader = ObjectReader::new(&object.location, object.size);
-    let metadata = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-        .await
-        .map_err(|e| Error::parquet(&object.location.url, None, e))?;
+    let metadata = reader.metadata(ArrowReaderOptions::new()).await?;
     let rows = metadata.metadata().file_metadata().num_rows() as u64;
     if let Some((_, want)) = expected_rows
         .iter()
@@ -1174,19 +1172,12 @@ struct UnitRead {
 }
 
 impl UnitRead {
-    /// Fetches the unit's projected column chunks, then decodes them on the CPU pool a chunk
-    /// of batches at a time into `out`, in order. Returns early (`Ok`) when `out` is gone.
-    async fn run(
-        &self,
-        unit: &Unit,
-        out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,
-    ) -> Result<()> {
-        let file = &unit.file;
-        let rg = unit.rg;
+    /// Fetches the projected column chunks of the unit's `take` rows from `skip` on, and
+    /// returns their decoder.
+    async fn fetch(&self, unit: &Unit, skip: u64, take: u64) -> Result<ParquetRecordBatchReader> {
+        let (file, rg) = (&unit.file, unit.rg);
         let url = &file.object.location.url;
         let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
-        let skip = unit.start + self.first;
-        let take = unit.len - self.first;
         let reader = ObjectReader::new(&file.object.location, file.object.size);
         let mut builder =
             ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
@@ -1204,11 +1195,30 @@ impl UnitRead {
         let mut stream = builder
             .build()
             .map_err(|e| Error::parquet(url, Some(rg), e))?;
-        let mut decoder = stream
-            .next_row_group()
-            .await
-            .map_err(|e| Error::parquet(url, Some(rg), e))?
-            .ok_or_else(|| Error::Internal(format!("{url}: row group {rg} missing")))?;
+        match stream.next_row_group().await {
+            Ok(Some(decoder)) => Ok(decoder),
+            Ok(None) => Err(Error::Internal(format!("{url}: row group {rg} missing"))),
+            Err(e) if is_read_error(&e) => Err(Error::parquet(url, Some(rg), e)),
+            Err(e) => {
+                let column = failing_column(file, rg, &self.pool).await;
+                Err(Error::parquet(url, Some(rg), e).in_column(column))
+            }
+        }
+    }
+
+    /// Fetches the unit's projected column chunks, then decodes them on the CPU pool a chunk
+    /// of batches at a time into `out`, in order. Returns early (`Ok`) when `out` is gone.
+    async fn run(
+        &self,
+        unit: &Unit,
+        out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,
+    ) -> Result<()> {
+        let file = &unit.file;
+        let rg = unit.rg;
+        let url = &file.object.location.url;
+        let skip = unit.start + self.first;
+        let take = unit.len - self.first;
+        let mut decoder = self.fetch(unit, skip, take).await?;
         let origin = Origin::Object {
             url: Name::from(&**url),
             row_group: rg as u32,
@@ -1236,13 +1246,13 @@ impl UnitRead {
                 })
                 .await?;
             decoder = back;
-            let decoded = decoded.map_err(|e| {
-                Error::parquet(
-                    url,
-                    Some(rg),
-                    parquet::errors::ParquetError::ArrowError(e.to_string()),
-                )
-            })?;
+            let decoded = match decoded {
+                Ok(d) => d,
+                Err(e) => {
+                    let column = failing_column(file, rg, &self.pool).await;
+                    return Err(Error::parquet(url, Some(rg), decode_error(e)).in_column(column));
+                }
+            };
             if decoded.is_empty() {
                 break;
             }
@@ -1265,7 +1275,10 @@ impl UnitRead {
                     .map_err(arrow_err)?;
                 let rb = RecordBatch::try_new(self.schema.clone(), columns).map_err(arrow_err)?;
                 let n = rb.num_rows() as u64;
-                bytes += rb.get_array_memory_size() as u64;
+                // The values' size: `get_array_memory_size` counts capacity, and the decoder
+                // reserves a whole batch's, so 100,000 one-row row groups counted 16 GB for
+                // 10 MB of values.
+                bytes += crate::batch::data_bytes(&rb) as u64;
                 rows += n;
                 let mark = Mark {
                     epoch: self.epoch,
@@ -1302,6 +1315,62 @@ impl UnitRead {
             .fetch_add(unit.fetched_bytes(), Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Whether a reader's error is a failed read (as opposed to bytes that do not decode).
+fn is_read_error(e: &parquet::errors::ParquetError) -> bool {
+    matches!(e, parquet::errors::ParquetError::External(inner) if inner.is::<ReadError>())
+}
+
+/// A decode error of the synchronous reader as the Parquet error it carries (without the
+/// wrapping's "Parquet argument error" prefix).
+fn decode_error(e: arrow::error::ArrowError) -> parquet::errors::ParquetError {
+    use parquet::errors::ParquetError;
+    match e {
+        arrow::error::ArrowError::ParquetError(text) => ParquetError::General(
+            text.strip_prefix("Parquet error: ")
+                .unwrap_or(text.as_str())
+                .to_string(),
+        ),
+        other => ParquetError::ArrowError(other.to_string()),
+    }
+}
+
+/// The first projected column of row group `rg` of `file` that does not decode on its own:
+/// where a decode error of the row group came from (a page whose checksum does not match, a
+/// corrupt page), by its path in the file's schema. Only run after such an error; `None`
+/// when every column decodes alone.
+async fn failing_column(file: &ParquetFile, rg: usize, pool: &CpuPool) -> Option<String> {
+    let descr = file.metadata.metadata().file_metadata().schema_descr_ptr();
+    for leaf in (0..descr.num_columns()).filter(|&l| file.mask.leaf_included(l)) {
+        let reader = ObjectReader::new(&file.object.location, file.object.size);
+        let built =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
+                .with_projection(ProjectionMask::leaves(&descr, [leaf]))
+                .with_row_groups(vec![rg])
+                .build();
+        let Ok(mut stream) = built else {
+            continue;
+        };
+        let decoder = match stream.next_row_group().await {
+            Ok(Some(d)) => d,
+            Ok(None) => continue,
+            // A read that fails says nothing about this column's bytes.
+            Err(e) if is_read_error(&e) => continue,
+            Err(_) => return Some(descr.column(leaf).path().string()),
+        };
+        let failed = pool
+            .run(move || {
+                let mut decoder = decoder;
+                decoder.any(|b| b.is_err())
+            })
+            .await
+            .unwrap_or(false);
+        if failed {
+            return Some(descr.column(leaf).path().string());
+        }
+    }
+    None
 }
 
 /// Where an output column of a file comes from.

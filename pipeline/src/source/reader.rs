@@ -10,11 +10,12 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
-use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
+use crate::error::{Error, ReadKind, hint};
 use crate::storage::ObjectLocation;
 
 /// Reads one object for the Parquet decoder.
@@ -50,19 +51,64 @@ impl ObjectReader {
                     tokio::task::spawn_blocking(move || (read_local(&file, &ranges), ranges))
                         .await
                         .map_err(|e| ParquetError::External(Box::new(e)))?;
-                result.map_err(|e| self.error(&ranges, e))
+                result.map_err(|e| self.error(&ranges, ReadKind::Local(e.kind()), e))
             }
             None => self
                 .store
                 .get_ranges(&self.path, &ranges)
                 .await
-                .map_err(|e| self.error(&ranges, e)),
+                .map_err(|e| {
+                    let local = self.url.starts_with("file:");
+                    self.error(&ranges, ReadKind::of_store(local, &e), e)
+                }),
+        }
+    }
+
+    /// Reads the footer. A footer that does not decode is told apart by the file's last
+    /// bytes: an encrypted file (`PARE`), a file that is not Parquet or was cut short (no
+    /// `PAR1`), or a corrupt footer.
+    pub(crate) async fn metadata(
+        &mut self,
+        options: ArrowReaderOptions,
+    ) -> crate::error::Result<ArrowReaderMetadata> {
+        let loaded = ArrowReaderMetadata::load_async(self, options).await;
+        match loaded {
+            Ok(m) => Ok(m),
+            Err(e) => Err(self.footer_error(e).await),
+        }
+    }
+
+    async fn footer_error(&self, e: ParquetError) -> Error {
+        let url = self.url.to_string();
+        // A read that failed is reported as such, whatever the bytes.
+        if matches!(&e, ParquetError::External(inner) if inner.is::<ReadError>()) {
+            return Error::parquet(&url, None, e);
+        }
+        if self.size < 4 {
+            return Error::parquet_with(&url, None, hint::NOT_PARQUET, e);
+        }
+        let tail = self
+            .read(std::iter::once(self.size - 4..self.size).collect())
+            .await
+            .ok()
+            .and_then(|mut v| v.pop());
+        match tail.as_deref() {
+            Some(b"PARE") => Error::Encrypted { url },
+            Some(b"PAR1") => Error::parquet(&url, None, e),
+            Some(_) => Error::parquet_with(&url, None, hint::NOT_PARQUET, e),
+            // The last bytes cannot be read now: say what the reader said.
+            None => Error::parquet(&url, None, e),
         }
     }
 
     /// A read error that names the object, the byte range and the store's last answer
     /// (after the store's retries were exhausted), or the file system's.
-    fn error(&self, ranges: &[Range<u64>], e: impl std::fmt::Display) -> ParquetError {
+    fn error(
+        &self,
+        ranges: &[Range<u64>],
+        kind: ReadKind,
+        e: impl std::fmt::Display,
+    ) -> ParquetError {
         let span = match (ranges.first(), ranges.last()) {
             (Some(a), Some(_)) if ranges.len() == 1 => format!("bytes {}..{}", a.start, a.end),
             (Some(a), Some(b)) => format!(
@@ -73,20 +119,34 @@ impl ObjectReader {
             ),
             _ => "no bytes".to_string(),
         };
-        ParquetError::External(Box::new(ReadError(format!(
-            "reading {span} of {} ({} bytes) failed: {e}",
-            self.url, self.size
-        ))))
+        ParquetError::External(Box::new(ReadError {
+            message: format!(
+                "reading {span} of {} ({} bytes) failed: {e}",
+                self.url, self.size
+            ),
+            kind,
+        }))
     }
 }
 
-/// A read that failed in the object store (as opposed to bytes that do not decode).
+/// A read that failed, in the file system or the object store (as opposed to bytes that do
+/// not decode).
 #[derive(Debug)]
-pub(crate) struct ReadError(String);
+pub(crate) struct ReadError {
+    message: String,
+    kind: ReadKind,
+}
+
+impl ReadError {
+    /// What failed.
+    pub(crate) fn kind(&self) -> ReadKind {
+        self.kind
+    }
+}
 
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -108,10 +168,7 @@ fn read_local(path: &std::path::Path, ranges: &[Range<u64>]) -> std::io::Result<
         if buf.len() as u64 != want {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "the file ends after {} of the {want} bytes (changed since it was listed?)",
-                    buf.len()
-                ),
+                format!("the file ends after {} of the {want} bytes", buf.len()),
             ));
         }
         out.push(Bytes::from(buf));

@@ -2,16 +2,22 @@
 //! the input schema and evaluated with Arrow kernels.
 //!
 //! Semantics follow SQL: comparisons with NULL are NULL, `AND`/`OR` use three-valued logic,
-//! and the filter keeps only rows where the predicate is TRUE.
+//! and the filter keeps only rows where the predicate is TRUE. Floats compare as IEEE 754
+//! numbers (as numpy, pandas and torch do): every comparison with NaN is FALSE except `<>`,
+//! which is TRUE, and `-0 = 0`. (Arrow's comparison kernels order floats totally instead —
+//! NaN above every number and equal to itself, -0 below 0 — so floats do not go through them.)
 
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Datum, RecordBatch, Scalar, UInt32Array,
+    Array, ArrayRef, AsArray, BooleanArray, Datum, PrimitiveArray, RecordBatch, Scalar, UInt32Array,
 };
+use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::compute::kernels::{boolean, cmp, numeric};
 use arrow::compute::{cast, is_not_null, is_null};
-use arrow::datatypes::{DataType, Schema};
+use arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Float16Type, Float32Type, Float64Type, Schema,
+};
 use arrow::error::ArrowError;
 use sqlparser::ast::{self, BinaryOperator, UnaryOperator, Value};
 use sqlparser::dialect::GenericDialect;
@@ -309,15 +315,22 @@ impl Expr {
             Expr::Cmp(op, l, r) => {
                 let (l, r) = coerce(l.eval(batch)?, r.eval(batch)?)?;
                 let scalar = matches!((&l, &r), (Value2::Scalar(_), Value2::Scalar(_)));
-                let (ld, rd) = (l.datum(), r.datum());
-                let out = match op {
-                    CmpOp::Eq => cmp::eq(&*ld, &*rd),
-                    CmpOp::NotEq => cmp::neq(&*ld, &*rd),
-                    CmpOp::Lt => cmp::lt(&*ld, &*rd),
-                    CmpOp::LtEq => cmp::lt_eq(&*ld, &*rd),
-                    CmpOp::Gt => cmp::gt(&*ld, &*rd),
-                    CmpOp::GtEq => cmp::gt_eq(&*ld, &*rd),
-                }?;
+                let out = match l.array().data_type() {
+                    DataType::Float16 => float_cmp::<Float16Type>(*op, &l, &r)?,
+                    DataType::Float32 => float_cmp::<Float32Type>(*op, &l, &r)?,
+                    DataType::Float64 => float_cmp::<Float64Type>(*op, &l, &r)?,
+                    _ => {
+                        let (ld, rd) = (l.datum(), r.datum());
+                        match op {
+                            CmpOp::Eq => cmp::eq(&*ld, &*rd),
+                            CmpOp::NotEq => cmp::neq(&*ld, &*rd),
+                            CmpOp::Lt => cmp::lt(&*ld, &*rd),
+                            CmpOp::LtEq => cmp::lt_eq(&*ld, &*rd),
+                            CmpOp::Gt => cmp::gt(&*ld, &*rd),
+                            CmpOp::GtEq => cmp::gt_eq(&*ld, &*rd),
+                        }?
+                    }
+                };
                 let out: ArrayRef = Arc::new(out);
                 if scalar {
                     Value2::Scalar(out)
@@ -364,6 +377,79 @@ impl Expr {
                 Value2::Array(Arc::new(out))
             }
         })
+    }
+}
+
+/// Compares two float operands of one type (after [`coerce`]) with IEEE 754 semantics —
+/// Rust's own `<`, `==`, … on the values: any comparison with NaN is false except `!=`, and
+/// `-0 == 0`. Null where either side is null, as SQL's comparisons.
+fn float_cmp<T: ArrowPrimitiveType>(
+    op: CmpOp,
+    l: &Value2,
+    r: &Value2,
+) -> Result<BooleanArray, ArrowError> {
+    let (l, r) = (FloatSide::<T>::new(l)?, FloatSide::<T>::new(r)?);
+    let len = match (l.scalar, r.scalar) {
+        (false, _) => l.array.len(),
+        (true, false) => r.array.len(),
+        (true, true) => 1,
+    };
+    let nulls = NullBuffer::union(l.nulls(len).as_ref(), r.nulls(len).as_ref());
+    let values = match op {
+        CmpOp::Eq => compare(len, &l, &r, |a, b| a == b),
+        CmpOp::NotEq => compare(len, &l, &r, |a, b| a != b),
+        CmpOp::Lt => compare(len, &l, &r, |a, b| a < b),
+        CmpOp::LtEq => compare(len, &l, &r, |a, b| a <= b),
+        CmpOp::Gt => compare(len, &l, &r, |a, b| a > b),
+        CmpOp::GtEq => compare(len, &l, &r, |a, b| a >= b),
+    };
+    Ok(BooleanArray::new(values, nulls))
+}
+
+/// `f` of the two sides, row by row (values under nulls too: they are masked after).
+fn compare<T: ArrowPrimitiveType>(
+    len: usize,
+    l: &FloatSide<'_, T>,
+    r: &FloatSide<'_, T>,
+    f: impl Fn(T::Native, T::Native) -> bool,
+) -> BooleanBuffer {
+    let (lv, rv) = (l.array.values(), r.array.values());
+    match (l.scalar, r.scalar) {
+        (false, false) => BooleanBuffer::collect_bool(len, |i| f(lv[i], rv[i])),
+        (false, true) => BooleanBuffer::collect_bool(len, |i| f(lv[i], rv[0])),
+        (true, false) => BooleanBuffer::collect_bool(len, |i| f(lv[0], rv[i])),
+        (true, true) => BooleanBuffer::collect_bool(len, |_| f(lv[0], rv[0])),
+    }
+}
+
+/// One operand of [`float_cmp`]: a column, or a one-value scalar that stands for every row.
+struct FloatSide<'a, T: ArrowPrimitiveType> {
+    array: &'a PrimitiveArray<T>,
+    scalar: bool,
+}
+
+impl<'a, T: ArrowPrimitiveType> FloatSide<'a, T> {
+    fn new(v: &'a Value2) -> Result<Self, ArrowError> {
+        let array = v.array().as_primitive_opt::<T>().ok_or_else(|| {
+            ArrowError::InvalidArgumentError(format!(
+                "cannot compare {} as {}",
+                v.array().data_type(),
+                T::DATA_TYPE
+            ))
+        })?;
+        Ok(FloatSide {
+            array,
+            scalar: matches!(v, Value2::Scalar(_)),
+        })
+    }
+
+    /// The side's nulls over `len` rows: a null scalar makes every row null.
+    fn nulls(&self, len: usize) -> Option<NullBuffer> {
+        if self.scalar {
+            self.array.is_null(0).then(|| NullBuffer::new_null(len))
+        } else {
+            self.array.nulls().cloned()
+        }
     }
 }
 
@@ -435,9 +521,10 @@ mod tests {
             run("a % 2 = 0"),
             vec![Some(false), Some(true), None, Some(true), Some(false)]
         );
+        // Row 3 is NaN > 4: false (IEEE 754; Arrow's total order would say true).
         assert_eq!(
             run("b > a"),
-            vec![Some(false), Some(false), None, Some(true), Some(false)]
+            vec![Some(false), Some(false), None, Some(false), Some(false)]
         );
         assert_eq!(
             run("a IN (1, 5)"),
@@ -455,6 +542,59 @@ mod tests {
             run("-a < -3"),
             vec![Some(false), Some(false), None, Some(true), Some(true)]
         );
+    }
+
+    /// IEEE 754, not Arrow's total order: NaN compares false except `<>`, -0 = 0, nulls
+    /// stay null; for float64 and float16 columns and for two scalars.
+    #[test]
+    fn floats_compare_as_ieee_numbers() {
+        use arrow::array::{Float16Array, Float64Array};
+        use half::f16;
+        let b = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("x", DataType::Float64, true),
+                Field::new("h", DataType::Float16, true),
+            ])),
+            vec![
+                Arc::new(Float64Array::from(vec![
+                    Some(f64::NAN),
+                    Some(f64::INFINITY),
+                    Some(-0.0),
+                    None,
+                ])),
+                Arc::new(Float16Array::from(vec![
+                    Some(f16::NAN),
+                    Some(f16::INFINITY),
+                    Some(f16::NEG_ZERO),
+                    None,
+                ])),
+            ],
+        )
+        .unwrap();
+        let run = |text: &str| -> Vec<Option<bool>> {
+            let e = compile(text, b.schema().as_ref()).unwrap();
+            e.evaluate_mask(&b).unwrap().iter().collect()
+        };
+        let (t, f) = (Some(true), Some(false));
+        for col in ["x", "h"] {
+            let cases = [
+                ("{c} = 0", [f, f, t, None]),
+                ("{c} <> 0", [t, t, f, None]),
+                ("{c} < 0", [f, f, f, None]),
+                ("{c} <= 0", [f, f, t, None]),
+                ("{c} > 0", [f, t, f, None]),
+                ("{c} >= 0", [f, t, t, None]),
+                ("0 < {c}", [f, t, f, None]),
+                ("{c} <> {c}", [t, f, f, None]),
+                ("{c} = NULL", [None, None, None, None]),
+            ];
+            for (text, want) in cases {
+                let text = text.replace("{c}", col);
+                assert_eq!(run(&text), want, "{text}");
+            }
+        }
+        assert_eq!(run("1.5 < 2.5"), [t, t, t, t]);
+        assert_eq!(run("0.0 = -0.0"), [t, t, t, t]);
     }
 
     #[test]

@@ -3,15 +3,19 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, Float64Array, LargeListArray,
-    ListArray, RecordBatch, Scalar,
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, LargeListArray, ListArray,
+    RecordBatch, Scalar,
 };
-use arrow::compute::kernels::{cmp, numeric, zip::zip};
+use arrow::compute::kernels::{cmp, zip::zip};
 use arrow::compute::{CastOptions, cast, cast_with_options, filter_record_batch, is_null};
-use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Int64Type, SchemaRef};
+use arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Field, Float16Type, Float32Type, Float64Type, Int64Type,
+    SchemaRef,
+};
 use arrow::error::ArrowError;
 
 use super::expr::Expr;
+use super::stats::ColumnStats;
 use super::with_columns;
 use crate::batch::Batch;
 use crate::error::{Error, Result, StageRef};
@@ -245,101 +249,8 @@ impl super::Transform for FillNull {
     }
 }
 
-/// Mean and standard deviation of a column, merged across batches with Chan et al.'s formula.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ColumnStats {
-    pub count: u64,
-    pub mean: f64,
-    /// Sum of squared deviations from the mean.
-    pub m2: f64,
-    given_std: Option<f64>,
-}
-
-impl ColumnStats {
-    pub(crate) fn empty() -> Self {
-        ColumnStats {
-            count: 0,
-            mean: 0.0,
-            m2: 0.0,
-            given_std: None,
-        }
-    }
-
-    pub(crate) fn given(mean: f64, std: f64) -> Self {
-        ColumnStats {
-            count: 0,
-            mean,
-            m2: 0.0,
-            given_std: Some(std),
-        }
-    }
-
-    /// Population standard deviation; 1 when it is 0 (constant column), as scikit-learn does.
-    pub(crate) fn std(&self) -> f64 {
-        if let Some(s) = self.given_std {
-            return s;
-        }
-        let s = if self.count > 0 {
-            (self.m2 / self.count as f64).sqrt()
-        } else {
-            0.0
-        };
-        if s > 0.0 && s.is_finite() { s } else { 1.0 }
-    }
-
-    /// Folds in every non-null leaf value of `array`.
-    pub(crate) fn update(&mut self, array: &ArrayRef) -> Result<(), ArrowError> {
-        let leaf = leaf_values(array);
-        let x = cast(&leaf, &DataType::Float64)?;
-        let n = (x.len() - x.null_count()) as u64;
-        if n == 0 {
-            return Ok(());
-        }
-        let xf = x.as_primitive::<Float64Type>();
-        let sum = arrow::compute::sum(xf).unwrap_or(0.0);
-        let mean = sum / n as f64;
-        let centered = numeric::sub(&x, &Scalar::new(Float64Array::from(vec![mean])))?;
-        let sq = numeric::mul(&centered, &centered)?;
-        let m2 = arrow::compute::sum(sq.as_primitive::<Float64Type>()).unwrap_or(0.0);
-        let total = self.count + n;
-        let delta = mean - self.mean;
-        self.mean += delta * n as f64 / total as f64;
-        self.m2 += m2 + delta * delta * (self.count as f64) * (n as f64) / total as f64;
-        self.count = total;
-        Ok(())
-    }
-}
-
-/// The visible leaf values of a (possibly nested) list array, or the array itself.
-fn leaf_values(array: &ArrayRef) -> ArrayRef {
-    match array.data_type() {
-        DataType::List(_) => {
-            let l = array.as_list::<i32>();
-            let (start, end) = (
-                l.value_offsets()[0] as usize,
-                l.value_offsets()[l.len()] as usize,
-            );
-            leaf_values(&l.values().slice(start, end - start))
-        }
-        DataType::LargeList(_) => {
-            let l = array.as_list::<i64>();
-            let (start, end) = (
-                l.value_offsets()[0] as usize,
-                l.value_offsets()[l.len()] as usize,
-            );
-            leaf_values(&l.values().slice(start, end - start))
-        }
-        DataType::FixedSizeList(_, n) => {
-            let l = array.as_fixed_size_list();
-            leaf_values(
-                &l.values()
-                    .slice(l.offset() * *n as usize, l.len() * *n as usize),
-            )
-        }
-        _ => array.clone(),
-    }
-}
-
+/// `(x - mean) / std` per value: NaN stays NaN, ±inf stays ±inf, null stays null (whatever
+/// the statistics were computed with, see [`ColumnStats::update`]).
 #[derive(Debug)]
 pub(crate) struct Standardize {
     pub stage: StageRef,
@@ -384,22 +295,78 @@ impl super::Transform for Clip {
     fn apply(&self, batch: Batch) -> Result<Batch> {
         let mut cols = batch.data.columns().to_vec();
         for (i, lo, hi) in &self.columns {
-            cols[*i] = map_leaf(&cols[*i], &|x| {
-                let mut x = x.clone();
-                if let Some(lo) = lo {
-                    let lo = Scalar::new(lo.clone());
-                    x = zip(&cmp::lt(&x, &lo)?, &lo, &x)?;
-                }
-                if let Some(hi) = hi {
-                    let hi = Scalar::new(hi.clone());
-                    x = zip(&cmp::gt(&x, &hi)?, &hi, &x)?;
-                }
-                Ok(x)
-            })
-            .map_err(|e| arrow_err(&self.stage, e))?;
+            cols[*i] = map_leaf(&cols[*i], &|x| clip_leaf(x, lo.as_ref(), hi.as_ref()))
+                .map_err(|e| arrow_err(&self.stage, e))?;
         }
         with_columns(&self.stage, batch, &self.schema, cols)
     }
+}
+
+/// `x` bounded to `[lo, hi]` (one-element arrays of `x`'s type). Floats clip as numpy's and
+/// torch's `clip`: NaN stays NaN and ±inf become the bounds. (Arrow's comparison kernels
+/// order floats totally, NaN above every number: `gt(NaN, hi)` is true, and a `zip` on it
+/// turned NaN into `hi`.)
+fn clip_leaf(
+    x: &ArrayRef,
+    lo: Option<&ArrayRef>,
+    hi: Option<&ArrayRef>,
+) -> Result<ArrayRef, ArrowError> {
+    match x.data_type() {
+        DataType::Float16 => clip_float::<Float16Type>(x, lo, hi),
+        DataType::Float32 => clip_float::<Float32Type>(x, lo, hi),
+        DataType::Float64 => clip_float::<Float64Type>(x, lo, hi),
+        _ => {
+            // Integers: no NaN, the kernels' order is the numbers' order.
+            let mut x = x.clone();
+            if let Some(lo) = lo {
+                let lo = Scalar::new(lo.clone());
+                x = zip(&cmp::lt(&x, &lo)?, &lo, &x)?;
+            }
+            if let Some(hi) = hi {
+                let hi = Scalar::new(hi.clone());
+                x = zip(&cmp::gt(&x, &hi)?, &hi, &x)?;
+            }
+            Ok(x)
+        }
+    }
+}
+
+/// [`clip_leaf`] for a float type, in one pass: `v < lo` and `v > hi` are false for NaN
+/// (IEEE 754), so NaN passes through; nulls stay null.
+fn clip_float<T: ArrowPrimitiveType>(
+    x: &ArrayRef,
+    lo: Option<&ArrayRef>,
+    hi: Option<&ArrayRef>,
+) -> Result<ArrayRef, ArrowError> {
+    let bound = |b: Option<&ArrayRef>| -> Result<Option<T::Native>, ArrowError> {
+        b.map(|b| {
+            b.as_primitive_opt::<T>()
+                .filter(|p| p.len() == 1 && p.is_valid(0))
+                .map(|p| p.value(0))
+                .ok_or_else(|| {
+                    ArrowError::InvalidArgumentError(format!(
+                        "clip bound of type {} for a {} column",
+                        b.data_type(),
+                        x.data_type()
+                    ))
+                })
+        })
+        .transpose()
+    };
+    let (lo, hi) = (bound(lo)?, bound(hi)?);
+    let a = x
+        .as_primitive_opt::<T>()
+        .ok_or_else(|| ArrowError::InvalidArgumentError(format!("clip: {}", x.data_type())))?;
+    Ok(Arc::new(a.unary::<_, T>(move |v| {
+        let v = match lo {
+            Some(l) if v < l => l,
+            _ => v,
+        };
+        match hi {
+            Some(h) if v > h => h,
+            _ => v,
+        }
+    })))
 }
 
 #[derive(Debug)]
@@ -411,6 +378,20 @@ pub(crate) struct OneHot {
     /// Label smoothing ε: `(on, off)` = `(1 - ε + ε/k, ε/k)`.
     pub on_off: (f32, f32),
     pub schema: SchemaRef,
+}
+
+/// "is 12, outside 0..10 (…)": a class index `v` that `num_classes: k` has no class for,
+/// with what to do about it.
+fn one_hot_out_of_range(v: i64, k: usize) -> String {
+    let fix = if v < 0 {
+        format!("a class index is never negative: map the labels to 0..{k} first")
+    } else {
+        format!(
+            "class indices run from 0 to num_classes - 1: set `num_classes` to at least {} if the column has that many classes, or filter such rows out first",
+            v.saturating_add(1)
+        )
+    };
+    format!("is {v}, outside 0..{k} ({fix})")
 }
 
 impl super::Transform for OneHot {
@@ -425,16 +406,15 @@ impl super::Transform for OneHot {
             .first_invalid(idx)
             .map_err(|e| arrow_err(&self.stage, e))?;
         if let Some(r) = bad {
-            let what = if idx.is_null(r) {
-                "is null".to_string()
-            } else {
-                format!("is {}, outside 0..{k}", idx.value(r))
+            let what = match idx.is_null(r) {
+                true => {
+                    "is null (fill nulls with `fill_null` or filter them out first)".to_string()
+                }
+                false => one_hot_out_of_range(idx.value(r), k),
             };
             return Err(Error::Data {
                 stage: self.stage.clone(),
-                message: format!(
-                    "class index in column `{name}` {what} (fill nulls with `fill_null` or filter them out first)"
-                ),
+                message: format!("class index in column `{name}` {what}"),
                 rows: batch.lineage.describe_row(r as u64),
             });
         }
@@ -485,6 +465,8 @@ mod tests {
     use super::*;
     use crate::batch::{Lineage, Name, Origin};
     use crate::stage::Transform;
+    use arrow::array::Float64Array;
+    use arrow::compute::kernels::numeric;
     use arrow::datatypes::Schema;
 
     /// The fused standardize pass gives, bit for bit, what Arrow's `sub` then `div` kernels
@@ -560,6 +542,38 @@ mod tests {
             Arc::new(Float64Array::from(vec![std])),
         );
         assert_eq!(bits(out.data.column(1)), bits(&want64));
+    }
+
+    /// NaN passes through `clip` (numpy, torch); ±inf and out-of-range values take the bounds.
+    #[test]
+    fn clip_keeps_nan() {
+        let x: ArrayRef = Arc::new(Float32Array::from(vec![
+            Some(f32::NAN),
+            Some(-f32::NAN),
+            Some(f32::INFINITY),
+            Some(f32::NEG_INFINITY),
+            Some(0.25),
+            None,
+        ]));
+        let lo: ArrayRef = Arc::new(Float32Array::from(vec![-1.0]));
+        let hi: ArrayRef = Arc::new(Float32Array::from(vec![1.0]));
+        let out = clip_leaf(&x, Some(&lo), Some(&hi)).unwrap();
+        let out: Vec<Option<f32>> = out.as_primitive::<Float32Type>().iter().collect();
+        assert!(
+            out[0].unwrap().is_nan() && out[1].unwrap().is_nan(),
+            "{out:?}"
+        );
+        assert_eq!(out[2..], [Some(1.0), Some(-1.0), Some(0.25), None]);
+        // Integers still clip through the comparison kernels.
+        let i: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![-5, 0, 5]));
+        let lo: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![-1]));
+        let out = clip_leaf(&i, Some(&lo), None).unwrap();
+        assert_eq!(
+            out.as_primitive::<arrow::datatypes::Int32Type>()
+                .values()
+                .to_vec(),
+            vec![-1, 0, 5]
+        );
     }
 
     #[test]

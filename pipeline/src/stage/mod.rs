@@ -11,6 +11,7 @@ mod normal;
 mod pixels;
 pub(crate) mod rebatch;
 pub(crate) mod shuffle;
+mod stats;
 mod tokens;
 #[rustfmt::skip]
 mod ziggurat_tables;
@@ -46,7 +47,7 @@ use crate::batch::Batch;
 use crate::config::{Literal, StageConfig};
 use crate::error::{Error, Result, StageRef};
 
-pub(crate) use kernels::ColumnStats;
+pub(crate) use stats::ColumnStats;
 
 /// A stateless, per-batch transformation.
 pub(crate) trait Transform: Send + Sync + fmt::Debug {
@@ -235,6 +236,12 @@ pub(crate) fn build(
                             "`std` must be a positive number and `mean` finite (got mean {m}, std {s})"
                         )));
                     }
+                    if c.non_finite.is_some() {
+                        return Err(err(
+                            "`non_finite` applies only to statistics computed from the data; with `mean` and `std` given there is nothing to compute (a NaN or ±inf value stays NaN or ±inf)"
+                                .into(),
+                        ));
+                    }
                     Some(ColumnStats::given(m, s))
                 }
                 (None, None) => None,
@@ -335,6 +342,13 @@ pub(crate) fn build(
         StageConfig::Clip(c) => {
             if c.min.is_none() && c.max.is_none() {
                 return Err(err("give `min`, `max` or both".into()));
+            }
+            for (key, v) in [("min", c.min), ("max", c.max)] {
+                if v.is_some_and(f64::is_nan) {
+                    return Err(err(format!(
+                        "`{key}` must be a number, not NaN (leave it out for no bound)"
+                    )));
+                }
             }
             if let (Some(lo), Some(hi)) = (c.min, c.max)
                 && lo > hi

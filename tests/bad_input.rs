@@ -368,14 +368,7 @@ fn bad_class_index_in_one_hot() {
 fn bad_images_stop_the_run_or_are_skipped_and_counted() {
     use arrow::array::BinaryArray;
     let c = Case::new();
-    let good_png = {
-        use image::ImageEncoder;
-        let mut png = Vec::new();
-        image::codecs::png::PngEncoder::new(&mut png)
-            .write_image(&[7u8; 2 * 2 * 3], 2, 2, image::ExtendedColorType::Rgb8)
-            .unwrap();
-        png
-    };
+    let good_png = tiny_png();
     let batch = |ids: std::ops::Range<i64>, bad: &[i64]| {
         let imgs: Vec<Vec<u8>> = ids
             .clone()

@@ -20,6 +20,8 @@
 
 mod common;
 
+use common::Rng;
+
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
@@ -121,25 +123,8 @@ struct Mutant {
     expect: Expect,
 }
 
-/// SplitMix64: tiny, seedable, good enough to pick mutations.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
+/// Picking from a list, on top of the shared seeded generator.
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n` > 0).
-    fn below(&mut self, n: usize) -> usize {
-        assert!(n > 0, "below(0)");
-        (self.next_u64() % n as u64) as usize
-    }
-
     fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len())]
     }

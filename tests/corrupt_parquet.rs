@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use arrow::array::{BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
-use common::{arc, files_under, int64_values, read_parquet, rows, run_in_for};
+use common::{Rng, arc, files_under, int64_values, read_parquet, rows, run_in_for};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -32,26 +32,6 @@ const SEED: u64 = 0xC0AA_0F7E_5EED_0032;
 /// A run over a 1,000-row file takes well under a second: one still running after this long
 /// is hung (a hang detector, not a timing check).
 const HANG: Duration = Duration::from_secs(60);
-
-/// SplitMix64, for the seeded positions.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n` > 0).
-    fn below(&mut self, n: usize) -> usize {
-        assert!(n > 0, "below(0)");
-        (self.next_u64() % n as u64) as usize
-    }
-}
 
 /// The valid file: ids 0..1000, a nullable float, a dictionary-encoded string and a bool, in
 /// row groups of 200 rows and pages of 50, zstd.

@@ -439,8 +439,7 @@ fn decoded_bytes_count_values_not_capacity() {
         &["run", "p.yaml", "--summary-json", "s.json", "--no-report"],
     );
     assert_eq!(code, Some(0), "{err}");
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path().join("s.json")).unwrap()).unwrap();
+    let s = summary_json(&t.path().join("s.json"));
     assert_eq!(s["row_groups"], 2000);
     assert_eq!(s["bytes_decoded"], 16_000);
     assert!(stdout.contains("0.02 MB decoded"), "{stdout}");
@@ -450,14 +449,7 @@ fn decoded_bytes_count_values_not_capacity() {
 #[test]
 fn image_dead_letters_are_counted_in_text_and_json() {
     let t = tempfile::tempdir().unwrap();
-    let good_png = {
-        use image::ImageEncoder;
-        let mut png = Vec::new();
-        image::codecs::png::PngEncoder::new(&mut png)
-            .write_image(&[7u8; 2 * 2 * 3], 2, 2, image::ExtendedColorType::Rgb8)
-            .unwrap();
-        png
-    };
+    let good_png = tiny_png();
     let imgs: Vec<Vec<u8>> = (0..100)
         .map(|i| match i {
             13 | 40 | 41 | 77 | 99 => b"\x89PNG\r\n\x1a\nnot really".to_vec(),
@@ -485,8 +477,7 @@ fn image_dead_letters_are_counted_in_text_and_json() {
         &["run", "p.yaml", "--summary-json", "s.json", "--no-report"],
     );
     assert_eq!(code, Some(0), "{err}");
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path().join("s.json")).unwrap()).unwrap();
+    let s = summary_json(&t.path().join("s.json"));
     assert_eq!(s["stages"][0]["rows_removed"], 5);
     assert_eq!(s["records_dead_lettered"], 5);
     assert!(stdout.contains("5 record(s) dead-lettered"), "{stdout}");
@@ -500,4 +491,9 @@ fn image_dead_letters_are_counted_in_text_and_json() {
         })
         .sum();
     assert_eq!(lines, 5);
+}
+
+/// The `--summary-json` file a run wrote.
+fn summary_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }

@@ -4,11 +4,13 @@
 //! them out and say how many.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array, Float64Array, Int64Array, ListArray};
-use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Int64Type, Schema};
+use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema};
 use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
@@ -103,18 +105,7 @@ async fn kept(predicate: &str) -> Vec<i64> {
          - {{type: filter, predicate: '{predicate}'}}\n\
          runtime: {{threads: 1}}\n"
     );
-    let batches = collect(&yaml).await.unwrap();
-    batches
-        .iter()
-        .flat_map(|b| {
-            b.data
-                .column_by_name("id")
-                .unwrap()
-                .as_primitive::<Int64Type>()
-                .values()
-                .to_vec()
-        })
-        .collect()
+    common::ids(&collect(&yaml).await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

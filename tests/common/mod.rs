@@ -305,3 +305,34 @@ pub fn dataset(dir: &Path, files: usize, rows: usize, blob_bytes: usize) {
         write_parquet(&dir.join(format!("part-{f}.parquet")), &[rb], 1000);
     }
 }
+
+/// SplitMix64: a tiny seedable generator for tests that derive their cases from a seed (config
+/// mutants, corrupt-file positions), so a failure replays from the seed alone.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        assert!(n > 0, "below(0)");
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// A valid 2×2 RGB PNG (every pixel grey 7), for image-stage tests.
+pub fn tiny_png() -> Vec<u8> {
+    use image::ImageEncoder;
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(&[7u8; 2 * 2 * 3], 2, 2, image::ExtendedColorType::Rgb8)
+        .unwrap();
+    png
+}

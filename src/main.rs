@@ -2,8 +2,9 @@
 //!
 //! Exit codes: 0 success; 1 the job or config failed (message on stderr); 2 bad command-line
 //! usage (an unusable flag value: `--summary-json` or `--report` where nothing can be
-//! written, checked before any work); 130 interrupted (Ctrl-C/SIGTERM; no partial output
-//! left). A closed standard output (`sluice inspect … | head`) is not an error: what would
+//! written, or an unusable `SLUICE_STOP_GRACE`; checked before any work); 130 interrupted
+//! (Ctrl-C/SIGTERM: a clean stop with no partial output left, or, after a second signal or
+//! the grace period, an immediate one: see `signals.rs`). A closed standard output (`sluice inspect … | head`) is not an error: what would
 //! have been printed is dropped and the exit code is the command's own (`inspect` stops at
 //! once, 0).
 
@@ -17,7 +18,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures::FutureExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sluice::observe::{Observed, Sampler, serve_metrics};
-use sluice::pipeline::{ConfigDocument, Error as PipelineError, PipelineMetrics};
+use sluice::pipeline::PipelineMetrics;
 use sluice::report::Report;
 use sluice::{Job, JobError, RunReport};
 use tracing_subscriber::EnvFilter;
@@ -35,52 +36,14 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Prints one line to standard output, like `println!`, but never panics: see
-/// [`write_line`].
-macro_rules! out {
-    ($($arg:tt)*) => {
-        $crate::write_line(format_args!($($arg)*))
-    };
-}
+#[macro_use]
+mod output;
+mod inspect;
+mod signals;
 
-/// What became of standard output: [`STDOUT_OPEN`], [`STDOUT_CLOSED`] (the reader went
-/// away) or [`STDOUT_FAILED`] (another write error, reported).
-static STDOUT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(STDOUT_OPEN);
-const STDOUT_OPEN: u8 = 0;
-const STDOUT_CLOSED: u8 = 1;
-const STDOUT_FAILED: u8 = 2;
-
-/// Writes one line to standard output. Once the reader has gone away (`sluice inspect … |
-/// head -2`: a broken pipe), this and later lines are dropped quietly ([`stdout_closed`]
-/// says so) and the command ends as it would have; `println!` would panic. Any other write
-/// error (a full disk behind `>`) is reported once, later lines are dropped, and the command
-/// exits with 1 ([`main`]).
-fn write_line(args: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    use std::sync::atomic::Ordering;
-    if STDOUT.load(Ordering::Relaxed) != STDOUT_OPEN {
-        return;
-    }
-    let mut stdout = std::io::stdout().lock();
-    let written = stdout
-        .write_fmt(args)
-        .and_then(|()| stdout.write_all(b"\n"));
-    match written {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-            STDOUT.store(STDOUT_CLOSED, Ordering::Relaxed);
-        }
-        Err(e) => {
-            STDOUT.store(STDOUT_FAILED, Ordering::Relaxed);
-            eprintln!("error: cannot write to standard output: {e}");
-        }
-    }
-}
-
-/// Whether standard output can no longer be written: nothing printed from now on is read.
-fn stdout_closed() -> bool {
-    STDOUT.load(std::sync::atomic::Ordering::Relaxed) != STDOUT_OPEN
-}
+use inspect::{inspect, validate};
+use output::{check_output_flags, print_error, write_report};
+use signals::interrupt_signal;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -238,6 +201,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Err(e) = signals::configure_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("sluice-io")
@@ -305,7 +272,7 @@ fn main() -> ExitCode {
     });
     // Do not wait for background I/O of an aborted run.
     runtime.shutdown_timeout(Duration::from_secs(1));
-    if STDOUT.load(std::sync::atomic::Ordering::Relaxed) == STDOUT_FAILED {
+    if output::stdout_failed() {
         return ExitCode::FAILURE;
     }
     code
@@ -317,48 +284,6 @@ mod train;
 
 /// Interval of the report's throughput samples (doubles on long runs; the series is bounded).
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
-
-fn print_error(e: &dyn std::fmt::Display) {
-    for line in e.to_string().lines() {
-        eprintln!("error: {line}");
-    }
-}
-
-/// Resolves on the first Ctrl-C or SIGTERM. The signal handlers are installed before this
-/// returns, so a signal that arrives while the job is still starting is not lost.
-fn interrupt_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            (Ok(mut int), Ok(mut term)) => {
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = int.recv() => {}
-                        _ = term.recv() => {}
-                    }
-                    let _ = tx.send(true);
-                });
-            }
-            _ => {
-                tracing::warn!("cannot install signal handlers; Ctrl-C will kill the process");
-                std::mem::forget(tx);
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        let _ = tx.send(true);
-    });
-    async move {
-        let _ = rx.wait_for(|fired| *fired).await;
-    }
-}
 
 /// Starts the metrics endpoint (when asked) and the sampler for the report. `rank` offsets
 /// the port (one endpoint per process under mpirun).
@@ -392,84 +317,6 @@ async fn start_observing(
 /// so that a run is not done only to fail at the end. A flag that cannot be honoured is a
 /// usage error: exit code 2. (The default report directory is not checked: a report that
 /// cannot be written there is a warning.)
-fn check_output_flags(summary_json: Option<&Path>, observe: &Observe) -> Result<(), ExitCode> {
-    let mut problems = Vec::new();
-    if let Some(path) = summary_json
-        && let Err(why) = writable_file(path)
-    {
-        problems.push(format!("--summary-json {}: {why}", path.display()));
-    }
-    if let Some(dir) = &observe.report
-        && let Err(why) = writable_dir(dir)
-    {
-        problems.push(format!("--report {}: {why}", dir.display()));
-    }
-    if problems.is_empty() {
-        return Ok(());
-    }
-    for p in problems {
-        eprintln!("error: {p}");
-    }
-    Err(ExitCode::from(2))
-}
-
-/// Whether a file can be written at `path`: not a directory, in a directory that exists and
-/// lets this user create it. Tried by opening it for appending (an existing file is left as
-/// it is; one created for the test is removed again).
-fn writable_file(path: &Path) -> Result<(), String> {
-    if path.is_dir() {
-        return Err("is a directory; give the path of a file".into());
-    }
-    let existed = path.symlink_metadata().is_ok();
-    match std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-    {
-        Ok(_) => {
-            if !existed {
-                let _ = std::fs::remove_file(path);
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let parent = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            Err(format!(
-                "cannot be written: the directory {} does not exist",
-                parent.display()
-            ))
-        }
-        Err(e) => Err(format!("cannot be written: {e}")),
-    }
-}
-
-/// Whether files can be written in the directory `dir` (created if missing, as the report
-/// would create it).
-fn writable_dir(dir: &Path) -> Result<(), String> {
-    if dir.exists() && !dir.is_dir() {
-        return Err("is not a directory".into());
-    }
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the directory: {e}"))?;
-    let probe = dir.join(format!(".sluice-write-test-{}", std::process::id()));
-    std::fs::File::create(&probe).map_err(|e| format!("cannot write in the directory: {e}"))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
-}
-
-/// Writes the run report; a failure is reported, not fatal (the run itself succeeded).
-fn write_report(dir: &Path, report: &Report) {
-    match report.write(dir) {
-        Ok(()) => tracing::info!("run report in {}", dir.display()),
-        Err(e) => eprintln!(
-            "warning: cannot write the run report to {}: {e}",
-            dir.display()
-        ),
-    }
-}
-
 async fn run(
     config: &Path,
     progress: ProgressMode,
@@ -554,7 +401,7 @@ fn fail(e: &JobError) -> ExitCode {
         e,
         JobError::Interrupted | JobError::InterruptedAtCheckpoint(_)
     ) {
-        ExitCode::from(130)
+        ExitCode::from(signals::INTERRUPTED)
     } else {
         ExitCode::FAILURE
     }
@@ -713,268 +560,4 @@ fn print_summary(config: &Path, r: &RunReport) {
             .map(|b| format!("; peak RSS {:.0} MiB", sluice::mib(b)))
             .unwrap_or_default()
     );
-}
-
-async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
-    /// The job, with the `trainer:` section (read by `sluice train` alone) checked as well:
-    /// its problems join the others, each at its `file:line:column`.
-    fn load(doc: &ConfigDocument) -> Result<Job, Box<JobError>> {
-        #[cfg_attr(not(feature = "torch"), allow(unused_mut))]
-        let mut trainer_errors: Vec<sluice::pipeline::ConfigError> = Vec::new();
-        #[cfg(feature = "torch")]
-        let _ = doc.value::<sluice::trainer::TrainerConfig>("trainer", &mut trainer_errors);
-        let refused = |errors: Vec<sluice::pipeline::ConfigError>| {
-            Box::new(JobError::from(PipelineError::Config(
-                sluice::pipeline::ConfigErrors::sorted(errors),
-            )))
-        };
-        match Job::from_document(doc) {
-            Ok(job) if trainer_errors.is_empty() => Ok(job),
-            Ok(_) => Err(refused(trainer_errors)),
-            Err(JobError::Pipeline(PipelineError::Config(c))) => {
-                let mut all = c.0;
-                all.extend(trainer_errors);
-                Err(refused(all))
-            }
-            Err(e) => Err(Box::new(e)),
-        }
-    }
-    let mut failed = false;
-    for path in configs {
-        let loaded = ConfigDocument::from_path(path)
-            .map_err(|e| Box::new(JobError::from(e)))
-            .and_then(|doc| load(&doc).map(|job| (doc, job)));
-        let (doc, job) = match loaded {
-            Ok(loaded) => loaded,
-            Err(e) => {
-                print_error(&e);
-                let n = match &*e {
-                    JobError::Pipeline(PipelineError::Config(c)) => c.0.len(),
-                    _ => 1,
-                };
-                eprintln!(
-                    "{}: {n} {} found",
-                    path.display(),
-                    if n == 1 { "problem" } else { "problems" }
-                );
-                failed = true;
-                continue;
-            }
-        };
-        let sections = doc.sections(
-            sluice::pipeline::config::TOP_LEVEL_SECTIONS,
-            &mut Vec::new(),
-        );
-        #[cfg(feature = "torch")]
-        if sections.iter().any(|s| s == "trainer") {
-            // What `sluice train` checks before it starts: a `loader:`, the tensors the
-            // trainer names, a `batch` stage, …
-            if let Err(e) = sluice::trainer::TrainJob::from_document(&doc) {
-                print_error(&e);
-                eprintln!("{}: 1 problem found", path.display());
-                failed = true;
-                continue;
-            }
-        }
-        #[cfg(not(feature = "torch"))]
-        if sections.iter().any(|s| s == "trainer" || s == "loader") {
-            eprintln!(
-                "note: {}: `loader:` and `trainer:` were not checked: this sluice was built without the `torch` feature",
-                path.display()
-            );
-        }
-        if no_data {
-            out!("{}: ok (YAML only)", path.display());
-            continue;
-        }
-        match job.pipeline().plan().await {
-            Ok(plan) if !plan.problems.is_empty() => {
-                for e in &plan.problems {
-                    print_error(e);
-                }
-                if let Some(first) = &plan.unchecked_from {
-                    eprintln!(
-                        "note: {first} and the stages after it were not checked: the stage before them could not be built, so their input is unknown"
-                    );
-                }
-                let n = plan.problems.len();
-                eprintln!(
-                    "{}: {n} {} found",
-                    path.display(),
-                    if n == 1 { "problem" } else { "problems" }
-                );
-                failed = true;
-            }
-            Ok(plan) => {
-                out!("{}: ok — {}", path.display(), plan.summary);
-                out!("  source: {}", schema_line(&plan.source_schema));
-                for (stage, schema) in &plan.stages {
-                    out!("  {stage}: {}", schema_line(schema));
-                }
-                if let Some(sink) = &job.sink {
-                    out!("  sink: {} at {}", sink.value.kind(), sink.location);
-                }
-                if matches!(
-                    job.pipeline.source.value,
-                    sluice::pipeline::config::SourceConfig::Parquet(_)
-                ) {
-                    // Judged for several ranks, the case a lost node leaves.
-                    let world = job.pipeline.runtime.rank_and_world().1.max(2);
-                    match job.pipeline().rescalable(world) {
-                        Ok(()) => out!(
-                            "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): an interrupted epoch is finished exactly"
-                        ),
-                        Err(why) => out!(
-                            "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): a run continues at the next epoch, the rest of the interrupted one untrained: {why}"
-                        ),
-                    }
-                }
-                #[cfg(feature = "torch")]
-                if let Some(loader) = &job.loader {
-                    let schema = plan
-                        .stages
-                        .last()
-                        .map(|(_, s)| s.clone())
-                        .unwrap_or_else(|| plan.source_schema.clone());
-                    match loader.check(&schema) {
-                        Ok(lines) => {
-                            for l in lines {
-                                out!("  loader: {l}");
-                            }
-                        }
-                        Err(e) => {
-                            eprintln!("error: {e}");
-                            eprintln!("{}: 1 problem found", path.display());
-                            failed = true;
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                print_error(&e);
-                eprintln!("{}: 1 problem found", path.display());
-                failed = true;
-            }
-        }
-    }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
-}
-
-fn schema_line(schema: &arrow::datatypes::Schema) -> String {
-    schema
-        .fields()
-        .iter()
-        .map(|f| format!("{}: {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-async fn inspect(paths: &[String], rows: usize) -> ExitCode {
-    let cwd = PathBuf::from(".");
-    match sluice::pipeline::inspect::inspect_parquet(paths, &cwd, rows).await {
-        Ok(files) => {
-            for f in files {
-                // `inspect … | head`: the reader has seen enough.
-                if stdout_closed() {
-                    break;
-                }
-                out!("{}", f.url);
-                out!(
-                    "  {} rows, {} row group(s), {} bytes{}",
-                    f.rows,
-                    f.row_groups.len(),
-                    f.size,
-                    f.created_by
-                        .map(|c| format!(", written by {c}"))
-                        .unwrap_or_default()
-                );
-                out!("  schema:");
-                for field in f.schema.fields() {
-                    out!(
-                        "    {}: {}{}",
-                        field.name(),
-                        field.data_type(),
-                        if field.is_nullable() {
-                            ""
-                        } else {
-                            " (not null)"
-                        }
-                    );
-                }
-                if !f.partitions.is_empty() {
-                    let values: Vec<String> = f
-                        .partitions
-                        .iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("null")))
-                        .collect();
-                    out!(
-                        "  partition directories (columns with `partitioning: hive`): {}",
-                        values.join(", ")
-                    );
-                }
-                out!("  row groups:");
-                for (i, rg) in f.row_groups.iter().enumerate() {
-                    if stdout_closed() {
-                        break;
-                    }
-                    out!(
-                        "    {i}: {} rows, {} bytes compressed, {} uncompressed",
-                        rg.rows,
-                        rg.compressed_bytes,
-                        rg.uncompressed_bytes
-                    );
-                }
-                if !f.head.is_empty() {
-                    out!("  first rows:");
-                    print_rows(&f.head);
-                }
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            print_error(&e);
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// One line per row, long values (lists) shortened so the output stays readable.
-fn print_rows(batches: &[arrow::array::RecordBatch]) {
-    use arrow::util::display::{ArrayFormatter, FormatOptions};
-    const MAX: usize = 72;
-    let opts = FormatOptions::default().with_null("null");
-    let mut row_no = 0;
-    for b in batches {
-        let formatters: Vec<_> = b
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts))
-            .collect();
-        for r in 0..b.num_rows() {
-            let cells: Vec<String> = b
-                .schema()
-                .fields()
-                .iter()
-                .zip(&formatters)
-                .map(|(field, fmt)| {
-                    let v = match fmt {
-                        Ok(f) => f.value(r).to_string(),
-                        Err(_) => "?".into(),
-                    };
-                    let v = if v.chars().count() > MAX {
-                        format!("{}…", v.chars().take(MAX).collect::<String>())
-                    } else {
-                        v
-                    };
-                    format!("{}={v}", field.name())
-                })
-                .collect();
-            out!("    [{row_no}] {}", cells.join(", "));
-            row_no += 1;
-        }
-    }
 }

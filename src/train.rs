@@ -131,7 +131,7 @@ pub(crate) async fn train(
     if report.rank != 0 {
         // Under mpirun every rank runs this; rank 0 speaks for the job.
         return if report.interrupted {
-            ExitCode::from(130)
+            ExitCode::from(crate::signals::INTERRUPTED)
         } else {
             ExitCode::SUCCESS
         };
@@ -183,7 +183,7 @@ pub(crate) async fn train(
                 .as_deref()
                 .unwrap_or("(no checkpoint configured)")
         );
-        return ExitCode::from(130);
+        return ExitCode::from(crate::signals::INTERRUPTED);
     }
     ExitCode::SUCCESS
 }

@@ -275,3 +275,101 @@ fn five_thousand_stages_validate() {
     let (code, stderr) = sluice_in(dir.path(), &["validate", "--no-data", "p.yaml"]);
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// Settings that come from outside the YAML are bounded too: `--workers` past the trainer's
+/// limit, a world size from the environment that is not a number or out of range, and an
+/// unusable `SLUICE_STOP_GRACE`, each refused before any work with what to change.
+#[test]
+fn flags_and_environment_are_bounded_like_the_yaml() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}'}}\nsink: {{type: parquet, path: out/x.parquet}}\n",
+            digits()
+        ),
+    )
+    .unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = sluice();
+        cmd.current_dir(dir.path())
+            .args(["run", "p.yaml", "--no-report"])
+            .timeout(Duration::from_secs(120));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    for (env, code, says) in [
+        (
+            ("SLUICE_WORLD_SIZE", "four"),
+            1,
+            "the environment variable SLUICE_WORLD_SIZE=\"four\" is not a whole number",
+        ),
+        (
+            ("SLUICE_WORLD_SIZE", "100000"),
+            1,
+            "world size 100000 is out of range: allowed 1–65536",
+        ),
+        (
+            ("SLUICE_WORLD_SIZE", "0"),
+            1,
+            "rank 0 is not below world_size 0",
+        ),
+        (
+            ("SLUICE_RANK", "-1"),
+            1,
+            "the environment variable SLUICE_RANK=\"-1\" is not a whole number",
+        ),
+        (("SLUICE_STOP_GRACE", "soon"), 2, "SLUICE_STOP_GRACE=soon: "),
+        (
+            ("SLUICE_STOP_GRACE", "2h"),
+            2,
+            "SLUICE_STOP_GRACE=2h is out of range: allowed 0s–1h",
+        ),
+    ] {
+        // A typo in the first variable is not passed over for the next one.
+        let (got, stderr) = run(&[env, ("WORLD_SIZE", "2")]);
+        assert_eq!(got, Some(code), "{env:?}: {stderr}");
+        assert!(stderr.contains(says), "{env:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            !dir.path().join("out").exists(),
+            "{env:?}: the run wrote output"
+        );
+    }
+    let (got, stderr) = run(&[("SLUICE_STOP_GRACE", "3s")]);
+    assert_eq!(got, Some(0), "{stderr}");
+}
+
+/// `--workers` is checked against the same limit as `trainer.allreduce.workers`.
+#[cfg(feature = "torch")]
+#[test]
+fn workers_flag_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}'}}\nstages:\n  - {{type: cast, columns: {{pixels: float32}}}}\n  - {{type: batch, size: 8}}\nloader:\n  tensors:\n    x: {{column: pixels, dtype: f32}}\n    y: {{column: label, dtype: i64}}\ntrainer:\n  model: {{type: logreg, outputs: 10}}\n  optimizer: {{type: sgd, lr: 0.1}}\n",
+            digits()
+        ),
+    )
+    .unwrap();
+    for workers in ["100000", "0"] {
+        let (code, stderr) = sluice_in(
+            dir.path(),
+            &["train", "p.yaml", "--workers", workers, "--no-report"],
+        );
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "trainer.allreduce.workers (or --workers): {workers} is out of range: allowed 1–256"
+            )),
+            "{stderr}"
+        );
+    }
+}

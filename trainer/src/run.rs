@@ -97,10 +97,16 @@ impl TrainJob {
                 )));
             }
         }
-        if t.allreduce.workers == 0 {
-            return Err(TrainError::Config(
-                "trainer.allreduce.workers must be at least 1".into(),
-            ));
+        // Also when `--workers` set it, past the YAML's own checks.
+        if let Some(l) = sluice_pipeline::config::limits::lookup("trainer", "allreduce.workers")
+            && !l.allows(t.allreduce.workers as u64)
+        {
+            return Err(TrainError::Config(format!(
+                "trainer.allreduce.workers (or --workers): {} is out of range: allowed {}; {}",
+                t.allreduce.workers,
+                l.range(),
+                l.why
+            )));
         }
         if t.allreduce.bucket_mb <= 0.0 || !t.allreduce.bucket_mb.is_finite() {
             return Err(TrainError::Config(
@@ -448,6 +454,27 @@ fn resumed_length(meta: &CheckpointMeta, epochs: u64, steps: u64) -> Option<u64>
     Some(meta.step + epochs.saturating_sub(at.epoch) * steps)
 }
 
+/// How often a rank waiting alone for data looks at the stop flag.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The stream's next item, or `None` once `stop` is set while it is still awaited.
+async fn next_or_stop<S: futures::Stream + Unpin>(
+    stream: &mut S,
+    stop: &AtomicBool,
+) -> Option<Option<S::Item>> {
+    // A flag set from a signal handler has no waker: look at it every STOP_POLL.
+    let stopped = async {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(STOP_POLL).await;
+        }
+    };
+    tokio::select! {
+        biased;
+        next = stream.next() => Some(next),
+        () = stopped => None,
+    }
+}
+
 /// One rank's training loop and its report (counts over all ranks; data stall and
 /// collective time of this rank).
 pub(crate) fn worker(
@@ -744,6 +771,20 @@ pub(crate) fn worker(
         }
         let next = match first.take() {
             Some(b) => Some(b),
+            None if world == 1 => match handle.block_on(next_or_stop(&mut stream, &options.stop)) {
+                Some(next) => next.transpose()?,
+                None => {
+                    // Asked to stop while waiting for data (an idle topic): the state after
+                    // the last step is whole, so checkpoint it now rather than at a next step
+                    // that may never come.
+                    ctx.checkpoint(&mut trainer, &location, &last_state, rows_trained, false)?;
+                    acker.store(&last_state, false);
+                    interrupted = true;
+                    break;
+                }
+            },
+            // With several ranks the others wait for this one in the all-reduce, so it waits
+            // too; a stop is agreed at the next step (the command's grace period bounds it).
             None => handle.block_on(stream.next()).transpose()?,
         };
         let Some(batch) = next else {
@@ -946,9 +987,11 @@ struct StepLine {
     epoch: Option<u64>,
 }
 
+/// Appends one line to the step log, flushed: a reader following the log (`tail -f`, a
+/// dashboard) sees each step when it is taken (one write per step, next to a training step).
 fn write_line(w: &mut impl Write, v: &impl Serialize) {
     if let Ok(s) = serde_json::to_string(v) {
-        let _ = writeln!(w, "{s}");
+        let _ = writeln!(w, "{s}").and_then(|()| w.flush());
     }
 }
 

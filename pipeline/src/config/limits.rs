@@ -51,6 +51,14 @@ pub struct Limit {
     pub why: &'static str,
 }
 
+/// The limit of `key` in `section` (no component kind), for checking a value that comes from
+/// elsewhere than the YAML (a command-line flag).
+pub fn lookup(section: &str, key: &str) -> Option<&'static Limit> {
+    LIMITS
+        .iter()
+        .find(|l| l.section == section && l.kind.is_none() && l.key == key)
+}
+
 /// Most threads of the CPU pool (`runtime.threads`).
 pub const MAX_THREADS: u64 = 1024;
 

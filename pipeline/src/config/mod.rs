@@ -272,31 +272,69 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// `(rank, world_size)`: from the config, else the environment, else `(0, 1)`. Not
-    /// checked here: opening the source refuses a rank that is not below the world size.
+    /// checked here (an unusable variable counts as unset): opening the source refuses what
+    /// [`RuntimeConfig::checked_rank_and_world`] refuses.
     pub fn rank_and_world(&self) -> (usize, usize) {
-        fn env(names: &[&str]) -> Option<usize> {
-            names
-                .iter()
-                .find_map(|n| std::env::var(n).ok().and_then(|v| v.trim().parse().ok()))
+        let (rank, world) = self.configured_or_env();
+        (
+            rank.ok().flatten().unwrap_or(0),
+            world.ok().flatten().unwrap_or(1),
+        )
+    }
+
+    /// [`RuntimeConfig::rank_and_world`], refusing what would make a run read the wrong rows:
+    /// an environment variable that is set but not a whole number (the first one set decides:
+    /// a typo in `SLUICE_WORLD_SIZE` is not passed over for `WORLD_SIZE`), a rank that is not
+    /// below the world size (so a world size of 0), and a world size over 65,536.
+    pub fn checked_rank_and_world(&self) -> Result<(usize, usize), String> {
+        let (rank, world) = self.configured_or_env();
+        let (rank, world) = (rank?.unwrap_or(0), world?.unwrap_or(1));
+        if rank >= world {
+            return Err(format!(
+                "rank {rank} is not below world_size {world} (`runtime.rank`/`world_size`, else SLUICE_RANK/RANK/OMPI_COMM_WORLD_RANK/PMI_RANK and SLUICE_WORLD_SIZE/WORLD_SIZE/OMPI_COMM_WORLD_SIZE/PMI_SIZE): ranks are numbered 0 to world_size − 1"
+            ));
         }
-        let rank = self
-            .rank
-            .or_else(|| env(&["SLUICE_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]))
-            .unwrap_or(0);
-        let world = self
-            .world_size
-            .or_else(|| {
-                env(&[
-                    "SLUICE_WORLD_SIZE",
-                    "WORLD_SIZE",
-                    "OMPI_COMM_WORLD_SIZE",
-                    "PMI_SIZE",
-                ])
+        if world > MAX_WORLD_SIZE {
+            return Err(format!(
+                "world size {world} is out of range: allowed 1–{MAX_WORLD_SIZE} (`runtime.world_size`, else SLUICE_WORLD_SIZE/WORLD_SIZE/OMPI_COMM_WORLD_SIZE/PMI_SIZE)"
+            ));
+        }
+        Ok((rank, world))
+    }
+
+    /// The rank and world size as configured, else from the first environment variable set.
+    #[allow(clippy::type_complexity)]
+    fn configured_or_env(&self) -> (Result<Option<usize>, String>, Result<Option<usize>, String>) {
+        fn env(names: &[&str]) -> Result<Option<usize>, String> {
+            let Some((name, value)) = names
+                .iter()
+                .find_map(|n| std::env::var(n).ok().map(|v| (n, v)))
+            else {
+                return Ok(None);
+            };
+            value.trim().parse().map(Some).map_err(|_| {
+                format!("the environment variable {name}={value:?} is not a whole number; set it to this process's number (or unset it)")
             })
-            .unwrap_or(1);
+        }
+        let rank = match self.rank {
+            Some(r) => Ok(Some(r)),
+            None => env(&["SLUICE_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]),
+        };
+        let world = match self.world_size {
+            Some(w) => Ok(Some(w)),
+            None => env(&[
+                "SLUICE_WORLD_SIZE",
+                "WORLD_SIZE",
+                "OMPI_COMM_WORLD_SIZE",
+                "PMI_SIZE",
+            ]),
+        };
         (rank, world)
     }
 }
+
+/// The most ranks a pipeline may be split over (every rank plans the shares of all ranks).
+pub const MAX_WORLD_SIZE: usize = 65_536;
 
 /// 16 MiB: on the CIFAR-style bench, 4, 8, 16 and 32 MiB queues ran equally fast (within
 /// this machine's noise) while each doubling added ~30 MiB of peak RSS.

@@ -341,14 +341,13 @@ impl Pipeline {
         acker: Arc<Acknowledger>,
     ) -> Result<Source> {
         let at = &self.config.source.location;
-        let (rank, world) = self.rank_and_world();
-        if rank >= world {
+        if self.collective.is_none()
+            && let Err(message) = self.config.runtime.checked_rank_and_world()
+        {
             // A rank past the last one would get no rows (or another rank's), and "ok".
             return Err(Error::Source {
                 at: at.to_string(),
-                message: format!(
-                    "rank {rank} is not below world_size {world} (`runtime.rank`/`world_size`, else SLUICE_RANK/RANK/OMPI_COMM_WORLD_RANK/PMI_RANK and SLUICE_WORLD_SIZE/WORLD_SIZE/OMPI_COMM_WORLD_SIZE/PMI_SIZE): ranks are numbered 0 to world_size − 1"
-                ),
+                message,
             });
         }
         match &self.config.source.value {

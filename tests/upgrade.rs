@@ -1,0 +1,141 @@
+//! Checkpoints written by an older Sluice resume exactly. The fixtures under
+//! `tests/fixtures/upgrade/` were written by Sluice 0.1.0 at commit 8f7c57f, before the resume
+//! stamp changed its form (see the README there): a shuffled, augmented Parquet `sluice run`
+//! killed mid-epoch, and a two-worker `sluice train` killed mid-run. Each is resumed by
+//! today's binary and must end exactly where an uninterrupted run of today's binary ends.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use arrow::array::AsArray;
+use arrow::datatypes::{Float32Type, Int64Type};
+use common::*;
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures/upgrade").join(name)
+}
+
+/// Copies the fixture `name` into a fresh directory, with `edit` applied to its job.yaml.
+fn copy_fixture(name: &str, with_state: bool, edit: impl Fn(&str) -> String) -> tempfile::TempDir {
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &target);
+            } else {
+                std::fs::copy(e.path(), target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let from = fixture(name);
+    copy_dir(&from.join("data"), &dir.path().join("data"));
+    if with_state {
+        copy_dir(&from.join("state"), &dir.path().join("state"));
+        if from.join("out").exists() {
+            copy_dir(&from.join("out"), &dir.path().join("out"));
+        }
+    }
+    let job = std::fs::read_to_string(from.join("job.yaml")).unwrap();
+    std::fs::write(dir.path().join("job.yaml"), edit(&job)).unwrap();
+    dir
+}
+
+/// (id, x bits) of every row of the part files under `dir`, in part order.
+fn parts_in_order(dir: &Path) -> Vec<(i64, u32)> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().to_string();
+            n.starts_with("part-") && n.ends_with(".parquet")
+        })
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for p in names {
+        for b in read_parquet(&p) {
+            let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+            let x = b.column_by_name("x").unwrap().as_primitive::<Float32Type>();
+            out.extend(
+                id.values()
+                    .iter()
+                    .zip(x.values())
+                    .map(|(i, v)| (*i, v.to_bits())),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
+    let two_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 2");
+    let reference = copy_fixture("run-shuffled", false, two_epochs);
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["run", "job.yaml", "--no-report"],
+        Duration::from_secs(300),
+    ));
+    let want = parts_in_order(&reference.path().join("out"));
+    // 6,000 rows an epoch, those with id % 7 = 3 filtered out.
+    let kept = (0..6000).filter(|i| i % 7 != 3).count();
+    assert_eq!(want.len(), 2 * kept);
+
+    let resumed = copy_fixture("run-shuffled", true, two_epochs);
+    let out = run_in_for(
+        resumed.path(),
+        &["run", "job.yaml", "--resume", "--no-report"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("2800 rows written before this run"),
+        "{stdout}"
+    );
+    let got = parts_in_order(&resumed.path().join("out"));
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got == want,
+        "the run resumed from 0.1.0's checkpoint differs from an uninterrupted run"
+    );
+}
+
+#[cfg(feature = "torch")]
+#[test]
+fn a_two_worker_training_checkpoint_from_0_1_0_resumes_to_the_same_parameters() {
+    let three_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 3");
+    let reference = copy_fixture("train", false, three_epochs);
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["train", "job.yaml", "--no-report"],
+        Duration::from_secs(300),
+    ));
+    let (want_meta, want) =
+        read_train_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
+
+    let resumed = copy_fixture("train", true, three_epochs);
+    let (before, _) = read_train_checkpoint(&resumed.path().join("state/train.ckpt")).unwrap();
+    assert_eq!((before.step, before.rows_trained), (40, 2524));
+    let out = run_in_for(
+        resumed.path(),
+        &["train", "job.yaml", "--resume", "--no-report"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let (got_meta, got) = read_train_checkpoint(&resumed.path().join("state/train.ckpt")).unwrap();
+    assert_eq!(
+        (got_meta.step, got_meta.rows_trained),
+        (want_meta.step, want_meta.rows_trained)
+    );
+    // Three epochs of 1,437 rows, but for the last uneven batches (a rank that runs out
+    // first ends the run for both).
+    assert!(want_meta.rows_trained > 4_300, "{}", want_meta.rows_trained);
+    assert_same_parameters(&got, &want, "an uninterrupted run");
+}

@@ -139,3 +139,92 @@ fn a_two_worker_training_checkpoint_from_0_1_0_resumes_to_the_same_parameters() 
     assert!(want_meta.rows_trained > 4_300, "{}", want_meta.rows_trained);
     assert_same_parameters(&got, &want, "an uninterrupted run");
 }
+
+/// A state written by today's Sluice keeps each stamped stage's effective settings as JSON. A
+/// later Sluice that adds a defaulted field to a stage reads such a state without that field:
+/// simulated here by removing `seed` (at its default, 0) from the stamp, the state resumes
+/// exactly. A stamped value that differs is refused, naming the field.
+#[test]
+fn a_state_without_a_field_added_later_resumes_and_a_changed_field_is_named() {
+    let job = |epochs: u64| {
+        format!(
+            "source: {{type: parquet, path: data/*.parquet, columns: [id, x], batch_rows: 100, epochs: {epochs}}}\n\
+             stages:\n\
+             - {{type: gaussian_noise, columns: [x], std: 0.5}}\n\
+             - {{type: shuffle, buffer_rows: 1000, seed: 9, batch_rows: 128}}\n\
+             - {{type: batch, size: 50}}\n\
+             checkpoint: {{path: state/cp.json, interval: 1h, every_batches: 4}}\n\
+             sink: {{type: parquet, path: out, max_rows_per_file: 500}}\n"
+        )
+    };
+    let reference = copy_fixture("run-shuffled", false, |_| job(4));
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["run", "job.yaml", "--no-report"],
+        Duration::from_secs(300),
+    ));
+    let want = parts_in_order(&reference.path().join("out"));
+    assert_eq!(want.len(), 24_000);
+
+    // A run of today's binary, killed once its checkpoint covers some rows.
+    let dir = copy_fixture("run-shuffled", false, |_| job(1000));
+    let mut child = spawn_sluice(dir.path(), &["run", "job.yaml", "--no-report"]);
+    let cp = dir.path().join("state/cp.json");
+    let read_cp =
+        || -> Option<serde_json::Value> { serde_json::from_slice(&std::fs::read(&cp).ok()?).ok() };
+    wait_for("a checkpoint", Duration::from_secs(120), || {
+        read_cp().filter(|c| c["rows_written"].as_u64() > Some(1_000))
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let state = read_cp().unwrap();
+    let key = "stages[0] (gaussian_noise)";
+    let plan = &state["source"]["plan"];
+    assert_eq!(plan["form"], 2, "{state}");
+    let stamped: serde_json::Value =
+        serde_json::from_str(plan["order"][key].as_str().unwrap()).unwrap();
+    assert_eq!(
+        stamped,
+        serde_json::json!({"columns": ["x"], "std": 0.5, "seed": 0})
+    );
+    let with_stamp = |settings: serde_json::Value| {
+        let mut s = state.clone();
+        s["source"]["plan"]["order"][key] = settings.to_string().into();
+        std::fs::write(&cp, serde_json::to_vec_pretty(&s).unwrap()).unwrap();
+    };
+    let covered = state["rows_written"].as_u64().unwrap();
+    assert!(
+        covered < 24_000,
+        "killed after 4 epochs ({covered} rows): the machine was too fast for this test's window"
+    );
+    std::fs::write(dir.path().join("job.yaml"), job(4)).unwrap();
+
+    // Another `std` then: refused, naming it, and nothing is written.
+    with_stamp(serde_json::json!({"columns": ["x"], "std": 0.25}));
+    let out = run_in_for(
+        dir.path(),
+        &["run", "job.yaml", "--resume", "--no-report"],
+        Duration::from_secs(300),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("stages[0] (gaussian_noise): std 0.25 then, std 0.5 now"),
+        "{stderr}"
+    );
+
+    // Without `seed` (as a Sluice before the field would have written it): resumes exactly.
+    with_stamp(serde_json::json!({"columns": ["x"], "std": 0.5}));
+    let out = run_in_for(
+        dir.path(),
+        &["run", "job.yaml", "--resume", "--no-report"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let got = parts_in_order(&dir.path().join("out"));
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got == want,
+        "the resumed run differs from an uninterrupted run"
+    );
+}

@@ -201,6 +201,7 @@ impl SourceState {
             .map(|p| PlanStamp {
                 data: p.data.filter(|d| !d.prefix),
                 order: BTreeMap::new(),
+                form: ORDER_FORM,
             });
         Ok(NextEpoch {
             state: SourceState {
@@ -455,16 +456,39 @@ impl ErrorLedger {
 /// Settings that do not move rows are left out, so they can change between runs: threads,
 /// queues, prefetch, storage options and where the files live, the number of epochs, batch
 /// size, and stages after the last `shuffle` that keep every row (augmentation, `select`, …).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanStamp {
     /// The files: all of them once every footer has been read, or (reading in listing order)
     /// those up to the position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataStamp>,
     /// The order-deciding settings by what they belong to (`rank`, `source`,
-    /// `stages[0] (shuffle)`): the value when short, else a hash of it.
+    /// `stages[0] (shuffle)`): short text, or (form 2) canonical JSON of a config's effective
+    /// values, or (form 1) a hash of its `Debug` text.
     #[serde(default)]
     pub order: BTreeMap<String, String>,
+    /// The form of `order`'s values: 1 (absent: Sluice 0.1.0) hashed stage configs' `Debug`
+    /// text, 2 keeps canonical JSON ([`ORDER_FORM`]).
+    #[serde(default = "first_form")]
+    pub form: u32,
+}
+
+/// The form of [`PlanStamp::order`] this Sluice writes: 2, canonical JSON of the effective
+/// settings, compared field by field (`exec/stamp.rs`).
+pub const ORDER_FORM: u32 = 2;
+
+fn first_form() -> u32 {
+    1
+}
+
+impl Default for PlanStamp {
+    fn default() -> Self {
+        PlanStamp {
+            data: None,
+            order: BTreeMap::new(),
+            form: ORDER_FORM,
+        }
+    }
 }
 
 /// The files a Parquet pipeline reads: how many, their rows, and a hash of their paths
@@ -543,6 +567,13 @@ impl PlanStamp {
         for k in keys {
             match (self.order.get(k), now.order.get(k)) {
                 (Some(a), Some(b)) if a == b => {}
+                (Some(a), Some(b)) if changed_fields(a, b).is_some() => {
+                    let (a, b) = changed_fields(a, b).unwrap_or_default();
+                    // Equal objects written in another key order are the same settings.
+                    if !a.is_empty() || !b.is_empty() {
+                        out.push(format!("{k}: {a} then, {b} now"));
+                    }
+                }
                 (Some(a), Some(b)) if !is_hash(a) && !is_hash(b) => {
                     let (a, b) = changed_parts(a, b);
                     out.push(format!("{k}: {a} then, {b} now"));
@@ -565,6 +596,29 @@ fn changed_parts(a: &str, b: &str) -> (String, String) {
     }
     let (da, db): (Vec<&str>, Vec<&str>) = pa.iter().zip(&pb).filter(|(x, y)| x != y).unzip();
     (da.join(", "), db.join(", "))
+}
+
+/// The fields that differ between two stamped configs (form 2: JSON objects), as `name value`
+/// lists; `None` when they are not both objects. Equal objects (keys in another order) give
+/// two empty lists.
+fn changed_fields(a: &str, b: &str) -> Option<(String, String)> {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (
+        serde_json::from_str::<serde_json::Value>(a),
+        serde_json::from_str::<serde_json::Value>(b),
+    ) else {
+        return None;
+    };
+    let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let show = |m: &serde_json::Map<String, serde_json::Value>, k: &str| match m.get(k) {
+        Some(v) => format!("{k} {v}"),
+        None => format!("{k} not set"),
+    };
+    let (then, now): (Vec<String>, Vec<String>) = keys
+        .into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| (show(&a, k), show(&b, k)))
+        .unzip();
+    Some((then.join(", "), now.join(", ")))
 }
 
 const HASH_PREFIX: &str = "fnv:";
@@ -637,7 +691,25 @@ impl PlanSource {
         PlanStamp {
             data,
             order: self.order.clone(),
+            form: ORDER_FORM,
         }
+    }
+}
+
+/// The value behind one of the [`Acknowledger`]'s locks. One rule for all of them: a lock
+/// poisoned by a thread that panicked while holding it ends this thread too, loudly. Its
+/// value may be half-updated, and a position taken from it (or the empty one a default would
+/// give) would make the next checkpoint resume at other rows; stopping leaves the last
+/// checkpoint as the position to resume from.
+fn held<T>(lock: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match lock.lock() {
+        Ok(guard) => guard,
+        // The panic that poisoned it was reported where it happened; this one says why the
+        // run cannot go on.
+        #[allow(clippy::panic)]
+        Err(_) => panic!(
+            "internal error: a thread panicked while it updated the source position; stopping without recording a position (the last checkpoint is the one to resume from). Please report it"
+        ),
     }
 }
 
@@ -696,19 +768,17 @@ impl Acknowledger {
     pub(crate) fn follower(&self, resume: Option<&SourceState>) -> Acknowledger {
         let mut a = Acknowledger::new(resume);
         a.errors = self.errors.clone();
-        a.errors_slot = match self.errors.lock() {
-            Ok(mut l) => {
-                l.seen.push(None);
-                l.seen.len() - 1
-            }
-            Err(_) => usize::MAX,
+        a.errors_slot = {
+            let mut l = held(&self.errors);
+            l.seen.push(None);
+            l.seen.len() - 1
         };
         a
     }
 
     /// The error budget's counts a resumed run starts from (zero without a state).
     pub(crate) fn restored_errors(&self) -> ErrorCounts {
-        self.errors.lock().map(|l| l.base).unwrap_or_default()
+        held(&self.errors).base
     }
 
     /// Records that a Kafka source counted these records (`(topic, partition, offset,
@@ -717,9 +787,7 @@ impl Acknowledger {
         &self,
         records: impl Iterator<Item = (&'a Arc<str>, i32, i64, bool)>,
     ) -> u64 {
-        let Ok(mut l) = self.errors.lock() else {
-            return records.count() as u64;
-        };
+        let mut l = held(&self.errors);
         let mut n = 0;
         // Consecutive records of a partition go in as one run (one lookup per run).
         let mut open: Option<(&Arc<str>, i32, Run)> = None;
@@ -765,9 +833,7 @@ impl Acknowledger {
 
     /// Records that the rows of `lineage` have been handed off (written to the sink).
     pub fn observe(&self, lineage: &Lineage) {
-        if let Ok(mut w) = self.written.lock() {
-            w.observe(lineage);
-        }
+        held(&self.written).observe(lineage);
     }
 
     /// Records that `batch` has been handed off: its Kafka rows (by lineage) and, for a
@@ -779,17 +845,13 @@ impl Acknowledger {
                 window: k.window.clone(),
                 emitted: k.emitted + batch.stream_rows(),
             };
-            if let (Ok(mut w), Ok(mut s)) = (self.written.lock(), self.window.lock()) {
-                *w = k.window.ends.clone();
-                *s = Some(end.state());
-            }
+            *held(&self.written) = k.window.ends.clone();
+            *held(&self.window) = Some(end.state());
             return;
         }
         self.observe(&batch.lineage);
-        if let Some(end) = batch.end_mark()
-            && let Ok(mut m) = self.mark.lock()
-        {
-            *m = Some(end);
+        if let Some(end) = batch.end_mark() {
+            *held(&self.mark) = Some(end);
         }
     }
 
@@ -806,18 +868,16 @@ impl Acknowledger {
     }
 
     fn state_as(&self, slot: usize) -> SourceState {
-        let positions = self.written.lock().map(|w| w.clone()).unwrap_or_default();
-        let parquet = self.mark.lock().ok().and_then(|m| *m);
-        let kafka_errors = self
-            .errors
-            .lock()
-            .ok()
-            .filter(|l| l.used)
-            .map(|mut l| l.count(slot, &positions));
+        let positions = held(&self.written).clone();
+        let parquet = *held(&self.mark);
+        let kafka_errors = {
+            let mut l = held(&self.errors);
+            l.used.then(|| l.count(slot, &positions))
+        };
         SourceState {
             kafka_errors,
             kafka: (!positions.0.is_empty()).then_some(positions),
-            kafka_shuffle: self.window.lock().ok().and_then(|w| w.clone()),
+            kafka_shuffle: held(&self.window).clone(),
             parquet,
             plan: match self.plan.get() {
                 Some(p) => Some(p.stamp(parquet.as_ref())),
@@ -851,6 +911,21 @@ impl Acknowledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock poisoned by a panicking thread never turns into "no position": taking the
+    /// state then fails loudly instead of recording an empty one.
+    #[test]
+    #[should_panic(expected = "stopping without recording a position")]
+    fn a_poisoned_position_fails_loudly() {
+        let acker = Arc::new(Acknowledger::new(None));
+        let poisoner = acker.clone();
+        let _ = std::thread::spawn(move || {
+            let _guard = poisoner.mark.lock().unwrap();
+            panic!("poison the lock");
+        })
+        .join();
+        let _ = acker.state();
+    }
     use crate::batch::{LineageSpan, Name};
 
     /// The epoch after the latest one any rank was in, at its start; the files' stamp kept
@@ -873,6 +948,7 @@ mod tests {
                     prefix: false,
                 }),
                 order: BTreeMap::from([("rank".to_string(), "0 of 2".to_string())]),
+                form: ORDER_FORM,
             }),
             ..SourceState::default()
         };
@@ -914,6 +990,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            form: ORDER_FORM,
         };
         let hashed = setting_hash("Filter(..)");
         let then = stamp(
@@ -986,6 +1063,7 @@ mod tests {
         let plan = PlanStamp {
             data: None,
             order: [("rank".to_string(), "0 of 1".to_string())].into(),
+            form: ORDER_FORM,
         };
         let acker = Acknowledger::new(Some(&SourceState {
             plan: Some(plan.clone()),

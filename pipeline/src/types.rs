@@ -85,6 +85,13 @@ impl FromStr for DataTypeName {
     }
 }
 
+/// Serialized as the name it was written with (for the resume stamp).
+impl serde::Serialize for DataTypeName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name)
+    }
+}
+
 impl<'de> Deserialize<'de> for DataTypeName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;

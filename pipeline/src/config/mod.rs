@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use bytesize::ByteSize;
-use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
 
 pub use kafka::{
     Assignment, DeadLetterConfig, DeadLetterFile, DeadLetterKafka, ErrorBudget, HumanDuration,
@@ -245,7 +245,7 @@ impl PipelineConfig {
 }
 
 /// Threads and memory of the pipeline.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// Size of the CPU pool that decodes and transforms batches, at most 1024; `0` means one
@@ -461,7 +461,7 @@ pub struct ParquetSourceConfig {
 /// epoch. Which rows: a seeded permutation of the entry's row groups is read as a cycle,
 /// each epoch taking the next rows of it, so every row of a sampled dataset comes once
 /// before any comes again.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Mix {
     /// One positive weight per `path` entry, in the same order.
@@ -476,7 +476,7 @@ pub struct Mix {
 }
 
 /// What a Parquet source reads from its files' paths; see [`ParquetSourceConfig::partitioning`].
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Partitioning {
     /// Nothing.
@@ -487,7 +487,7 @@ pub enum Partitioning {
 }
 
 /// How a Parquet source splits an epoch between ranks; see [`ParquetSourceConfig::shard`].
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardPolicy {
     /// Equal contiguous row ranges.
@@ -607,9 +607,45 @@ impl<'de> Deserialize<'de> for Literal {
     }
 }
 
+// The settings that decide the order are stamped into checkpoints as JSON of their effective
+// values (see `exec::stamp`), so every config type serializes, in the form its YAML takes.
+impl Serialize for OneOrMany {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl Serialize for Literal {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Literal::Bool(v) => s.serialize_bool(*v),
+            Literal::Int(v) => s.serialize_i64(*v),
+            Literal::Float(v) => s.serialize_f64(*v),
+            Literal::Str(v) => s.serialize_str(v),
+        }
+    }
+}
+
+impl Serialize for PadFill {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl Serialize for EraseValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EraseValue::Values(v) => v.serialize(s),
+            EraseValue::Random => s.serialize_str("random"),
+        }
+    }
+}
+
 /// A transformation (`type:` selects the kind). Stages run in order; stateless ones run on the
-/// CPU pool, several batches at a time, with the order of rows preserved.
-#[derive(Debug, Clone, PartialEq)]
+/// CPU pool, several batches at a time, with the order of rows preserved. (Serialized as its
+/// settings alone, without `type`: for the resume stamp.)
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
 pub enum StageConfig {
     /// Keep only these columns, in this order.
     Select(SelectConfig),
@@ -745,7 +781,7 @@ impl Component for StageConfig {
 }
 
 /// `type: select`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SelectConfig {
     /// Columns to keep, in output order.
@@ -753,7 +789,7 @@ pub struct SelectConfig {
 }
 
 /// `type: rename`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RenameConfig {
     /// `old_name: new_name` pairs.
@@ -761,7 +797,7 @@ pub struct RenameConfig {
 }
 
 /// `type: cast`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CastConfig {
     /// `column: type` pairs. Types: `bool`, `int8`…`int64`, `uint8`…`uint64`, `float16`,
@@ -772,7 +808,7 @@ pub struct CastConfig {
 }
 
 /// `type: filter`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FilterConfig {
     /// A SQL boolean expression over columns, e.g.
@@ -783,7 +819,7 @@ pub struct FilterConfig {
 }
 
 /// `type: fill_null`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FillNullConfig {
     /// `column: value` pairs; the value is converted to the column's type.
@@ -792,7 +828,7 @@ pub struct FillNullConfig {
 
 /// `type: standardize`. A NaN stays NaN and ±inf stays ±inf (`(x - mean) / std`), a null
 /// stays null.
-#[derive(Clone, Deserialize, PartialEq)]
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct StandardizeConfig {
     /// Numeric columns (or lists of numbers, standardized element-wise with one mean/std per
@@ -831,7 +867,7 @@ impl fmt::Debug for StandardizeConfig {
 }
 
 /// What computing `standardize` statistics does with a NaN or ±inf value.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum NonFinite {
     /// Stop the run at the first one, naming its row (file, row group, row) — the default:
@@ -845,7 +881,7 @@ pub enum NonFinite {
 }
 
 /// `type: one_hot`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct OneHotConfig {
     /// An integer column of class indices in `0..num_classes`.
@@ -863,7 +899,7 @@ pub struct OneHotConfig {
 
 /// `type: clip`. As numpy's and torch's `clip`: NaN stays NaN, `-inf`/`+inf` become the
 /// bounds, a null stays null.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClipConfig {
     /// Numeric columns (or lists of numbers, clipped element-wise).
@@ -877,7 +913,7 @@ pub struct ClipConfig {
 }
 
 /// `type: batch`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BatchConfig {
     /// Rows per output batch.
@@ -891,7 +927,7 @@ pub struct BatchConfig {
 /// `type: gaussian_noise` — adds `std · N(0, 1)` to every value. Each draw is a pure function
 /// of (seed, stage, column, epoch, row identity from lineage): the same row gets the same noise
 /// for any thread count or batching, and new noise each epoch.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GaussianNoiseConfig {
     /// float32/float64 columns, or fixed-size lists of them (noise per element).
@@ -905,7 +941,7 @@ pub struct GaussianNoiseConfig {
 
 /// `type: feature_dropout` — sets each value to 0 with probability `p` (seeded like
 /// `gaussian_noise`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FeatureDropoutConfig {
     /// float32/float64 columns, or fixed-size lists of them (dropout per element).
@@ -928,7 +964,7 @@ pub struct FeatureDropoutConfig {
 /// `one_hot`) with the features so the targets are blended by the same `λ`. Must come after
 /// the last `batch` stage: the batch decides the pairs, and a resumed run cuts the same
 /// batches only there.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MixupConfig {
     /// float32/float64 columns, or fixed-size lists of them; blended with the same `λ`.
@@ -947,7 +983,7 @@ pub struct MixupConfig {
 }
 
 /// `mixup.cutmix` — see [`MixupConfig::cutmix`].
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CutmixConfig {
     /// The image column (one of the mixup `columns`): fixed-size lists of float32/float64
@@ -980,7 +1016,7 @@ fn default_cutmix_p() -> f64 {
 /// `across_ranks`, each window is dealt out evenly to all ranks through the collective.
 /// Everything is a function of (seed, epoch, window): output is identical for any thread
 /// count and is resumed exactly.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ShuffleConfig {
     /// Rows per shuffle window. Default: 16384.
@@ -1015,7 +1051,7 @@ pub struct ShuffleConfig {
 /// into groups of `batches × size` rows (`size`: the `batch` stage after the shuffle); each
 /// group is sorted by the length of `column` (longest first, ties in shuffled order), cut
 /// into batches of `size`, and those batches leave in a seeded random order.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GroupByLength {
     /// A variable-length column: a list (its length) or a string/binary column (bytes).
@@ -1044,7 +1080,7 @@ fn default_true() -> bool {
 }
 
 /// How image bytes are stored.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ImageFormat {
     /// Raw interleaved HWC `uint8` pixels of the declared `shape`.
@@ -1060,7 +1096,7 @@ pub enum ImageFormat {
 
 /// What `random_crop`'s padding holds (torchvision's `padding_mode`), for an image row
 /// `a b c d`, padded by 2 on the left.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum PaddingMode {
     /// Zeros: `0 0 | a b c d`.
@@ -1142,7 +1178,7 @@ impl<'de> Deserialize<'de> for PadFill {
 }
 
 /// What the `image` stage does with a row it cannot decode.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Stop the run, naming the row (file, row group, row).
@@ -1155,7 +1191,7 @@ pub enum OnError {
 /// One augmentation step of an `image` stage. The stage applies them in phases — geometry
 /// (a crop or resize, flips), colour (`color_jitter`, then `random_grayscale`), `normalize`,
 /// `random_erasing` — and `ops` must list them in that order ([`ImageOp::phase`]).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum ImageOp {
     /// Pad every side with `padding` pixels (`padding_mode`), then cut a random `size` window.
@@ -1376,7 +1412,7 @@ fn default_half() -> f64 {
 /// `type: image` — decodes an image column (raw HWC `uint8`, PNG, JPEG) and applies seeded
 /// augmentation; the output is a `fixed_size_list<float32>` in CHW order. Every random
 /// choice is a pure function of (seed, stage, epoch, row identity).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ImageConfig {
     /// The binary (or fixed-size binary) column holding the images.
@@ -1400,8 +1436,9 @@ pub struct ImageConfig {
     #[serde(default)]
     pub on_error: OnError,
     /// With `on_error: skip`: where the skipped rows also go (`{type: file, path: …}`), as
-    /// JSON lines with their lineage, the error and the bytes.
-    #[serde(default)]
+    /// JSON lines with their lineage, the error and the bytes. (Where they go does not
+    /// change which rows come out: not part of the resume stamp.)
+    #[serde(default, skip_serializing)]
     pub dead_letter: Option<DeadLetterConfig>,
 }
 
@@ -1411,7 +1448,7 @@ pub struct ImageConfig {
 /// a boolean list column (`<column>_mask` by default) marks the selected positions, and
 /// optionally a labels column holds the original ids there (Hugging Face's
 /// `DataCollatorForLanguageModeling`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MaskTokensConfig {
     /// A `list<int*>` or `fixed_size_list<int*>` column.

@@ -15,8 +15,8 @@ pub mod metrics;
 mod pool;
 pub(crate) mod recycle;
 mod rescale;
+mod stamp;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,14 +35,14 @@ pub use self::pool::CpuPool;
 use crate::batch::{Batch, Mark};
 use crate::collective::Collective;
 use crate::config::{
-    ConfigDocument, ConfigErrors, Located, Partitioning, PipelineConfig, SourceConfig, StageConfig,
+    ConfigDocument, ConfigErrors, Located, PipelineConfig, SourceConfig, StageConfig,
 };
 use crate::error::{Error, Result, StageRef};
 use crate::source::Source;
 use crate::source::kafka::KafkaSource;
 use crate::source::parquet::ParquetSource;
 use crate::stage::{self, BuiltStage, ColumnStats, ComputedStats, Transform};
-use crate::state::{Acknowledger, PlanSource, SourceState, setting_hash};
+use crate::state::{Acknowledger, PlanSource, SourceState};
 
 /// A pipeline description, ready to be checked or run.
 ///
@@ -369,81 +369,6 @@ impl Pipeline {
         }
     }
 
-    /// The settings that decide which rows come in which order (see [`crate::PlanStamp`]): rank and
-    /// world size; the shard policy; every `shuffle`'s window, memory cap and seeds; every
-    /// stage before the last shuffle (they shape its windows and its spills: with one, the
-    /// source's projection and batch size too); and every stage that drops rows.
-    fn order_settings(&self) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        let (rank, world) = self.rank_and_world();
-        out.insert("rank".to_string(), format!("{rank} of {world}"));
-        let stages = &self.config.stages;
-        let last_shuffle = stages
-            .iter()
-            .rposition(|s| matches!(s.value, StageConfig::Shuffle(_)));
-        if let SourceConfig::Parquet(p) = &self.config.source.value {
-            let mut text = match last_shuffle {
-                Some(_) => format!("{:?}", (p.shard, &p.columns, p.batch_rows)),
-                None => format!("{:?}", p.shard),
-            };
-            // The partition columns widen a shuffle's rows (so move its spills); left out
-            // when off, so states taken before the setting existed still match.
-            if last_shuffle.is_some() && p.partitioning != Partitioning::None {
-                text += &format!(", {:?}", p.partitioning);
-                if !p.partition_types.is_empty() {
-                    text += &format!(", {:?}", p.partition_types);
-                }
-            }
-            out.insert("source".to_string(), setting_hash(&text));
-            // Which rows each epoch takes, as text: a refusal can say which setting moved.
-            if let Some(mix) = &p.mix {
-                let weights: Vec<String> = mix.weights.iter().map(|w| w.to_string()).collect();
-                let rows = mix
-                    .rows_per_epoch
-                    .map_or("the most".to_string(), |n| n.to_string());
-                out.insert(
-                    "source mix".to_string(),
-                    format!(
-                        "weights {}, rows_per_epoch {rows}, seed {}",
-                        weights.join(":"),
-                        mix.seed
-                    ),
-                );
-            }
-        }
-        for (i, s) in stages.iter().enumerate() {
-            let value = match &s.value {
-                StageConfig::Shuffle(c) => {
-                    // Short enough to keep as text: a refusal can say which setting moved.
-                    let mut text = format!(
-                        "buffer_rows {}, max_memory {}, seed {}",
-                        c.buffer_rows, c.max_memory, c.seed
-                    );
-                    if !c.row_groups {
-                        text.push_str(", row_groups false");
-                    }
-                    if c.across_ranks {
-                        text.push_str(", across_ranks true");
-                    }
-                    if let Some(g) = &c.group_by_length {
-                        text += &format!(
-                            ", group_by_length `{}` in {} batches of {}",
-                            g.column,
-                            g.batches,
-                            self.batch_after(i).unwrap_or(0)
-                        );
-                    }
-                    text
-                }
-                v if v.removes_rows() => setting_hash(&format!("{v:?}")),
-                v if last_shuffle.is_some_and(|l| i < l) => setting_hash(&format!("{v:?}")),
-                _ => continue,
-            };
-            out.insert(format!("stages[{i}] ({})", s.value.kind()), value);
-        }
-        out
-    }
-
     /// The index of the (first) `shuffle` stage, 0 without one.
     fn shuffle_index(&self) -> usize {
         self.config
@@ -608,6 +533,7 @@ impl Pipeline {
                 }
                 // At the start of an epoch no setting moves the position: only the files
                 // must be the same (`SourceState::next_epoch`, resuming on other ranks).
+                let (then, now) = self.comparable(then, now);
                 let changed = match resume_mark.is_some_and(|m| m.is_epoch_start()) {
                     true => then.data_differences(&now),
                     false => then.differences(&now),
@@ -629,7 +555,8 @@ impl Pipeline {
             // being emitted is permuted by the shuffle's settings.
             let plan = Arc::new(PlanSource::new(self.order_settings(), |_| None));
             if let Some(then) = self.resume.as_ref().and_then(|s| s.plan.as_ref()) {
-                let changed = then.differences(&plan.stamp(None));
+                let (then, now) = self.comparable(then, plan.stamp(None));
+                let changed = then.differences(&now);
                 if !changed.is_empty() {
                     return Err(Error::Resume(format!(
                         "the state was taken under other settings, so the shuffle window it was taken in would come out in another order (rows lost or repeated). What changed: {}. Resume with the settings that wrote it, or start over without it",

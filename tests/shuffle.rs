@@ -8,39 +8,10 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use arrow::array::AsArray;
-use arrow::datatypes::{Float32Type, Int64Type};
 use common::*;
 
 fn run_in(dir: &Path, args: &[&str]) -> std::process::Output {
     run_in_for(dir, args, Duration::from_secs(300))
-}
-
-/// (id, x bits) of every row of the part files under `dir`, in part order.
-fn parts_in_order(dir: &Path) -> Vec<(i64, u32)> {
-    let mut names: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_string_lossy().to_string();
-            n.starts_with("part-") && n.ends_with(".parquet")
-        })
-        .collect();
-    names.sort();
-    let mut out = Vec::new();
-    for p in names {
-        for b in read_parquet(&p) {
-            let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
-            let x = b.column_by_name("x").unwrap().as_primitive::<Float32Type>();
-            out.extend(
-                id.values()
-                    .iter()
-                    .zip(x.values())
-                    .map(|(i, v)| (*i, v.to_bits())),
-            );
-        }
-    }
-    out
 }
 
 fn job(epochs: u64, out: &str) -> String {

@@ -13,7 +13,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use common::kafka;
-use common::{read_train_checkpoint, wait_for};
+use common::{read_train_checkpoint, spawn_sluice_with, wait_for};
 
 /// 640 small learnable records, ids `0..640`, spread over two partitions.
 fn topic(prefix: &str) -> String {
@@ -60,16 +60,7 @@ trainer:
         ),
     )
     .unwrap();
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"));
-    cmd.args(["train", "job.yaml", "--no-report"])
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+    spawn_sluice_with(dir, &["train", "job.yaml", "--no-report"], env)
 }
 
 /// Waits until the step log has step `step`: every record is trained and the ranks wait.

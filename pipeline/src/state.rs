@@ -567,18 +567,16 @@ impl PlanStamp {
         for k in keys {
             match (self.order.get(k), now.order.get(k)) {
                 (Some(a), Some(b)) if a == b => {}
-                (Some(a), Some(b)) if changed_fields(a, b).is_some() => {
-                    let (a, b) = changed_fields(a, b).unwrap_or_default();
+                (Some(a), Some(b)) => match changed_fields(a, b) {
                     // Equal objects written in another key order are the same settings.
-                    if !a.is_empty() || !b.is_empty() {
-                        out.push(format!("{k}: {a} then, {b} now"));
+                    Some((x, y)) if x.is_empty() && y.is_empty() => {}
+                    Some((x, y)) => out.push(format!("{k}: {x} then, {y} now")),
+                    None if !is_hash(a) && !is_hash(b) => {
+                        let (x, y) = changed_parts(a, b);
+                        out.push(format!("{k}: {x} then, {y} now"));
                     }
-                }
-                (Some(a), Some(b)) if !is_hash(a) && !is_hash(b) => {
-                    let (a, b) = changed_parts(a, b);
-                    out.push(format!("{k}: {a} then, {b} now"));
-                }
-                (Some(_), Some(_)) => out.push(format!("{k}: its settings changed")),
+                    None => out.push(format!("{k}: its settings changed")),
+                },
                 (Some(_), None) => out.push(format!("{k}: there then, not now")),
                 (None, Some(_)) => out.push(format!("{k}: not there then")),
                 (None, None) => {}

@@ -227,13 +227,53 @@ pub fn wait_for<T>(
     }
 }
 
+/// (id, x bits) of every row (columns `id` int64, `x` float32) of the part files under `dir`, in part order.
+pub fn parts_in_order(dir: &Path) -> Vec<(i64, u32)> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().to_string();
+            n.starts_with("part-") && n.ends_with(".parquet")
+        })
+        .collect();
+    names.sort();
+    use arrow::array::AsArray;
+    let mut out = Vec::new();
+    for p in names {
+        for b in read_parquet(&p) {
+            let id = b
+                .column_by_name("id")
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Int64Type>();
+            let x = b
+                .column_by_name("x")
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Float32Type>();
+            out.extend(
+                id.values()
+                    .iter()
+                    .zip(x.values())
+                    .map(|(i, v)| (*i, v.to_bits())),
+            );
+        }
+    }
+    out
+}
+
 /// Starts `sluice ARGS` in `dir` (stdout discarded, stderr to `dir/stderr.log`), to be killed
 /// or signalled by the test.
 pub fn spawn_sluice(dir: &Path, args: &[&str]) -> std::process::Child {
+    spawn_sluice_with(dir, args, &[])
+}
+
+/// [`spawn_sluice`] with environment variables `env` set.
+pub fn spawn_sluice_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
     std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
         .args(args)
         .current_dir(dir)
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
         .spawn()

@@ -1,6 +1,6 @@
 //! What a running `sluice run`/`sluice train` shows the outside: a Prometheus (OpenMetrics)
 //! endpoint read straight from the live counters at each scrape, and a sampler that keeps
-//! a bounded time series of them for the run report (see [`crate::report`]).
+//! a bounded time series of them for the run report (see the `report` module).
 //!
 //! Every metric is written down in `docs/metrics.md`.
 

@@ -5,7 +5,7 @@ use std::fmt;
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use serde::{Deserialize, Serialize};
 
-use crate::state::KafkaMark;
+use crate::state::position::KafkaMark;
 
 /// An interned string (an object URL, a topic): copied as a pointer, without a reference
 /// count, and compared by address. Lineage clones an origin for every span, and after a
@@ -227,7 +227,7 @@ impl fmt::Display for Lineage {
 /// `shuffle` says which window was being emitted and how much of it.
 ///
 /// Every batch of a Parquet pipeline carries the mark of its first row; the mark after a batch
-/// is [`Mark::advance`]d by its row count. That is what [`crate::state::SourceState`] stores.
+/// is [`Mark::advance`]d by its row count. That is what `SourceState` (module `state`) stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mark {
     /// Epoch (0-based).

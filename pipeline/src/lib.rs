@@ -16,6 +16,7 @@ mod error;
 pub mod exec;
 pub mod inspect;
 pub mod kafka_log;
+pub mod runtime;
 mod source;
 mod stage;
 pub mod state;

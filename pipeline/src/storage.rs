@@ -19,8 +19,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
 use serde::Deserialize;
 
-use crate::config::Literal;
 use crate::error::{Error, Result};
+use crate::types::Literal;
 
 /// How to reach an object store: `object_store` options and the retry budget.
 #[derive(Clone, Default, PartialEq, Deserialize)]

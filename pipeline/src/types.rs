@@ -4,8 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use arrow::datatypes::{DataType, TimeUnit};
-use serde::Deserialize;
-use serde::de::{self, Deserializer};
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
 
 /// A scalar Arrow type named the way configs spell it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +173,71 @@ impl<'de> Deserialize<'de> for FieldTypeName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(de::Error::custom)
+    }
+}
+
+/// A literal value in a config (`fill_null` values).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Literal {
+    /// `true` / `false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string.
+    Str(String),
+}
+
+impl fmt::Display for Literal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Literal::Bool(v) => write!(f, "{v}"),
+            Literal::Int(v) => write!(f, "{v}"),
+            Literal::Float(v) => write!(f, "{v}"),
+            Literal::Str(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Literal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Literal;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number, string or boolean")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Literal, E> {
+                Ok(Literal::Bool(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Literal, E> {
+                Ok(Literal::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Literal, E> {
+                i64::try_from(v)
+                    .map(Literal::Int)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Literal, E> {
+                Ok(Literal::Float(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Literal, E> {
+                Ok(Literal::Str(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Serialize for Literal {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Literal::Bool(v) => s.serialize_bool(*v),
+            Literal::Int(v) => s.serialize_i64(*v),
+            Literal::Float(v) => s.serialize_f64(*v),
+            Literal::Str(v) => s.serialize_str(v),
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod job;
 pub mod metrics;
 pub mod model;
 mod mpi_backend;
@@ -26,8 +27,9 @@ pub mod sync;
 mod trainer;
 
 pub use config::TrainerConfig;
+pub use job::{EvalReport, Progress, TrainJob, TrainOptions, TrainReport};
 pub use metrics::TrainingMetrics;
-pub use run::{EvalReport, Progress, TrainJob, TrainOptions, TrainReport, train};
+pub use run::train;
 pub use trainer::{StepReport, Trainer, TrainerOptions};
 
 #[cfg(feature = "mpi")]

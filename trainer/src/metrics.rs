@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sluice_pipeline::PipelineMetrics;
 
-use crate::run::EvalReport;
-
 /// Points kept per curve; beyond it every other point is dropped and the stride doubles, so
 /// a week-long run keeps its whole shape in bounded memory.
 const MAX_POINTS: usize = 4096;
@@ -187,6 +185,19 @@ impl TrainingMetrics {
             .map(|h| (h.steps.clone(), h.evals.clone()))
             .unwrap_or_default()
     }
+}
+
+/// An evaluation's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalReport {
+    /// Step after which it ran.
+    pub step: u64,
+    /// Mean loss.
+    pub loss: f64,
+    /// Fraction of correct argmax predictions (cross-entropy only).
+    pub accuracy: Option<f64>,
+    /// Rows evaluated.
+    pub rows: u64,
 }
 
 #[cfg(test)]

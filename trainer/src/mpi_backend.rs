@@ -11,14 +11,21 @@
 pub use imp::MpiCollective;
 
 #[cfg(feature = "mpi")]
-pub(crate) use imp::train;
+pub(crate) use imp::with_world;
+
+/// What a rank of an `mpirun` job runs, given its rank and its two collectives (the
+/// trainer's and the pipeline's).
+pub(crate) type RankFn<'a, T> = Box<
+    dyn FnOnce(
+            usize,
+            std::sync::Arc<dyn sluice_pipeline::collective::Collective>,
+            std::sync::Arc<dyn sluice_pipeline::collective::Collective>,
+        ) -> Result<T, crate::TrainError>
+        + 'a,
+>;
 
 #[cfg(not(feature = "mpi"))]
-pub(crate) fn train(
-    _job: &crate::run::TrainJob,
-    _options: &crate::run::TrainOptions,
-    _handle: &tokio::runtime::Handle,
-) -> Result<crate::run::TrainReport, crate::TrainError> {
+pub(crate) fn with_world<T>(_rank: RankFn<'_, T>) -> Result<T, crate::TrainError> {
     Err(crate::TrainError::Config(
         "trainer.allreduce.backend: mpi needs a sluice built with the `mpi` feature (cargo build --release --features mpi, with OpenMPI installed: scripts/mpi.sh)".into(),
     ))
@@ -35,10 +42,9 @@ mod imp {
     use mpi::topology::SimpleCommunicator;
     use mpi::traits::*;
     use sluice_pipeline::collective::{Collective, CollectiveError, CollectiveResult};
-    use tokio::runtime::Handle;
 
+    use super::RankFn;
     use crate::TrainError;
-    use crate::run::{TrainJob, TrainOptions, TrainReport, worker};
 
     /// MPI counts are 32-bit: larger transfers go in pieces of this many elements.
     const CHUNK: usize = 1 << 28;
@@ -199,12 +205,10 @@ mod imp {
         out
     }
 
-    /// This process's rank of an `mpirun` job.
-    pub(crate) fn train(
-        job: &TrainJob,
-        options: &TrainOptions,
-        handle: &Handle,
-    ) -> Result<TrainReport, TrainError> {
+    /// Runs `rank` as this process's rank of an `mpirun` job, on two duplicates of the
+    /// world; MPI is finalised when it returns. A failed rank cannot make the others' pending
+    /// calls return, so an error is printed and the whole job aborted.
+    pub(crate) fn with_world<T>(rank: RankFn<'_, T>) -> Result<T, TrainError> {
         let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or_else(|| {
                 TrainError::Config("MPI was already initialised in this process".into())
@@ -217,14 +221,12 @@ mod imp {
         let world = universe.world();
         let grads = MpiCollective::new(world.duplicate());
         let data = MpiCollective::new(world.duplicate());
-        let rank = grads.rank;
-        let result = worker(job, rank, Arc::new(grads), Arc::new(data), options, handle);
-        match result {
-            Ok(Some(report)) => Ok(report),
-            Ok(None) => Err(TrainError::Internal("no report".into())),
+        let me = grads.rank;
+        match rank(me, Arc::new(grads), Arc::new(data)) {
+            Ok(v) => Ok(v),
             Err(e) => {
                 // The other ranks may be blocked in a collective that can never complete.
-                eprintln!("error: rank {rank}: {e}");
+                eprintln!("error: rank {me}: {e}");
                 world.abort(1)
             }
         }

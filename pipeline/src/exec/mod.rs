@@ -10,10 +10,6 @@
 //! (`Pipeline::resume_from`) passes over already-delivered rows in the skip task, placed just
 //! before the first stage that cuts or reorders rows.
 
-pub(crate) mod channel;
-pub mod metrics;
-mod pool;
-pub(crate) mod recycle;
 mod rescale;
 mod stamp;
 
@@ -29,15 +25,15 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::task::JoinSet;
 
-use self::channel::{Receiver, Sender, channel};
-pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
-pub use self::pool::CpuPool;
 use crate::batch::{Batch, Mark};
 use crate::collective::Collective;
 use crate::config::{
     ConfigDocument, ConfigErrors, Located, PipelineConfig, SourceConfig, StageConfig,
 };
 use crate::error::{Error, Result, StageRef};
+use crate::runtime::channel::{self, Receiver, Sender, channel};
+pub use crate::runtime::metrics;
+pub use crate::runtime::{CpuPool, PipelineMetrics, SourceMetrics, StageMetrics};
 use crate::source::Source;
 use crate::source::kafka::KafkaSource;
 use crate::source::parquet::ParquetSource;

@@ -7,9 +7,9 @@ pub(crate) mod reader;
 
 use arrow::datatypes::SchemaRef;
 
-use crate::exec::CpuPool;
-use crate::exec::channel::Sender;
-use crate::exec::metrics::PipelineMetrics;
+use crate::runtime::CpuPool;
+use crate::runtime::channel::Sender;
+use crate::runtime::metrics::PipelineMetrics;
 use std::sync::Arc;
 
 /// The objects a Parquet source would read — its `path` listing or its `manifest` — without

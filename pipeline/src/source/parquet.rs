@@ -21,14 +21,15 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
-use super::reader::{ObjectReader, ReadError};
+use super::reader::ObjectReader;
+use crate::error::ReadError;
 
 use crate::batch::{Batch, Lineage, Mark, Name, Origin};
 use crate::config::{ParquetSourceConfig, Partitioning, ShardPolicy};
 use crate::error::{Error, Result};
-use crate::exec::CpuPool;
-use crate::exec::channel::Sender;
-use crate::exec::metrics::PipelineMetrics;
+use crate::runtime::CpuPool;
+use crate::runtime::channel::Sender;
+use crate::runtime::metrics::PipelineMetrics;
 use crate::state::{DataStamp, FNV_BASIS, fnv1a};
 use crate::storage::{ListedObject, ObjectStream, stream_objects};
 
@@ -459,7 +460,7 @@ impl ParquetSource {
     }
 
     /// With `mix`, once every file is open: what each dataset gives an epoch.
-    pub(crate) fn mix_shares(&self) -> Option<Vec<crate::exec::metrics::MixShare>> {
+    pub(crate) fn mix_shares(&self) -> Option<Vec<crate::runtime::metrics::MixShare>> {
         Some(self.mixed().ok()??.shares.clone())
     }
 
@@ -527,7 +528,7 @@ impl ParquetSource {
             .zip(&rows)
             .zip(&counts)
             .map(
-                |((path, &rows), &per_epoch)| crate::exec::metrics::MixShare {
+                |((path, &rows), &per_epoch)| crate::runtime::metrics::MixShare {
                     path: path.clone(),
                     rows,
                     per_epoch,
@@ -960,7 +961,7 @@ struct Mixed {
     rows: Vec<u64>,
     /// Each entry's rows per epoch.
     counts: Vec<u64>,
-    shares: Vec<crate::exec::metrics::MixShare>,
+    shares: Vec<crate::runtime::metrics::MixShare>,
 }
 
 impl Mixed {

@@ -15,7 +15,7 @@ use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
-use crate::error::{Error, ReadKind, hint};
+use crate::error::{Error, ReadError, ReadKind, hint};
 use crate::storage::ObjectLocation;
 
 /// Reads one object for the Parquet decoder.
@@ -128,29 +128,6 @@ impl ObjectReader {
         }))
     }
 }
-
-/// A read that failed, in the file system or the object store (as opposed to bytes that do
-/// not decode).
-#[derive(Debug)]
-pub(crate) struct ReadError {
-    message: String,
-    kind: ReadKind,
-}
-
-impl ReadError {
-    /// What failed.
-    pub(crate) fn kind(&self) -> ReadKind {
-        self.kind
-    }
-}
-
-impl std::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for ReadError {}
 
 /// Reads `ranges` of a local file, each into a buffer of its own. `object_store`'s local
 /// store zero-fills every buffer before reading into it (a `memset` of everything read: 10 %

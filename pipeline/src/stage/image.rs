@@ -38,7 +38,7 @@ use crate::config::{
 };
 use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result, StageRef};
-use crate::exec::recycle::F32Pool;
+use crate::runtime::recycle::F32Pool;
 
 /// A built `image` stage.
 #[derive(Debug)]

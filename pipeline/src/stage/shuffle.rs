@@ -20,7 +20,7 @@
 //!   received rows past the cap are spilled in turn (see [`Shuffler::exchange_round`]).
 //!
 //! Columns listed in [`ShuffleSpec::views`] (byte columns the next stage only reads, see
-//! [`fuse_gathers`](crate::exec)) leave as `BinaryView` arrays pointing into the window's
+//! `fuse_gathers` in the executor) leave as `BinaryView` arrays pointing into the window's
 //! buffers instead of being copied row by row: a window of images is gathered by moving
 //! 16-byte views, and the pixels are read once, by the stage that converts them.
 //!

@@ -35,9 +35,9 @@ use self::decode::{ChunkDecoder, RawChunk, RecordMeta, ipc_schema, raw_schema};
 use crate::batch::Name;
 use crate::config::{Assignment, KafkaFormat, KafkaSourceConfig, StartPosition, Until};
 use crate::error::{Error, Result};
-use crate::exec::CpuPool;
-use crate::exec::channel::Sender;
-use crate::exec::metrics::PipelineMetrics;
+use crate::runtime::CpuPool;
+use crate::runtime::channel::Sender;
+use crate::runtime::metrics::PipelineMetrics;
 use crate::state::{
     Acknowledger, ErrorCounts, KafkaPositions, KafkaShuffleState, OffsetStore, Position,
     SourceState,

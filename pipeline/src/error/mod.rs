@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use crate::config::ConfigErrors;
+pub(crate) mod config;
+
+pub use self::config::ConfigErrors;
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -376,7 +378,7 @@ impl Error {
     ) -> Self {
         use parquet::errors::ParquetError as P;
         if let P::External(inner) = &source
-            && let Some(read) = inner.downcast_ref::<crate::source::reader::ReadError>()
+            && let Some(read) = inner.downcast_ref::<ReadError>()
         {
             return Error::Read {
                 url: url.to_string(),
@@ -438,6 +440,29 @@ impl Error {
         self
     }
 }
+
+/// A read that failed, in the file system or the object store (as opposed to bytes that do
+/// not decode).
+#[derive(Debug)]
+pub(crate) struct ReadError {
+    pub(crate) message: String,
+    pub(crate) kind: ReadKind,
+}
+
+impl ReadError {
+    /// What failed.
+    pub(crate) fn kind(&self) -> ReadKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ReadError {}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,12 @@
+//! Runtime plumbing shared by sources, stages and the executor: the bounded CPU pool, the
+//! byte-bounded channels between tasks, buffer recycling and the metrics every component
+//! reports into. It knows nothing about what flows through it, so sources and stages import it
+//! downward instead of reaching up into the executor.
+
+pub(crate) mod channel;
+pub mod metrics;
+mod pool;
+pub(crate) mod recycle;
+
+pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
+pub use self::pool::CpuPool;

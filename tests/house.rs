@@ -1,0 +1,240 @@
+//! The shape of the house, checked from the sources: every `crate::` import points down the
+//! layers declared below (no module imports one above it, so there are no cycles), and no
+//! source file or function grows past the size a newcomer can read.
+//!
+//! A new module must be given a layer here; a module that needs something from a layer above
+//! it is the sign that the thing belongs lower down (see `docs/architecture.md`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Each crate's layers, bottom first. A module may import from its own layer and the ones
+/// below. A module is placed by its longest listed prefix (`stage` places `stage::image`).
+/// Tests (`tests` modules and files) may import anything.
+const LAYERS: &[(&str, &[&[&str]])] = &[
+    (
+        "pipeline/src",
+        &[
+            // Plain data: types, errors, positions, the collective trait, leaf kernels.
+            &[
+                "types",
+                "error",
+                "state::position",
+                "kafka_log",
+                "collective",
+                "stage::expr",
+                "stage::normal",
+                "stage::pixels",
+                "stage::stats",
+                "stage::ziggurat_tables",
+            ],
+            // Lineage and resumable state.
+            &["batch", "state"],
+            // The config model and the storage it names.
+            &["config", "storage"],
+            // Runtime plumbing: CPU pool, byte-bounded channels, recycling, metrics, dead
+            // letters.
+            &["runtime", "dead_letter"],
+            // Stages.
+            &["stage"],
+            // Sources, and inspecting what they would read.
+            &["source", "inspect"],
+            // The executor: plans, order rules, resume.
+            &["exec"],
+        ],
+    ),
+    (
+        "sinks/src",
+        &[
+            &["config", "guard", "null", "tensor::blob", "tensor::convert"],
+            &["file"],
+            &["ipc", "kafka", "parquet_sink", "tensor"],
+        ],
+    ),
+    (
+        "trainer/src",
+        &[
+            &["config", "metrics"],
+            &["job", "model", "optim", "sync", "checkpoint"],
+            &["trainer", "mpi_backend"],
+            &["run"],
+        ],
+    ),
+    (
+        "src",
+        &[
+            &["output", "signals", "observe"],
+            &["report", "inspect"],
+            &["job", "train", "bench"],
+        ],
+    ),
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every `.rs` file under `dir`, with its module path (`state::position`; `crate` for the
+/// crate root).
+fn modules(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(dir).unwrap().with_extension("");
+                let mut parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if matches!(
+                    parts.last().map(String::as_str),
+                    Some("mod" | "lib" | "main")
+                ) {
+                    parts.pop();
+                }
+                let name = if parts.is_empty() {
+                    "crate".to_string()
+                } else {
+                    parts.join("::")
+                };
+                out.insert(name, std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The code of a file before its inline test module (tests may import anything).
+fn code(text: &str) -> &str {
+    match text.find("#[cfg(test)]\nmod tests {") {
+        Some(at) => &text[..at],
+        None => text,
+    }
+}
+
+fn ident_path(s: &str) -> Vec<&str> {
+    let mut segs = Vec::new();
+    let mut rest = s;
+    loop {
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        if end == 0 {
+            break;
+        }
+        segs.push(&rest[..end]);
+        match rest[end..].strip_prefix("::") {
+            Some(r) if r.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') => rest = r,
+            _ => break,
+        }
+    }
+    segs
+}
+
+/// The modules of `names` that `text` names through `crate::` paths (the longest known
+/// prefix of each path), itself, its ancestors and descendants excluded.
+fn imports(module: &str, text: &str, names: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let related = |cand: &str| {
+        cand == module
+            || module.starts_with(&format!("{cand}::"))
+            || cand.starts_with(&format!("{module}::"))
+    };
+    for (at, _) in text.match_indices("crate::") {
+        let after = &text[at + "crate::".len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            for item in group.split(',') {
+                let head = ident_path(item.trim()).first().copied().unwrap_or("");
+                if names.contains(head) && !related(head) {
+                    out.insert(head.to_string());
+                }
+            }
+            continue;
+        }
+        let segs = ident_path(after);
+        for k in (1..=segs.len()).rev() {
+            let cand = segs[..k].join("::");
+            if names.contains(&cand) {
+                if !related(&cand) {
+                    out.insert(cand);
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn layer_of(module: &str, layers: &[&[&str]]) -> Option<usize> {
+    let mut best: Option<(usize, usize)> = None;
+    for (i, layer) in layers.iter().enumerate() {
+        for prefix in *layer {
+            let fits = module == *prefix || module.starts_with(&format!("{prefix}::"));
+            if fits && best.is_none_or(|(len, _)| prefix.len() > len) {
+                best = Some((prefix.len(), i));
+            }
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
+fn is_test_module(module: &str) -> bool {
+    module == "tests" || module.ends_with("::tests") || module.ends_with("_tests")
+}
+
+#[test]
+fn every_import_points_down_the_layers() {
+    let mut problems = Vec::new();
+    for (dir, layers) in LAYERS {
+        let mods = modules(&root().join(dir));
+        let names: BTreeSet<String> = mods.keys().cloned().collect();
+        for (module, text) in &mods {
+            if module == "crate" || is_test_module(module) {
+                continue;
+            }
+            let Some(mine) = layer_of(module, layers) else {
+                problems.push(format!(
+                    "{dir}: module `{module}` has no layer: add it to LAYERS in tests/house.rs"
+                ));
+                continue;
+            };
+            for used in imports(module, code(text), &names) {
+                match layer_of(&used, layers) {
+                    Some(theirs) if theirs > mine => problems.push(format!(
+                        "{dir}: `{module}` (layer {mine}) imports `{used}` (layer {theirs}, above it)"
+                    )),
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+/// The checker itself sees an upward import, an unplaced module and a grouped import.
+#[test]
+fn the_layer_check_sees_upward_imports() {
+    let names: BTreeSet<String> = ["batch", "state", "state::position", "exec"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let text = "use crate::state::position::KafkaMark;\nuse crate::{exec::Plan, batch};";
+    let got = imports("batch", text, &names);
+    assert_eq!(
+        got,
+        ["exec", "state::position"]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
+    let layers: &[&[&str]] = &[&["state::position"], &["batch", "state"], &["exec"]];
+    assert_eq!(layer_of("state::position", layers), Some(0));
+    assert_eq!(layer_of("state::stamp", layers), Some(1));
+    assert_eq!(layer_of("exec::rescale", layers), Some(2));
+    assert_eq!(layer_of("stage", layers), None);
+}

@@ -1,0 +1,227 @@
+//! What a training run is given and what it reports: the job (pipeline, loader, trainer
+//! sections), how to run it (resume, stop flag, callbacks), and the report. Plain data every
+//! other module of the trainer reads; it imports none of them but the config.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use serde::Serialize;
+use sluice_pipeline::config::{ConfigDocument, SourceConfig, StageConfig};
+use sluice_pipeline::{ConfigErrors, PipelineConfig};
+use sluice_sinks::tensor::LoaderConfig;
+
+use crate::TrainError;
+use crate::config::TrainerConfig;
+pub use crate::metrics::EvalReport;
+use crate::metrics::TrainingMetrics;
+
+/// A training job: the pipeline plus `loader:` and `trainer:`.
+#[derive(Debug, Clone)]
+pub struct TrainJob {
+    /// The training data.
+    pub pipeline: PipelineConfig,
+    /// Batches → tensors.
+    pub loader: LoaderConfig,
+    /// The model and how to train it.
+    pub trainer: TrainerConfig,
+    /// Directory relative paths resolve against.
+    pub base_dir: PathBuf,
+}
+
+impl TrainJob {
+    /// Loads a job file, reporting every config problem at once (file:line:column).
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, TrainError> {
+        let doc = ConfigDocument::from_path(path)?;
+        Self::from_document(&doc)
+    }
+
+    /// Reads a job from a loaded document.
+    pub fn from_document(doc: &ConfigDocument) -> Result<Self, TrainError> {
+        let mut errors = Vec::new();
+        let pipeline = PipelineConfig::from_document(doc, &mut errors);
+        let loader = doc.value::<LoaderConfig>("loader", &mut errors);
+        let trainer = doc.value::<TrainerConfig>("trainer", &mut errors);
+        if !errors.is_empty() {
+            return Err(sluice_pipeline::Error::Config(ConfigErrors::sorted(errors)).into());
+        }
+        let (Some(pipeline), Some(loader), Some(trainer)) = (pipeline, loader, trainer) else {
+            return Err(TrainError::Config(format!(
+                "{}: `sluice train` needs `source:`, `loader:` (which columns become which tensors) and `trainer:` (model, optimizer) sections; see docs/config.md",
+                doc.origin()
+            )));
+        };
+        let job = TrainJob {
+            pipeline,
+            loader,
+            trainer,
+            base_dir: doc.base_dir().to_path_buf(),
+        };
+        job.check()?;
+        Ok(job)
+    }
+
+    /// Checks what can be checked without data.
+    pub fn check(&self) -> Result<(), TrainError> {
+        let t = &self.trainer;
+        for name in [&t.input, &t.target] {
+            if !self.loader.tensors.contains_key(name) {
+                return Err(TrainError::Config(format!(
+                    "trainer: tensor `{name}` is not in `loader.tensors` (it has: {}); set `trainer.input`/`trainer.target` or add it",
+                    self.loader
+                        .tensors
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        // Also when `--workers` set it, past the YAML's own checks.
+        if let Some(l) = sluice_pipeline::config::limits::lookup("trainer", "allreduce.workers")
+            && !l.allows(t.allreduce.workers as u64)
+        {
+            return Err(TrainError::Config(format!(
+                "trainer.allreduce.workers (or --workers): {} is out of range: allowed {}; {}",
+                t.allreduce.workers,
+                l.range(),
+                l.why
+            )));
+        }
+        if t.allreduce.bucket_mb <= 0.0 || !t.allreduce.bucket_mb.is_finite() {
+            return Err(TrainError::Config(
+                "trainer.allreduce.bucket_mb must be a positive number".into(),
+            ));
+        }
+        if t.optimizer.lr() <= 0.0 || !t.optimizer.lr().is_finite() {
+            return Err(TrainError::Config(
+                "trainer.optimizer.lr must be a positive number".into(),
+            ));
+        }
+        if t.eval.is_some() && !matches!(self.pipeline.source.value, SourceConfig::Parquet(_)) {
+            return Err(TrainError::Config(
+                "trainer.eval reads held-out Parquet files like the training source; the training source is not Parquet".into(),
+            ));
+        }
+        if t.checkpoint.as_ref().is_some_and(|c| c.every_steps == 0) {
+            return Err(TrainError::Config(
+                "trainer.checkpoint.every_steps must be at least 1".into(),
+            ));
+        }
+        if !self
+            .pipeline
+            .stages
+            .iter()
+            .any(|s| matches!(s.value, StageConfig::Batch(_)))
+        {
+            return Err(TrainError::Config(
+                "the pipeline has no `batch` stage: add `- {type: batch, size: N}` so the trainer gets mini-batches".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn batch_size(&self) -> Option<(usize, bool)> {
+        self.pipeline
+            .stages
+            .iter()
+            .rev()
+            .find_map(|s| match &s.value {
+                StageConfig::Batch(b) => Some((b.size, b.drop_last)),
+                _ => None,
+            })
+    }
+}
+
+/// Progress of rank 0, for a progress bar.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    /// The step just done.
+    pub step: u64,
+    /// Steps planned, when known.
+    pub total_steps: Option<u64>,
+    /// Mean loss of the step.
+    pub loss: f64,
+    /// Latest evaluation accuracy.
+    pub accuracy: Option<f64>,
+}
+
+/// Callback for [`Progress`].
+pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
+
+/// How to run a [`TrainJob`].
+#[derive(Clone, Default)]
+pub struct TrainOptions {
+    /// Continue from the checkpoint if it exists (without it, an existing checkpoint is an
+    /// error).
+    pub resume: bool,
+    /// Resuming a checkpoint written by another number of ranks: continue at the start of
+    /// the next epoch (the rest of the interrupted one is passed over, and reported) instead
+    /// of refusing. Parquet sources only.
+    pub elastic: bool,
+    /// Set (e.g. by a SIGTERM handler) to checkpoint at the next step and stop.
+    pub stop: Arc<AtomicBool>,
+    /// Called by rank 0 after each step.
+    pub progress: Option<ProgressFn>,
+    /// Live counters (for a metrics endpoint and the run report).
+    pub metrics: Option<Arc<TrainingMetrics>>,
+}
+
+impl std::fmt::Debug for TrainOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainOptions")
+            .field("resume", &self.resume)
+            .field("elastic", &self.elastic)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a training run did (rank 0's view; counts are over all ranks).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainReport {
+    /// The rank that wrote this report (the summary is rank 0's).
+    pub rank: usize,
+    /// Ranks.
+    pub world_size: usize,
+    /// Optimizer steps completed in total (including runs before a resume).
+    pub steps: u64,
+    /// Steps done by this run.
+    pub steps_this_run: u64,
+    /// Rows trained on, all ranks, all runs.
+    pub rows_trained: u64,
+    /// Rows trained on by this run.
+    pub rows_this_run: u64,
+    /// Rows some rank held when another ran out of data (not trained; with Parquet sources
+    /// every rank gets equal shares, so this is 0).
+    pub rows_untrained: u64,
+    /// Loss of the last step.
+    pub last_loss: Option<f64>,
+    /// Every evaluation, in order.
+    pub evals: Vec<EvalReport>,
+    /// Seconds of this run.
+    pub seconds: f64,
+    /// Rows per second (all ranks) in this run.
+    pub rows_per_second: f64,
+    /// Fraction of the training loop's time spent waiting for data (rank 0).
+    pub data_stall_fraction: f64,
+    /// Seconds waiting for data (rank 0; start-up excluded).
+    pub data_wait_seconds: f64,
+    /// Seconds in collectives (handshakes + gradient all-reduce, rank 0).
+    pub allreduce_seconds: f64,
+    /// Where the checkpoint went, if any.
+    pub checkpoint: Option<String>,
+    /// Whether a stop was requested (SIGTERM/SIGINT): the checkpoint covers what was done.
+    pub interrupted: bool,
+    /// Whether the run had already finished (resumed from a complete checkpoint).
+    pub already_complete: bool,
+    /// What this rank's pipeline stages noted, as `stage: note` (e.g. a shuffle's spills).
+    pub notes: Vec<String>,
+    /// Set when this run resumed a checkpoint of another number of ranks (`--elastic`):
+    /// what was passed over and where training continued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<String>,
+    /// The run's length in steps (all runs), as the schedule counts it: `trainer.steps`, or
+    /// what the data gives, whichever is less; unknown for a stream without epochs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_steps: Option<u64>,
+}

@@ -482,6 +482,126 @@ fn run_child(mut cmd: Command) -> Result<Measured, String> {
     serde_json::from_str(line).map_err(|e| format!("{e}: {line}"))
 }
 
+/// The variants, in table order, each with what it does.
+fn variants(w: Workload) -> [(&'static str, &'static str); 5] {
+    let desc = match w {
+        Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
+        Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
+    };
+    [
+        ("raw", "raw Parquet decode (the ceiling)"),
+        ("sluice", desc),
+        (
+            "floor",
+            "decode + one float32 write per value, nothing else",
+        ),
+        (
+            "dataloader",
+            "PyTorch DataLoader, num_workers=2, per-sample",
+        ),
+        ("numpy", "numpy, vectorised per batch, 1 process"),
+    ]
+}
+
+/// Runs each variant `--repeat` times (a peer that cannot run, a failed run or a wrong row
+/// count skips it) and makes the table's rows, each from the variant's fastest run.
+fn measure_variants(
+    args: &BenchArgs,
+    rows: usize,
+    peers: &Peers,
+    script: &Path,
+    exe: &Path,
+    data: &Path,
+) -> Vec<Row> {
+    let w = args.workload;
+    let mut table = Vec::new();
+    for (variant, description) in variants(w) {
+        let python_variant = matches!(variant, "dataloader" | "numpy");
+        let mut best: Option<Measured> = None;
+        let mut skipped = None;
+        if let Some(why) = peers.missing(variant) {
+            skipped = Some(why.clone());
+        }
+        for _ in 0..args.repeat.max(1) {
+            if skipped.is_some() {
+                break;
+            }
+            let cmd = if python_variant {
+                let mut c = Command::new(&peers.python);
+                c.arg(script)
+                    .args(["--data", &data.display().to_string()])
+                    .args(["--workload", w.name(), "--variant", variant])
+                    .args(["--batch", &w.batch().to_string()])
+                    .args(["--buffer-rows", &w.buffer_rows().to_string()]);
+                c
+            } else {
+                let mut c = Command::new(exe);
+                c.arg("bench-child")
+                    .arg(data)
+                    .args([w.name(), variant, &args.threads.to_string()]);
+                c
+            };
+            match run_child(cmd) {
+                Ok(m) if m.rows != rows => {
+                    skipped = Some(format!("delivered {} rows, not {rows}", m.rows));
+                }
+                Ok(m) => {
+                    if best.as_ref().is_none_or(|b| m.seconds < b.seconds) {
+                        best = Some(m);
+                    }
+                }
+                Err(e) => skipped = Some(format!("failed: {e}")),
+            }
+        }
+        if skipped.is_some() {
+            best = None;
+        }
+        let rate = best.as_ref().map(|m| m.rows as f64 / m.seconds.max(1e-9));
+        table.push(Row {
+            variant,
+            description,
+            measured: best,
+            skipped,
+            samples_per_second: rate,
+            mb_per_second: rate.map(|r| r * w.row_bytes() as f64 / 1e6),
+            vs_raw: None,
+        });
+    }
+    table
+}
+
+/// Prints the results table: a header, then each variant's numbers or why it was skipped.
+fn print_table(table: &[Row]) {
+    out!(
+        "{:<11} {:<58} {:>11} {:>9} {:>10} {:>7}",
+        "variant",
+        "work",
+        "samples/s",
+        "MB/s",
+        "peak RSS",
+        "vs raw"
+    );
+    for r in table {
+        match (&r.measured, &r.skipped) {
+            (Some(m), _) => out!(
+                "{:<11} {:<58} {:>11.0} {:>9.1} {:>6.0} MiB {:>6.2}×",
+                r.variant,
+                r.description,
+                r.samples_per_second.unwrap_or(0.0),
+                r.mb_per_second.unwrap_or(0.0),
+                m.peak_rss_mib,
+                r.vs_raw.unwrap_or(f64::NAN)
+            ),
+            (None, why) => out!(
+                "{:<11} {:<58} skipped: {}",
+                r.variant,
+                r.description,
+                why.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+}
+
 /// `sluice bench`.
 pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     let w = args.workload;
@@ -514,23 +634,6 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         eprintln!("error: cannot write {}", script.display());
         return ExitCode::FAILURE;
     }
-    let desc = match w {
-        Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
-        Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
-    };
-    let variants: [(&'static str, &'static str); 5] = [
-        ("raw", "raw Parquet decode (the ceiling)"),
-        ("sluice", desc),
-        (
-            "floor",
-            "decode + one float32 write per value, nothing else",
-        ),
-        (
-            "dataloader",
-            "PyTorch DataLoader, num_workers=2, per-sample",
-        ),
-        ("numpy", "numpy, vectorised per batch, 1 process"),
-    ];
     out!(
         "sluice bench {}: {rows} rows ({:.0} MB), {} Sluice threads, {} cores, best of {}",
         w.name(),
@@ -539,61 +642,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         args.repeat.max(1)
     );
-    let mut table = Vec::new();
-    for (variant, description) in variants {
-        let python_variant = matches!(variant, "dataloader" | "numpy");
-        let mut best: Option<Measured> = None;
-        let mut skipped = None;
-        if let Some(why) = peers.missing(variant) {
-            skipped = Some(why.clone());
-        }
-        for _ in 0..args.repeat.max(1) {
-            if skipped.is_some() {
-                break;
-            }
-            let cmd = if python_variant {
-                let mut c = Command::new(&peers.python);
-                c.arg(&script)
-                    .args(["--data", &data.display().to_string()])
-                    .args(["--workload", w.name(), "--variant", variant])
-                    .args(["--batch", &w.batch().to_string()])
-                    .args(["--buffer-rows", &w.buffer_rows().to_string()]);
-                c
-            } else {
-                let mut c = Command::new(&exe);
-                c.arg("bench-child").arg(&data).args([
-                    w.name(),
-                    variant,
-                    &args.threads.to_string(),
-                ]);
-                c
-            };
-            match run_child(cmd) {
-                Ok(m) if m.rows != rows => {
-                    skipped = Some(format!("delivered {} rows, not {rows}", m.rows));
-                }
-                Ok(m) => {
-                    if best.as_ref().is_none_or(|b| m.seconds < b.seconds) {
-                        best = Some(m);
-                    }
-                }
-                Err(e) => skipped = Some(format!("failed: {e}")),
-            }
-        }
-        if skipped.is_some() {
-            best = None;
-        }
-        let rate = best.as_ref().map(|m| m.rows as f64 / m.seconds.max(1e-9));
-        table.push(Row {
-            variant,
-            description,
-            measured: best,
-            skipped,
-            samples_per_second: rate,
-            mb_per_second: rate.map(|r| r * w.row_bytes() as f64 / 1e6),
-            vs_raw: None,
-        });
-    }
+    let mut table = measure_variants(args, rows, &peers, &script, &exe, &data);
     let raw = table[0].samples_per_second;
     for r in &mut table {
         r.vs_raw = match (r.samples_per_second, raw) {
@@ -601,34 +650,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
             _ => None,
         };
     }
-    out!(
-        "{:<11} {:<58} {:>11} {:>9} {:>10} {:>7}",
-        "variant",
-        "work",
-        "samples/s",
-        "MB/s",
-        "peak RSS",
-        "vs raw"
-    );
-    for r in &table {
-        match (&r.measured, &r.skipped) {
-            (Some(m), _) => out!(
-                "{:<11} {:<58} {:>11.0} {:>9.1} {:>6.0} MiB {:>6.2}×",
-                r.variant,
-                r.description,
-                r.samples_per_second.unwrap_or(0.0),
-                r.mb_per_second.unwrap_or(0.0),
-                m.peak_rss_mib,
-                r.vs_raw.unwrap_or(f64::NAN)
-            ),
-            (None, why) => out!(
-                "{:<11} {:<58} skipped: {}",
-                r.variant,
-                r.description,
-                why.as_deref().unwrap_or("?")
-            ),
-        }
-    }
+    print_table(&table);
     let sluice_vs_dl = match (table[1].samples_per_second, table[3].samples_per_second) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,

@@ -1,37 +1,38 @@
 //! `sluice validate` and `sluice inspect`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use sluice::pipeline::{ConfigDocument, Error as PipelineError};
+use sluice::pipeline::{ConfigDocument, Error as PipelineError, Plan};
 use sluice::{Job, JobError};
 
 use crate::output::{print_error, stdout_closed};
 
-pub(crate) async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
-    /// The job, with the `trainer:` section (read by `sluice train` alone) checked as well:
-    /// its problems join the others, each at its `file:line:column`.
-    fn load(doc: &ConfigDocument) -> Result<Job, Box<JobError>> {
-        #[cfg_attr(not(feature = "torch"), allow(unused_mut))]
-        let mut trainer_errors: Vec<sluice::pipeline::ConfigError> = Vec::new();
-        #[cfg(feature = "torch")]
-        let _ = doc.value::<sluice::trainer::TrainerConfig>("trainer", &mut trainer_errors);
-        let refused = |errors: Vec<sluice::pipeline::ConfigError>| {
-            Box::new(JobError::from(PipelineError::Config(
-                sluice::pipeline::ConfigErrors::sorted(errors),
-            )))
-        };
-        match Job::from_document(doc) {
-            Ok(job) if trainer_errors.is_empty() => Ok(job),
-            Ok(_) => Err(refused(trainer_errors)),
-            Err(JobError::Pipeline(PipelineError::Config(c))) => {
-                let mut all = c.0;
-                all.extend(trainer_errors);
-                Err(refused(all))
-            }
-            Err(e) => Err(Box::new(e)),
+/// The job, with the `trainer:` section (read by `sluice train` alone) checked as well:
+/// its problems join the others, each at its `file:line:column`.
+fn load(doc: &ConfigDocument) -> Result<Job, Box<JobError>> {
+    #[cfg_attr(not(feature = "torch"), allow(unused_mut))]
+    let mut trainer_errors: Vec<sluice::pipeline::ConfigError> = Vec::new();
+    #[cfg(feature = "torch")]
+    let _ = doc.value::<sluice::trainer::TrainerConfig>("trainer", &mut trainer_errors);
+    let refused = |errors: Vec<sluice::pipeline::ConfigError>| {
+        Box::new(JobError::from(PipelineError::Config(
+            sluice::pipeline::ConfigErrors::sorted(errors),
+        )))
+    };
+    match Job::from_document(doc) {
+        Ok(job) if trainer_errors.is_empty() => Ok(job),
+        Ok(_) => Err(refused(trainer_errors)),
+        Err(JobError::Pipeline(PipelineError::Config(c))) => {
+            let mut all = c.0;
+            all.extend(trainer_errors);
+            Err(refused(all))
         }
+        Err(e) => Err(Box::new(e)),
     }
+}
+
+pub(crate) async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
     let mut failed = false;
     for path in configs {
         let loaded = ConfigDocument::from_path(path)
@@ -80,80 +81,96 @@ pub(crate) async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
             out!("{}: ok (YAML only)", path.display());
             continue;
         }
-        match job.pipeline().plan().await {
-            Ok(plan) if !plan.problems.is_empty() => {
-                for e in &plan.problems {
-                    print_error(e);
-                }
-                if let Some(first) = &plan.unchecked_from {
-                    eprintln!(
-                        "note: {first} and the stages after it were not checked: the stage before them could not be built, so their input is unknown"
-                    );
-                }
-                let n = plan.problems.len();
-                eprintln!(
-                    "{}: {n} {} found",
-                    path.display(),
-                    if n == 1 { "problem" } else { "problems" }
-                );
-                failed = true;
-            }
-            Ok(plan) => {
-                out!("{}: ok — {}", path.display(), plan.summary);
-                out!("  source: {}", schema_line(&plan.source_schema));
-                for (stage, schema) in &plan.stages {
-                    out!("  {stage}: {}", schema_line(schema));
-                }
-                if let Some(sink) = &job.sink {
-                    out!("  sink: {} at {}", sink.value.kind(), sink.location);
-                }
-                if matches!(
-                    job.pipeline.source.value,
-                    sluice::pipeline::config::SourceConfig::Parquet(_)
-                ) {
-                    // Judged for several ranks, the case a lost node leaves.
-                    let world = job.pipeline.runtime.rank_and_world().1.max(2);
-                    match job.pipeline().rescalable(world) {
-                        Ok(()) => out!(
-                            "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): an interrupted epoch is finished exactly"
-                        ),
-                        Err(why) => out!(
-                            "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): a run continues at the next epoch, the rest of the interrupted one untrained: {why}"
-                        ),
-                    }
-                }
-                #[cfg(feature = "torch")]
-                if let Some(loader) = &job.loader {
-                    let schema = plan
-                        .stages
-                        .last()
-                        .map(|(_, s)| s.clone())
-                        .unwrap_or_else(|| plan.source_schema.clone());
-                    match loader.check(&schema) {
-                        Ok(lines) => {
-                            for l in lines {
-                                out!("  loader: {l}");
-                            }
-                        }
-                        Err(e) => {
-                            eprintln!("error: {e}");
-                            eprintln!("{}: 1 problem found", path.display());
-                            failed = true;
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                print_error(&e);
-                eprintln!("{}: 1 problem found", path.display());
-                failed = true;
-            }
+        if check_data(path, &job).await {
+            failed = true;
         }
     }
     if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Plans the job against its data: prints each problem, or the schemas the plan found (and,
+/// with `torch`, the loader's check); `true` when there was a problem.
+async fn check_data(path: &Path, job: &Job) -> bool {
+    let mut failed = false;
+    match job.pipeline().plan().await {
+        Ok(plan) if !plan.problems.is_empty() => {
+            for e in &plan.problems {
+                print_error(e);
+            }
+            if let Some(first) = &plan.unchecked_from {
+                eprintln!(
+                    "note: {first} and the stages after it were not checked: the stage before them could not be built, so their input is unknown"
+                );
+            }
+            let n = plan.problems.len();
+            eprintln!(
+                "{}: {n} {} found",
+                path.display(),
+                if n == 1 { "problem" } else { "problems" }
+            );
+            failed = true;
+        }
+        Ok(plan) => {
+            print_plan(path, job, &plan);
+            #[cfg(feature = "torch")]
+            if let Some(loader) = &job.loader {
+                let schema = plan
+                    .stages
+                    .last()
+                    .map(|(_, s)| s.clone())
+                    .unwrap_or_else(|| plan.source_schema.clone());
+                match loader.check(&schema) {
+                    Ok(lines) => {
+                        for l in lines {
+                            out!("  loader: {l}");
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        eprintln!("{}: 1 problem found", path.display());
+                        failed = true;
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            print_error(&e);
+            eprintln!("{}: 1 problem found", path.display());
+            failed = true;
+        }
+    }
+    failed
+}
+
+/// Prints a plan without problems: the schema after the source and after each stage, the
+/// sink, and whether a Parquet run could continue on another number of ranks.
+fn print_plan(path: &Path, job: &Job, plan: &Plan) {
+    out!("{}: ok — {}", path.display(), plan.summary);
+    out!("  source: {}", schema_line(&plan.source_schema));
+    for (stage, schema) in &plan.stages {
+        out!("  {stage}: {}", schema_line(schema));
+    }
+    if let Some(sink) = &job.sink {
+        out!("  sink: {} at {}", sink.value.kind(), sink.location);
+    }
+    if matches!(
+        job.pipeline.source.value,
+        sluice::pipeline::config::SourceConfig::Parquet(_)
+    ) {
+        // Judged for several ranks, the case a lost node leaves.
+        let world = job.pipeline.runtime.rank_and_world().1.max(2);
+        match job.pipeline().rescalable(world) {
+            Ok(()) => out!(
+                "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): an interrupted epoch is finished exactly"
+            ),
+            Err(why) => out!(
+                "  on another number of ranks (`--resume --elastic`, `Pipeline::rescale`): a run continues at the next epoch, the rest of the interrupted one untrained: {why}"
+            ),
+        }
     }
 }
 

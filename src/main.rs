@@ -463,6 +463,50 @@ fn print_summary(config: &Path, r: &RunReport) {
             res.rows_before + r.rows_written
         );
     }
+    print_source(r);
+    if r.records_dead_lettered > 0 {
+        // Undecodable records of the source and rows stages removed into their dead letters.
+        out!(
+            "  dead     {} record(s) dead-lettered",
+            r.records_dead_lettered
+        );
+    }
+    if let Some(n) = &r.shard {
+        out!("  shard    {n}");
+    }
+    for m in &r.mix {
+        out!(
+            "  mix      {}: {} of its {} rows each epoch",
+            m.path,
+            m.per_epoch,
+            m.rows
+        );
+    }
+    print_stages(r);
+    out!(
+        "  sink     {}: {} rows in {} batches, {:.2} MB{}",
+        r.sink,
+        r.rows_written,
+        r.batches_written,
+        r.bytes_written as f64 / 1e6,
+        r.output
+            .as_ref()
+            .map(|o| format!(" -> {o}"))
+            .unwrap_or_default()
+    );
+    out!(
+        "  elapsed  {:.3} s: {:.0} rows/s, {:.1} MB/s (decoded Arrow bytes){}",
+        r.elapsed_seconds,
+        r.rows_per_second,
+        r.mb_per_second,
+        r.peak_rss_bytes
+            .map(|b| format!("; peak RSS {:.0} MiB", sluice::mib(b)))
+            .unwrap_or_default()
+    );
+}
+
+/// The summary's source lines: what was read and, for Kafka, each partition's numbers.
+fn print_source(r: &RunReport) {
     if r.partitions.is_empty() {
         out!(
             "  source   {} file(s), {} row group(s), {} rows read ({:.2} MB compressed, {:.2} MB decoded)",
@@ -500,24 +544,10 @@ fn print_summary(config: &Path, r: &RunReport) {
             );
         }
     }
-    if r.records_dead_lettered > 0 {
-        // Undecodable records of the source and rows stages removed into their dead letters.
-        out!(
-            "  dead     {} record(s) dead-lettered",
-            r.records_dead_lettered
-        );
-    }
-    if let Some(n) = &r.shard {
-        out!("  shard    {n}");
-    }
-    for m in &r.mix {
-        out!(
-            "  mix      {}: {} of its {} rows each epoch",
-            m.path,
-            m.per_epoch,
-            m.rows
-        );
-    }
+}
+
+/// The summary's stage lines: rows in and out, what was removed or replayed, and notes.
+fn print_stages(r: &RunReport) {
     for s in &r.stages {
         let mut removed = if s.rows_removed > 0 {
             format!(", {} {}", s.rows_removed, s.removed_as)
@@ -540,24 +570,4 @@ fn print_summary(config: &Path, r: &RunReport) {
             out!("      {n}");
         }
     }
-    out!(
-        "  sink     {}: {} rows in {} batches, {:.2} MB{}",
-        r.sink,
-        r.rows_written,
-        r.batches_written,
-        r.bytes_written as f64 / 1e6,
-        r.output
-            .as_ref()
-            .map(|o| format!(" -> {o}"))
-            .unwrap_or_default()
-    );
-    out!(
-        "  elapsed  {:.3} s: {:.0} rows/s, {:.1} MB/s (decoded Arrow bytes){}",
-        r.elapsed_seconds,
-        r.rows_per_second,
-        r.mb_per_second,
-        r.peak_rss_bytes
-            .map(|b| format!("; peak RSS {:.0} MiB", sluice::mib(b)))
-            .unwrap_or_default()
-    );
 }

@@ -170,141 +170,25 @@ impl Collector for Scrape {
 fn families(o: &Observed) -> Vec<Family> {
     use Family as F;
     let get = PipelineMetrics::get;
-    let mut src_rows = F::counter("source_rows", "Rows read by the source");
-    let mut src_read = F::counter(
-        "source_bytes_read",
-        "Bytes read by the source (compressed Parquet, Kafka message bytes)",
-    );
-    let mut src_decoded = F::counter(
-        "source_bytes_decoded",
-        "Arrow bytes the source decoded into",
-    );
-    let mut bad = F::counter(
-        "source_records_bad",
-        "Records that could not be decoded (errors)",
-    );
-    let mut dead = F::counter(
-        "source_records_dead_lettered",
-        "Bad records written to the dead-letter sink",
-    );
-    let mut shard_left_out = F::counter(
-        "source_shard_left_out_rows",
-        "Rows the shard policy gave to no rank (drop_last, redistribute's remainder), all epochs read",
-    );
-    let mut src_replayed = F::counter(
-        "source_replayed_rows",
-        "Rows a resumed run read again and passed over before its first reordering stage (delivered before the checkpoint)",
-    );
-    let mut shard_repeated = F::counter(
-        "source_shard_repeated_rows",
-        "Rows shard: pad gave a second time, over all ranks and epochs read",
-    );
-    let mut part_records = F::counter(
-        "kafka_partition_records",
-        "Records read from a Kafka partition",
-    );
-    let mut part_lag = F::gauge(
-        "kafka_partition_lag",
-        "Records between a Kafka partition's read position and its end (-1: unknown)",
-    );
-    let mut st_in = F::counter("stage_rows_in", "Rows into a stage");
-    let mut st_out = F::counter("stage_rows_out", "Rows out of a stage");
-    let mut st_removed = F::counter(
-        "stage_rows_removed",
-        "Rows a stage's rules removed: filtered out, bad images skipped (on_error: skip), drop_last tails",
-    );
-    let mut st_replayed = F::counter(
-        "stage_rows_replayed",
-        "Rows into a stage that a resumed run had delivered before its checkpoint (a shuffle rebuilding its window): taken in, not emitted again",
-    );
-    let mut st_busy = F::counter(
-        "stage_busy_seconds",
-        "CPU seconds a stage spent working (summed over its parallel tasks)",
-    );
-    let mut q_pushed = F::counter("queue_batches_pushed", "Batches put into a queue");
-    let mut q_popped = F::counter("queue_batches_popped", "Batches taken from a queue");
-    let mut q_bytes_in = F::counter("queue_bytes_pushed", "Arrow bytes put into a queue");
-    let mut q_bytes_out = F::counter(
-        "queue_bytes_popped",
-        "Arrow bytes taken from a queue (the bytes into the stage it feeds)",
-    );
-    let mut q_bytes = F::gauge("queue_bytes", "Arrow bytes in a queue now");
-    let mut q_blocked = F::counter(
-        "queue_send_blocked_seconds",
-        "Seconds the producer of a queue waited for room: downstream is slower",
-    );
-    let mut q_waited = F::counter(
-        "queue_recv_waited_seconds",
-        "Seconds the consumer of a queue waited for a batch: upstream is slower",
-    );
+    let mut source = SourceFamilies::new();
+    let mut stages = StageFamilies::new();
+    let mut queues = QueueFamilies::new();
     let mut out_rows = F::counter("output_rows", "Rows delivered by the pipeline");
     let mut out_batches = F::counter("output_batches", "Batches delivered by the pipeline");
     let mut out_bytes = F::counter("output_bytes", "Arrow bytes delivered by the pipeline");
     for (rank, m) in o.pipelines() {
         let r = || vec![("rank", rank.to_string())];
-        let s = &m.source;
-        src_rows.add(r(), get(&s.rows) as f64);
-        src_read.add(r(), get(&s.bytes_read) as f64);
-        src_decoded.add(r(), get(&s.bytes_decoded) as f64);
-        bad.add(r(), get(&s.records_bad) as f64);
-        dead.add(r(), get(&s.records_dead_lettered) as f64);
-        shard_left_out.add(r(), get(&s.shard_left_out) as f64);
-        shard_repeated.add(r(), get(&s.shard_repeated) as f64);
-        src_replayed.add(r(), get(&s.rows_replayed) as f64);
-        for (name, p) in s.partitions() {
-            let l = vec![("rank", rank.to_string()), ("partition", name.clone())];
-            part_records.add(l.clone(), p.records as f64);
-            part_lag.add(l, p.lag as f64);
-        }
-        for st in m.stages() {
-            let l = vec![("rank", rank.to_string()), ("stage", short_name(&st.name))];
-            st_in.add(l.clone(), get(&st.rows_in) as f64);
-            st_out.add(l.clone(), get(&st.rows_out) as f64);
-            st_removed.add(l.clone(), get(&st.rows_removed) as f64);
-            st_replayed.add(l.clone(), get(&st.rows_replayed) as f64);
-            st_busy.add(l, ns(get(&st.busy_ns)));
-        }
-        for (name, q) in m.queues() {
-            let l = vec![("rank", rank.to_string()), ("queue", short_name(&name))];
-            q_pushed.add(l.clone(), get(&q.pushed) as f64);
-            q_popped.add(l.clone(), get(&q.popped) as f64);
-            q_bytes_in.add(l.clone(), get(&q.bytes_pushed) as f64);
-            q_bytes_out.add(l.clone(), get(&q.bytes_popped) as f64);
-            q_bytes.add(l.clone(), q.bytes_queued() as f64);
-            q_blocked.add(l.clone(), ns(get(&q.send_blocked_ns)));
-            q_waited.add(l, ns(get(&q.recv_waited_ns)));
-        }
+        source.add(rank, &m);
+        stages.add(rank, &m);
+        queues.add(rank, &m);
         out_rows.add(r(), get(&m.rows_out) as f64);
         out_batches.add(r(), get(&m.batches_out) as f64);
         out_bytes.add(r(), get(&m.bytes_out) as f64);
     }
-    let mut all = vec![
-        src_rows,
-        src_read,
-        src_decoded,
-        bad,
-        dead,
-        shard_left_out,
-        shard_repeated,
-        src_replayed,
-        part_records,
-        part_lag,
-        st_in,
-        st_out,
-        st_removed,
-        st_replayed,
-        st_busy,
-        q_pushed,
-        q_popped,
-        q_bytes_in,
-        q_bytes_out,
-        q_bytes,
-        q_blocked,
-        q_waited,
-        out_rows,
-        out_batches,
-        out_bytes,
-    ];
+    let mut all = source.into_families();
+    all.extend(stages.into_families());
+    all.extend(queues.into_families());
+    all.extend([out_rows, out_batches, out_bytes]);
     let mut up = F::gauge("uptime_seconds", "Seconds since the run started");
     up.add(Vec::new(), o.seconds());
     all.push(up);
@@ -313,6 +197,225 @@ fn families(o: &Observed) -> Vec<Family> {
         all.extend(training_families(t));
     }
     all
+}
+
+/// The source's families: rows and bytes read, bad records, the shard policy's remainders,
+/// replayed rows, and each Kafka partition's records and lag.
+struct SourceFamilies {
+    src_rows: Family,
+    src_read: Family,
+    src_decoded: Family,
+    bad: Family,
+    dead: Family,
+    shard_left_out: Family,
+    src_replayed: Family,
+    shard_repeated: Family,
+    part_records: Family,
+    part_lag: Family,
+}
+
+impl SourceFamilies {
+    /// The families, with no samples yet.
+    fn new() -> Self {
+        use Family as F;
+        SourceFamilies {
+            src_rows: F::counter("source_rows", "Rows read by the source"),
+            src_read: F::counter(
+                "source_bytes_read",
+                "Bytes read by the source (compressed Parquet, Kafka message bytes)",
+            ),
+            src_decoded: F::counter(
+                "source_bytes_decoded",
+                "Arrow bytes the source decoded into",
+            ),
+            bad: F::counter(
+                "source_records_bad",
+                "Records that could not be decoded (errors)",
+            ),
+            dead: F::counter(
+                "source_records_dead_lettered",
+                "Bad records written to the dead-letter sink",
+            ),
+            shard_left_out: F::counter(
+                "source_shard_left_out_rows",
+                "Rows the shard policy gave to no rank (drop_last, redistribute's remainder), all epochs read",
+            ),
+            src_replayed: F::counter(
+                "source_replayed_rows",
+                "Rows a resumed run read again and passed over before its first reordering stage (delivered before the checkpoint)",
+            ),
+            shard_repeated: F::counter(
+                "source_shard_repeated_rows",
+                "Rows shard: pad gave a second time, over all ranks and epochs read",
+            ),
+            part_records: F::counter(
+                "kafka_partition_records",
+                "Records read from a Kafka partition",
+            ),
+            part_lag: F::gauge(
+                "kafka_partition_lag",
+                "Records between a Kafka partition's read position and its end (-1: unknown)",
+            ),
+        }
+    }
+
+    /// Adds the samples of `rank`'s source.
+    fn add(&mut self, rank: usize, m: &PipelineMetrics) {
+        let get = PipelineMetrics::get;
+        let r = || vec![("rank", rank.to_string())];
+        let s = &m.source;
+        self.src_rows.add(r(), get(&s.rows) as f64);
+        self.src_read.add(r(), get(&s.bytes_read) as f64);
+        self.src_decoded.add(r(), get(&s.bytes_decoded) as f64);
+        self.bad.add(r(), get(&s.records_bad) as f64);
+        self.dead.add(r(), get(&s.records_dead_lettered) as f64);
+        self.shard_left_out.add(r(), get(&s.shard_left_out) as f64);
+        self.shard_repeated.add(r(), get(&s.shard_repeated) as f64);
+        self.src_replayed.add(r(), get(&s.rows_replayed) as f64);
+        for (name, p) in s.partitions() {
+            let l = vec![("rank", rank.to_string()), ("partition", name.clone())];
+            self.part_records.add(l.clone(), p.records as f64);
+            self.part_lag.add(l, p.lag as f64);
+        }
+    }
+
+    /// The families, in the order they are exposed.
+    fn into_families(self) -> Vec<Family> {
+        vec![
+            self.src_rows,
+            self.src_read,
+            self.src_decoded,
+            self.bad,
+            self.dead,
+            self.shard_left_out,
+            self.shard_repeated,
+            self.src_replayed,
+            self.part_records,
+            self.part_lag,
+        ]
+    }
+}
+
+/// Each stage's families: rows in, out, removed and replayed, and CPU seconds.
+struct StageFamilies {
+    st_in: Family,
+    st_out: Family,
+    st_removed: Family,
+    st_replayed: Family,
+    st_busy: Family,
+}
+
+impl StageFamilies {
+    /// The families, with no samples yet.
+    fn new() -> Self {
+        use Family as F;
+        StageFamilies {
+            st_in: F::counter("stage_rows_in", "Rows into a stage"),
+            st_out: F::counter("stage_rows_out", "Rows out of a stage"),
+            st_removed: F::counter(
+                "stage_rows_removed",
+                "Rows a stage's rules removed: filtered out, bad images skipped (on_error: skip), drop_last tails",
+            ),
+            st_replayed: F::counter(
+                "stage_rows_replayed",
+                "Rows into a stage that a resumed run had delivered before its checkpoint (a shuffle rebuilding its window): taken in, not emitted again",
+            ),
+            st_busy: F::counter(
+                "stage_busy_seconds",
+                "CPU seconds a stage spent working (summed over its parallel tasks)",
+            ),
+        }
+    }
+
+    /// Adds the samples of `rank`'s stages.
+    fn add(&mut self, rank: usize, m: &PipelineMetrics) {
+        let get = PipelineMetrics::get;
+        for st in m.stages() {
+            let l = vec![("rank", rank.to_string()), ("stage", short_name(&st.name))];
+            self.st_in.add(l.clone(), get(&st.rows_in) as f64);
+            self.st_out.add(l.clone(), get(&st.rows_out) as f64);
+            self.st_removed.add(l.clone(), get(&st.rows_removed) as f64);
+            self.st_replayed
+                .add(l.clone(), get(&st.rows_replayed) as f64);
+            self.st_busy.add(l, ns(get(&st.busy_ns)));
+        }
+    }
+
+    /// The families, in the order they are exposed.
+    fn into_families(self) -> Vec<Family> {
+        vec![
+            self.st_in,
+            self.st_out,
+            self.st_removed,
+            self.st_replayed,
+            self.st_busy,
+        ]
+    }
+}
+
+/// Each queue's families: batches and bytes through it, bytes in it now, and the seconds
+/// its producer and consumer waited.
+struct QueueFamilies {
+    q_pushed: Family,
+    q_popped: Family,
+    q_bytes_in: Family,
+    q_bytes_out: Family,
+    q_bytes: Family,
+    q_blocked: Family,
+    q_waited: Family,
+}
+
+impl QueueFamilies {
+    /// The families, with no samples yet.
+    fn new() -> Self {
+        use Family as F;
+        QueueFamilies {
+            q_pushed: F::counter("queue_batches_pushed", "Batches put into a queue"),
+            q_popped: F::counter("queue_batches_popped", "Batches taken from a queue"),
+            q_bytes_in: F::counter("queue_bytes_pushed", "Arrow bytes put into a queue"),
+            q_bytes_out: F::counter(
+                "queue_bytes_popped",
+                "Arrow bytes taken from a queue (the bytes into the stage it feeds)",
+            ),
+            q_bytes: F::gauge("queue_bytes", "Arrow bytes in a queue now"),
+            q_blocked: F::counter(
+                "queue_send_blocked_seconds",
+                "Seconds the producer of a queue waited for room: downstream is slower",
+            ),
+            q_waited: F::counter(
+                "queue_recv_waited_seconds",
+                "Seconds the consumer of a queue waited for a batch: upstream is slower",
+            ),
+        }
+    }
+
+    /// Adds the samples of `rank`'s queues.
+    fn add(&mut self, rank: usize, m: &PipelineMetrics) {
+        let get = PipelineMetrics::get;
+        for (name, q) in m.queues() {
+            let l = vec![("rank", rank.to_string()), ("queue", short_name(&name))];
+            self.q_pushed.add(l.clone(), get(&q.pushed) as f64);
+            self.q_popped.add(l.clone(), get(&q.popped) as f64);
+            self.q_bytes_in.add(l.clone(), get(&q.bytes_pushed) as f64);
+            self.q_bytes_out.add(l.clone(), get(&q.bytes_popped) as f64);
+            self.q_bytes.add(l.clone(), q.bytes_queued() as f64);
+            self.q_blocked.add(l.clone(), ns(get(&q.send_blocked_ns)));
+            self.q_waited.add(l, ns(get(&q.recv_waited_ns)));
+        }
+    }
+
+    /// The families, in the order they are exposed.
+    fn into_families(self) -> Vec<Family> {
+        vec![
+            self.q_pushed,
+            self.q_popped,
+            self.q_bytes_in,
+            self.q_bytes_out,
+            self.q_bytes,
+            self.q_blocked,
+            self.q_waited,
+        ]
+    }
 }
 
 #[cfg(feature = "torch")]

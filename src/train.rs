@@ -36,22 +36,8 @@ pub(crate) async fn train(
             return ExitCode::FAILURE;
         }
     };
-    if let Some(b) = backend {
-        job.trainer.allreduce.backend = match b.as_str() {
-            "local" => Backend::Local,
-            "mpi" => Backend::Mpi,
-            other => {
-                eprintln!("error: --backend {other}: use local or mpi");
-                return ExitCode::from(2);
-            }
-        };
-    }
-    if let Some(w) = workers {
-        job.trainer.allreduce.workers = w;
-        if let Err(e) = job.check() {
-            print_error(&e);
-            return ExitCode::FAILURE;
-        }
+    if let Err(code) = apply_overrides(&mut job, workers, backend) {
+        return code;
     }
     // SIGTERM/SIGINT: every rank checkpoints at the next step and stops.
     let stop = Arc::new(AtomicBool::new(false));
@@ -61,17 +47,7 @@ pub(crate) async fn train(
         tracing::warn!("interrupted: checkpointing at the next step, then stopping");
         flag.store(true, Ordering::Relaxed);
     });
-    let bar = (matches!(progress, ProgressMode::Auto)
-        && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-    .then(|| {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:40} step {human_pos}/{human_len}  {per_sec}  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-        bar.set_style(style);
-        bar
-    });
+    let bar = progress_bar(progress);
     let training = Arc::new(TrainingMetrics::default());
     let observed = Arc::new(Observed::training(training.clone()));
     // Under mpirun each rank is a process of its own: rank r serves on port + r.
@@ -93,19 +69,7 @@ pub(crate) async fn train(
         elastic,
         stop,
         metrics: Some(training.clone()),
-        progress: bar.clone().map(|bar| {
-            Arc::new(move |p: &Progress| {
-                if let Some(t) = p.total_steps {
-                    bar.set_length(t);
-                }
-                bar.set_position(p.step);
-                let acc = p
-                    .accuracy
-                    .map(|a| format!("  eval acc {:.2}%", 100.0 * a))
-                    .unwrap_or_default();
-                bar.set_message(format!("loss {:.4}{acc}", p.loss));
-            }) as sluice::trainer::run::ProgressFn
-        }),
+        progress: bar.clone().map(progress_callback),
     };
     let handle = tokio::runtime::Handle::current();
     let result =
@@ -140,39 +104,12 @@ pub(crate) async fn train(
         print_summary(config, &report);
     }
     if let Some(dir) = observe.report_dir(config, "train") {
-        sampler.sample(&observed);
-        let (samples, names) = sampler.series();
-        let (steps, evals) = training.history();
-        let curves = Curves {
-            loss: steps.iter().map(|p| (p.step as f64, p.loss)).collect(),
-            eval_accuracy: evals
-                .iter()
-                .filter_map(|e| Some((e.step as f64, e.accuracy?)))
-                .collect(),
-            eval_loss: evals.iter().map(|e| (e.step as f64, e.loss)).collect(),
-            data_stall_fraction: (!report.already_complete).then_some(report.data_stall_fraction),
-        };
-        let r = Report::build(
-            "train",
-            config,
-            &observed,
-            &samples,
-            &names,
-            Some(curves),
-            serde_json::to_value(&report).unwrap_or_default(),
-        );
-        write_report(&dir, &r);
+        write_train_report(&dir, config, &observed, &sampler, &training, &report);
     }
-    if let Some(path) = summary_json {
-        let mut value = serde_json::to_value(&report).unwrap_or_default();
-        if let (Some(map), Some(rss)) = (value.as_object_mut(), sluice::peak_rss_bytes()) {
-            map.insert("peak_rss_bytes".into(), rss.into());
-        }
-        let text = serde_json::to_string_pretty(&value).unwrap_or_default();
-        if let Err(e) = std::fs::write(path, text) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
+    if let Some(path) = summary_json
+        && let Err(code) = write_summary_json(path, &report)
+    {
+        return code;
     }
     if report.interrupted {
         eprintln!(
@@ -186,6 +123,109 @@ pub(crate) async fn train(
         return ExitCode::from(crate::signals::INTERRUPTED);
     }
     ExitCode::SUCCESS
+}
+
+/// Applies `--backend` and `--workers` to the job (checking it again after `--workers`);
+/// the exit code when a value is wrong.
+fn apply_overrides(
+    job: &mut TrainJob,
+    workers: Option<usize>,
+    backend: Option<String>,
+) -> Result<(), ExitCode> {
+    if let Some(b) = backend {
+        job.trainer.allreduce.backend = match b.as_str() {
+            "local" => Backend::Local,
+            "mpi" => Backend::Mpi,
+            other => {
+                eprintln!("error: --backend {other}: use local or mpi");
+                return Err(ExitCode::from(2));
+            }
+        };
+    }
+    if let Some(w) = workers {
+        job.trainer.allreduce.workers = w;
+        if let Err(e) = job.check() {
+            print_error(&e);
+            return Err(ExitCode::FAILURE);
+        }
+    }
+    Ok(())
+}
+
+/// The progress bar: with `--progress auto` when stderr is a terminal.
+fn progress_bar(progress: ProgressMode) -> Option<ProgressBar> {
+    (matches!(progress, ProgressMode::Auto) && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .then(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} step {human_pos}/{human_len}  {per_sec}  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar
+        })
+}
+
+/// Shows the trainer's progress on `bar`: the step, the loss and the last eval's accuracy.
+fn progress_callback(bar: ProgressBar) -> sluice::trainer::run::ProgressFn {
+    Arc::new(move |p: &Progress| {
+        if let Some(t) = p.total_steps {
+            bar.set_length(t);
+        }
+        bar.set_position(p.step);
+        let acc = p
+            .accuracy
+            .map(|a| format!("  eval acc {:.2}%", 100.0 * a))
+            .unwrap_or_default();
+        bar.set_message(format!("loss {:.4}{acc}", p.loss));
+    }) as sluice::trainer::run::ProgressFn
+}
+
+/// Writes the run report into `dir`, with the loss and eval curves.
+fn write_train_report(
+    dir: &Path,
+    config: &Path,
+    observed: &Observed,
+    sampler: &Sampler,
+    training: &TrainingMetrics,
+    report: &TrainReport,
+) {
+    sampler.sample(observed);
+    let (samples, names) = sampler.series();
+    let (steps, evals) = training.history();
+    let curves = Curves {
+        loss: steps.iter().map(|p| (p.step as f64, p.loss)).collect(),
+        eval_accuracy: evals
+            .iter()
+            .filter_map(|e| Some((e.step as f64, e.accuracy?)))
+            .collect(),
+        eval_loss: evals.iter().map(|e| (e.step as f64, e.loss)).collect(),
+        data_stall_fraction: (!report.already_complete).then_some(report.data_stall_fraction),
+    };
+    let r = Report::build(
+        "train",
+        config,
+        observed,
+        &samples,
+        &names,
+        Some(curves),
+        serde_json::to_value(report).unwrap_or_default(),
+    );
+    write_report(dir, &r);
+}
+
+/// Writes `--summary-json`: the training report plus this process's peak RSS.
+fn write_summary_json(path: &Path, report: &TrainReport) -> Result<(), ExitCode> {
+    let mut value = serde_json::to_value(report).unwrap_or_default();
+    if let (Some(map), Some(rss)) = (value.as_object_mut(), sluice::peak_rss_bytes()) {
+        map.insert("peak_rss_bytes".into(), rss.into());
+    }
+    let text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    if let Err(e) = std::fs::write(path, text) {
+        eprintln!("error: cannot write {}: {e}", path.display());
+        return Err(ExitCode::FAILURE);
+    }
+    Ok(())
 }
 
 fn print_summary(config: &Path, r: &TrainReport) {

@@ -5,6 +5,8 @@
 //! A new module must be given a layer here; a module that needs something from a layer above
 //! it is the sign that the thing belongs lower down (see `docs/architecture.md`).
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

@@ -539,7 +539,22 @@ async fn stream_spec(
         all.sort_by(|a, b| a.location.cmp(&b.location));
         futures::stream::iter(all.into_iter().map(Ok)).boxed()
     };
-    let (spec2, spec3) = (spec.clone(), spec.clone());
+    let items = matching_objects(listing, pattern, opts, &spec, store, root);
+    Ok(error_if_empty(items, spec, display))
+}
+
+/// The objects of a listing that `pattern` matches (without one, the `.parquet` files), with
+/// their locations; an error when the store did not list in key order.
+fn matching_objects(
+    listing: futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>>,
+    pattern: Option<glob::Pattern>,
+    opts: glob::MatchOptions,
+    spec: &str,
+    store: Arc<dyn ObjectStore>,
+    root: String,
+) -> ObjectStream {
+    use futures::StreamExt;
+    let (spec2, spec3) = (spec.to_string(), spec.to_string());
     let mut last: Option<ObjectPath> = None;
     let items = listing
         .map(move |r| (r, spec2.clone()))
@@ -578,6 +593,13 @@ async fn stream_spec(
                 },
             })
         });
+    items.boxed()
+}
+
+/// Passes `inner` on up to its first error; a listing that matched nothing ends with
+/// [`Error::NoMatch`].
+fn error_if_empty(inner: ObjectStream, spec: String, display: String) -> ObjectStream {
+    use futures::StreamExt;
     // An empty match is an error, reported when the listing ends.
     struct State {
         inner: ObjectStream,
@@ -587,13 +609,13 @@ async fn stream_spec(
         display: String,
     }
     let state = State {
-        inner: items.boxed(),
+        inner,
         found: 0,
         done: false,
         spec,
         display,
     };
-    Ok(futures::stream::unfold(state, |mut st| async move {
+    futures::stream::unfold(state, |mut st| async move {
         if st.done {
             return None;
         }
@@ -617,7 +639,7 @@ async fn stream_spec(
             }
         }
     })
-    .boxed())
+    .boxed()
 }
 
 /// Lists the partitions (sub-prefixes) of `prefix` whose name matches `segment`, up to 4

@@ -46,112 +46,9 @@ fn sink_err(topic: &str, message: String) -> Error {
 
 impl KafkaSink {
     pub(crate) async fn new(c: &KafkaSinkConfig, cx: &SinkContext) -> Result<Self> {
-        use crate::config::KafkaCompression as K;
-        // arrow_ipc compresses the IPC buffers (readers decompress column by column) and sends
-        // the messages as they are; compressing twice only costs CPU. json compresses at the
-        // Kafka level.
-        let ipc_compression = match (c.format, c.compression) {
-            (KafkaSinkFormat::Json, _) | (_, K::None) => None,
-            (KafkaSinkFormat::ArrowIpc, K::Zstd) => Some(CompressionType::ZSTD),
-            (KafkaSinkFormat::ArrowIpc, K::Lz4) => Some(CompressionType::LZ4_FRAME),
-            (KafkaSinkFormat::ArrowIpc, other) => {
-                return Err(sink_err(
-                    &c.topic,
-                    format!(
-                        "`format: arrow_ipc` compresses with `zstd`, `lz4` or `none`, not `{other:?}`"
-                    ),
-                ));
-            }
-        };
-        let compression = match (c.format, c.compression) {
-            (KafkaSinkFormat::ArrowIpc, _) | (_, K::None) => "none",
-            (_, K::Zstd) => "zstd",
-            (_, K::Lz4) => "lz4",
-            (_, K::Snappy) => "snappy",
-            (_, K::Gzip) => "gzip",
-        };
-        let connection = KafkaConnection {
-            brokers: c.brokers.clone(),
-            properties: c.properties.clone(),
-        };
-        let cfg = connection.client_config(&[
-            ("compression.type", compression.to_string()),
-            (
-                "enable.idempotence",
-                if c.idempotent { "true" } else { "false" }.to_string(),
-            ),
-            ("linger.ms", "5".to_string()),
-            // Messages may carry a whole batch; leave room for headers.
-            (
-                "message.max.bytes",
-                (c.max_message_bytes + 64 * 1024).to_string(),
-            ),
-            ("message.timeout.ms", "120000".to_string()),
-        ]);
-        let producer: FutureProducer<KafkaLog> =
-            cfg.create_with_context(KafkaLog::default()).map_err(|e| {
-                sink_err(
-                    &c.topic,
-                    format!("invalid producer configuration: {e}. Check `properties`"),
-                )
-            })?;
-        let timeout = c.connect_timeout.0;
-        let topic = c.topic.clone();
-        let p = producer.clone();
-        let md = tokio::task::spawn_blocking(move || p.client().fetch_metadata(None, timeout))
-            .await
-            .map_err(|e| Error::Internal(format!("metadata task failed: {e}")))?
-            .map_err(|e| {
-                sink_err(
-                    &topic,
-                    format!(
-                        "cannot reach the brokers {} within {} ({e}). Check `brokers` and that the cluster is up",
-                        c.brokers.0.join(","),
-                        humantime_secs(timeout)
-                    ),
-                )
-            })?;
-        match md.topics().iter().find(|t| t.name() == c.topic) {
-            None => {
-                return Err(sink_err(
-                    &c.topic,
-                    "the topic does not exist; create it first (Sluice does not create topics)"
-                        .into(),
-                ));
-            }
-            Some(t) if t.error().is_some() => {
-                return Err(sink_err(
-                    &c.topic,
-                    format!("{:?}", t.error().map(RDKafkaErrorCode::from)),
-                ));
-            }
-            Some(_) => {}
-        }
-        let key_column = match &c.key {
-            None => None,
-            Some(k) => {
-                if c.format != KafkaSinkFormat::Json {
-                    return Err(sink_err(
-                        &c.topic,
-                        "`key` applies to `format: json` (one message per row) only".into(),
-                    ));
-                }
-                Some(cx.schema.index_of(k).map_err(|_| {
-                    sink_err(
-                        &c.topic,
-                        format!(
-                            "key column `{k}` is not in the pipeline's output ({})",
-                            cx.schema
-                                .fields()
-                                .iter()
-                                .map(|f| f.name().as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )
-                })?)
-            }
-        };
+        let (ipc_compression, compression) = compressions(c)?;
+        let producer = connect(c, compression).await?;
+        let key_column = key_column(c, cx)?;
         Ok(KafkaSink {
             producer,
             topic: c.topic.clone(),
@@ -220,6 +117,126 @@ impl KafkaSink {
             }
         }
     }
+}
+
+/// The compression of the IPC buffers (`arrow_ipc`) and librdkafka's `compression.type`
+/// (`json`): each format compresses at one level only.
+fn compressions(c: &KafkaSinkConfig) -> Result<(Option<CompressionType>, &'static str)> {
+    use crate::config::KafkaCompression as K;
+    // arrow_ipc compresses the IPC buffers (readers decompress column by column) and sends
+    // the messages as they are; compressing twice only costs CPU. json compresses at the
+    // Kafka level.
+    let ipc_compression = match (c.format, c.compression) {
+        (KafkaSinkFormat::Json, _) | (_, K::None) => None,
+        (KafkaSinkFormat::ArrowIpc, K::Zstd) => Some(CompressionType::ZSTD),
+        (KafkaSinkFormat::ArrowIpc, K::Lz4) => Some(CompressionType::LZ4_FRAME),
+        (KafkaSinkFormat::ArrowIpc, other) => {
+            return Err(sink_err(
+                &c.topic,
+                format!(
+                    "`format: arrow_ipc` compresses with `zstd`, `lz4` or `none`, not `{other:?}`"
+                ),
+            ));
+        }
+    };
+    let compression = match (c.format, c.compression) {
+        (KafkaSinkFormat::ArrowIpc, _) | (_, K::None) => "none",
+        (_, K::Zstd) => "zstd",
+        (_, K::Lz4) => "lz4",
+        (_, K::Snappy) => "snappy",
+        (_, K::Gzip) => "gzip",
+    };
+    Ok((ipc_compression, compression))
+}
+
+/// The producer, once the brokers answered within `connect_timeout` and the topic exists.
+async fn connect(c: &KafkaSinkConfig, compression: &str) -> Result<FutureProducer<KafkaLog>> {
+    let connection = KafkaConnection {
+        brokers: c.brokers.clone(),
+        properties: c.properties.clone(),
+    };
+    let cfg = connection.client_config(&[
+        ("compression.type", compression.to_string()),
+        (
+            "enable.idempotence",
+            if c.idempotent { "true" } else { "false" }.to_string(),
+        ),
+        ("linger.ms", "5".to_string()),
+        // Messages may carry a whole batch; leave room for headers.
+        (
+            "message.max.bytes",
+            (c.max_message_bytes + 64 * 1024).to_string(),
+        ),
+        ("message.timeout.ms", "120000".to_string()),
+    ]);
+    let producer: FutureProducer<KafkaLog> =
+        cfg.create_with_context(KafkaLog::default()).map_err(|e| {
+            sink_err(
+                &c.topic,
+                format!("invalid producer configuration: {e}. Check `properties`"),
+            )
+        })?;
+    let timeout = c.connect_timeout.0;
+    let topic = c.topic.clone();
+    let p = producer.clone();
+    let md = tokio::task::spawn_blocking(move || p.client().fetch_metadata(None, timeout))
+        .await
+        .map_err(|e| Error::Internal(format!("metadata task failed: {e}")))?
+        .map_err(|e| {
+            sink_err(
+                &topic,
+                format!(
+                    "cannot reach the brokers {} within {} ({e}). Check `brokers` and that the cluster is up",
+                    c.brokers.0.join(","),
+                    humantime_secs(timeout)
+                ),
+            )
+        })?;
+    match md.topics().iter().find(|t| t.name() == c.topic) {
+        None => {
+            return Err(sink_err(
+                &c.topic,
+                "the topic does not exist; create it first (Sluice does not create topics)".into(),
+            ));
+        }
+        Some(t) if t.error().is_some() => {
+            return Err(sink_err(
+                &c.topic,
+                format!("{:?}", t.error().map(RDKafkaErrorCode::from)),
+            ));
+        }
+        Some(_) => {}
+    }
+    Ok(producer)
+}
+
+/// The index of the `key` column in the pipeline's output (`format: json` only).
+fn key_column(c: &KafkaSinkConfig, cx: &SinkContext) -> Result<Option<usize>> {
+    Ok(match &c.key {
+        None => None,
+        Some(k) => {
+            if c.format != KafkaSinkFormat::Json {
+                return Err(sink_err(
+                    &c.topic,
+                    "`key` applies to `format: json` (one message per row) only".into(),
+                ));
+            }
+            Some(cx.schema.index_of(k).map_err(|_| {
+                sink_err(
+                    &c.topic,
+                    format!(
+                        "key column `{k}` is not in the pipeline's output ({})",
+                        cx.schema
+                            .fields()
+                            .iter()
+                            .map(|f| f.name().as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?)
+        }
+    })
 }
 
 fn humantime_secs(d: Duration) -> String {

@@ -634,6 +634,14 @@ pub fn component_fields<T: Component>(kind: &str) -> Option<&'static [&'static s
     fields
 }
 
+/// The field names of a config struct (`runtime:`, `loader:`, `trainer:` …), found the same
+/// way: for checking from the code that the reference documents every key.
+pub fn struct_fields<T: DeserializeOwned>() -> Option<&'static [&'static str]> {
+    let mut fields = None;
+    let _ = T::deserialize(FieldsProbe(&mut fields));
+    fields
+}
+
 struct FieldsProbe<'a>(&'a mut Option<&'static [&'static str]>);
 
 impl<'de> Deserializer<'de> for FieldsProbe<'_> {

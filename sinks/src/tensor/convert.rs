@@ -177,73 +177,10 @@ pub fn batch_to_tensors(
                 .map_err(fail)?;
                 (t, None)
             }
-            DataType::List(_) | DataType::LargeList(_) => {
-                let (offsets, values): (Vec<usize>, ArrayRef) = match col.data_type() {
-                    DataType::List(_) => {
-                        let l = col.as_list::<i32>();
-                        (
-                            l.offsets().iter().map(|o| *o as usize).collect(),
-                            l.values().clone(),
-                        )
-                    }
-                    _ => {
-                        let l = col.as_list::<i64>();
-                        (
-                            l.offsets().iter().map(|o| *o as usize).collect(),
-                            l.values().clone(),
-                        )
-                    }
-                };
-                if values.null_count() > 0 {
-                    return Err(fail("the lists hold null values".into()));
-                }
-                let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-                let kind = kind_of(values.data_type()).ok_or_else(|| {
-                    fail(format!(
-                        "{} values cannot become a tensor",
-                        values.data_type()
-                    ))
-                })?;
-                // Padded [n, longest] and a mask; rows copied one by one into place.
-                let padded =
-                    Tensor::f_full([n as i64, longest as i64], spec.pad, (kind, Device::Cpu))?;
-                let mut mask = vec![0u8; n * longest];
-                for r in 0..n {
-                    let (a, b) = (offsets[r], offsets[r + 1]);
-                    if b > a {
-                        let row = values_tensor(&values, a, b - a, &[(b - a) as i64], false)
-                            .map_err(fail)?;
-                        padded
-                            .get(r as i64)
-                            .narrow(0, 0, (b - a) as i64)
-                            .copy_(&row);
-                        mask[r * longest..r * longest + (b - a)].fill(1);
-                    }
-                }
-                let mask =
-                    Tensor::f_from_data_size(&mask, &[n as i64, longest as i64], Kind::Bool)?;
-                (padded, Some(mask))
-            }
+            DataType::List(_) | DataType::LargeList(_) => padded_lists(col, n, spec, fail)?,
             other => return Err(fail(format!("a {other} column cannot become a tensor"))),
         };
-        let mut tensor = tensor;
-        if let Some(shape) = &spec.shape {
-            let per_row: i64 = tensor.size().iter().skip(1).product();
-            let want: i64 = shape.iter().product();
-            if per_row != want || shape.iter().any(|d| *d <= 0) {
-                return Err(fail(format!(
-                    "shape {shape:?} holds {want} values but each row has {per_row}"
-                )));
-            }
-            let mut full = vec![n as i64];
-            full.extend(shape);
-            tensor = tensor.f_reshape(&full)?;
-        }
-        if let Some(dt) = spec.dtype
-            && dt.kind() != tensor.kind()
-        {
-            tensor = tensor.f_to_kind(dt.kind())?;
-        }
+        let tensor = reshape_and_cast(tensor, spec, n, fail)?;
         out.insert(name.clone(), to_device(tensor, device)?);
         if let Some(m) = mask {
             out.insert(format!("{name}_mask"), to_device(m, device)?);
@@ -253,6 +190,86 @@ pub fn batch_to_tensors(
         }
     }
     Ok(out)
+}
+
+/// A `List` or `LargeList` column as one `[n, longest]` tensor padded with `pad`, and the
+/// mask of the values each row really has.
+fn padded_lists(
+    col: &ArrayRef,
+    n: usize,
+    spec: &TensorSpec,
+    fail: impl Fn(String) -> ConvertError + Copy,
+) -> Result<(Tensor, Option<Tensor>), ConvertError> {
+    let (offsets, values): (Vec<usize>, ArrayRef) = match col.data_type() {
+        DataType::List(_) => {
+            let l = col.as_list::<i32>();
+            (
+                l.offsets().iter().map(|o| *o as usize).collect(),
+                l.values().clone(),
+            )
+        }
+        _ => {
+            let l = col.as_list::<i64>();
+            (
+                l.offsets().iter().map(|o| *o as usize).collect(),
+                l.values().clone(),
+            )
+        }
+    };
+    if values.null_count() > 0 {
+        return Err(fail("the lists hold null values".into()));
+    }
+    let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let kind = kind_of(values.data_type()).ok_or_else(|| {
+        fail(format!(
+            "{} values cannot become a tensor",
+            values.data_type()
+        ))
+    })?;
+    // Padded [n, longest] and a mask; rows copied one by one into place.
+    let padded = Tensor::f_full([n as i64, longest as i64], spec.pad, (kind, Device::Cpu))?;
+    let mut mask = vec![0u8; n * longest];
+    for r in 0..n {
+        let (a, b) = (offsets[r], offsets[r + 1]);
+        if b > a {
+            let row = values_tensor(&values, a, b - a, &[(b - a) as i64], false).map_err(fail)?;
+            padded
+                .get(r as i64)
+                .narrow(0, 0, (b - a) as i64)
+                .copy_(&row);
+            mask[r * longest..r * longest + (b - a)].fill(1);
+        }
+    }
+    let mask = Tensor::f_from_data_size(&mask, &[n as i64, longest as i64], Kind::Bool)?;
+    Ok((padded, Some(mask)))
+}
+
+/// Gives each row the spec's `shape` (when it holds the row's values) and the tensor the
+/// spec's `dtype`, when the spec asks for them.
+fn reshape_and_cast(
+    mut tensor: Tensor,
+    spec: &TensorSpec,
+    n: usize,
+    fail: impl Fn(String) -> ConvertError,
+) -> Result<Tensor, ConvertError> {
+    if let Some(shape) = &spec.shape {
+        let per_row: i64 = tensor.size().iter().skip(1).product();
+        let want: i64 = shape.iter().product();
+        if per_row != want || shape.iter().any(|d| *d <= 0) {
+            return Err(fail(format!(
+                "shape {shape:?} holds {want} values but each row has {per_row}"
+            )));
+        }
+        let mut full = vec![n as i64];
+        full.extend(shape);
+        tensor = tensor.f_reshape(&full)?;
+    }
+    if let Some(dt) = spec.dtype
+        && dt.kind() != tensor.kind()
+    {
+        tensor = tensor.f_to_kind(dt.kind())?;
+    }
+    Ok(tensor)
 }
 
 /// Host → device: pinned staging and a non-blocking copy on CUDA (the copy runs on the

@@ -1,21 +1,23 @@
 //! A job: one YAML file holding a pipeline and its sink, run to completion.
 
+mod checkpoint;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use object_store::{ObjectStoreExt, PutPayload};
-use serde::Deserialize;
 use serde::Serialize;
-use sluice_pipeline::config::{ConfigDocument, HumanDuration, Located, SourceConfig};
-use sluice_pipeline::storage::{ObjectLocation, StorageConfig, resolve};
+use sluice_pipeline::config::{ConfigDocument, Located, SourceConfig};
 use sluice_pipeline::{
     Acknowledger, ConfigErrors, Pipeline, PipelineConfig, PipelineMetrics, PreparedPipeline,
     SourceState,
 };
 use sluice_sinks::{Sink, SinkConfig, SinkContext, SinkReport};
+
+pub use checkpoint::{Checkpoint, CheckpointConfig};
+use checkpoint::{CheckpointWriter, commit};
 
 /// Why a job failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,71 +44,6 @@ pub enum JobError {
         "--resume: this config has no `checkpoint:` section, so no run of it recorded where it got to; add one (see docs/config.md#checkpoint) or run without --resume"
     )]
     NothingToResume,
-}
-
-/// `checkpoint:` — where and how often a run records how far it got, so that `sluice run
-/// --resume` continues exactly there (static Kafka sources: every record exactly once in the
-/// union of the outputs).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CheckpointConfig {
-    /// The checkpoint file: path or URL, written atomically (relative paths resolve against
-    /// the config file's directory).
-    pub path: String,
-    /// How often the sink is flushed and the checkpoint written. Default: 5s.
-    #[serde(default = "default_checkpoint_interval")]
-    pub interval: HumanDuration,
-    /// Also checkpoint after every this many batches written (in addition to `interval`).
-    #[serde(default)]
-    pub every_batches: Option<u64>,
-    /// Object-store options for `path`.
-    #[serde(default)]
-    pub storage: StorageConfig,
-}
-
-fn default_checkpoint_interval() -> HumanDuration {
-    HumanDuration(Duration::from_secs(5))
-}
-
-/// What a checkpoint file holds.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// Format version (1).
-    pub version: u32,
-    /// Source positions covered by durable output.
-    pub source: SourceState,
-    /// Sink state (part-file numbering).
-    #[serde(default)]
-    pub sink: Option<serde_json::Value>,
-    /// Rows the sink had written, in all runs up to this checkpoint.
-    pub rows_written: u64,
-    /// Whether the run that wrote it finished (a bounded source reached its end).
-    pub complete: bool,
-}
-
-struct CheckpointWriter {
-    location: ObjectLocation,
-    interval: Duration,
-    every_batches: Option<u64>,
-    rows_before: u64,
-}
-
-impl CheckpointWriter {
-    async fn write(&self, cp: &Checkpoint) -> Result<(), JobError> {
-        let body = serde_json::to_vec_pretty(cp).map_err(|e| JobError::Checkpoint {
-            url: self.location.url.to_string(),
-            message: e.to_string(),
-        })?;
-        self.location
-            .store
-            .put(&self.location.path, PutPayload::from(body))
-            .await
-            .map_err(|e| JobError::Checkpoint {
-                url: self.location.url.to_string(),
-                message: format!("cannot write it: {e}"),
-            })?;
-        Ok(())
-    }
 }
 
 /// A job file: pipeline sections plus `sink:`.
@@ -187,79 +124,13 @@ impl Job {
         )
         .await?;
         if let Some(c) = &self.checkpoint {
-            if !sink_config.flushes_while_running() {
-                let at = self
-                    .sink
-                    .as_ref()
-                    .map(|s| s.location.clone())
-                    .unwrap_or_default();
-                return Err(JobError::Checkpoint {
-                    url: c.path.clone(),
-                    message: format!(
-                        "the `{}` sink (at {at}) makes its output visible only at the end, so no checkpoint could cover it; use `max_rows_per_file` (parquet part files), or a `kafka` or `null` sink",
-                        sink_config.kind()
-                    ),
-                });
+            let opened = self.open_checkpoint(c, &sink_config, resume).await?;
+            if let Some(source) = opened.resume_from {
+                pipeline = pipeline.resume_from(source);
             }
-            let location = resolve(&c.path, &self.base_dir, &c.storage)?;
-            sluice_sinks::guard::check_replaceable(&location)?;
-            let url = location.url.to_string();
-            let mut rows_before = 0;
-            match location.store.get(&location.path).await {
-                Ok(got) => {
-                    if !resume {
-                        return Err(JobError::Checkpoint {
-                            url,
-                            message: "exists from an earlier run: pass --resume to continue from it, or delete it to start over".into(),
-                        });
-                    }
-                    let bytes = got.bytes().await.map_err(|e| JobError::Checkpoint {
-                        url: url.clone(),
-                        message: format!("cannot read it: {e}"),
-                    })?;
-                    let cp: Checkpoint =
-                        serde_json::from_slice(&bytes).map_err(|e| JobError::Checkpoint {
-                            url: url.clone(),
-                            message: format!(
-                                "is not a Sluice checkpoint ({e}); delete it to start over"
-                            ),
-                        })?;
-                    let already_complete = cp.complete && self.nothing_after(&cp.source);
-                    resumed = Some(Resumed {
-                        checkpoint: url.clone(),
-                        rows_before: cp.rows_written,
-                        rows_reread: 0,
-                        already_complete,
-                    });
-                    rows_before = cp.rows_written;
-                    if already_complete {
-                        tracing::info!(%url, rows = cp.rows_written, "the checkpoint records a finished run");
-                    } else {
-                        tracing::info!(%url, rows = cp.rows_written, "resuming from checkpoint");
-                        pipeline = pipeline.resume_from(cp.source.clone());
-                        sink_resume = cp.sink.clone();
-                    }
-                }
-                Err(object_store::Error::NotFound { .. }) => {
-                    if resume {
-                        tracing::warn!(
-                            "--resume: no checkpoint at {url} yet: starting from the beginning"
-                        );
-                    }
-                }
-                Err(e) => {
-                    return Err(JobError::Checkpoint {
-                        url,
-                        message: format!("cannot read it: {e}"),
-                    });
-                }
-            }
-            checkpoint = Some(CheckpointWriter {
-                location,
-                interval: c.interval.0,
-                every_batches: c.every_batches,
-                rows_before,
-            });
+            sink_resume = opened.sink_resume;
+            resumed = opened.resumed;
+            checkpoint = Some(opened.writer);
         }
         // A finished run with nothing more to do opens nothing: no footers, no statistics
         // pass for a `standardize` stage.
@@ -347,12 +218,6 @@ pub struct PreparedJob {
     checkpoint: Option<CheckpointWriter>,
     sink_resume: Option<serde_json::Value>,
     resumed: Option<Resumed>,
-}
-
-impl std::fmt::Debug for CheckpointWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CheckpointWriter({})", self.location.url)
-    }
 }
 
 /// Per-stage numbers of a finished run.
@@ -566,17 +431,7 @@ impl PreparedJob {
                 Step::End => break,
                 Step::Interrupted => {
                     drop(stream);
-                    if let Some(cp) = &checkpoint {
-                        // Keep what is complete: flush, record it, then stop.
-                        let saved = commit(&mut *sink, &acker, Some(cp), rows, false).await;
-                        sink.abort().await;
-                        saved?;
-                        return Err(JobError::InterruptedAtCheckpoint(
-                            cp.location.url.to_string(),
-                        ));
-                    }
-                    sink.abort().await;
-                    return Err(JobError::Interrupted);
+                    return Err(stop_interrupted(sink, &acker, checkpoint.as_ref(), rows).await);
                 }
                 Step::Failed(e) => {
                     drop(stream);
@@ -585,47 +440,14 @@ impl PreparedJob {
                 }
             }
         }
-        // The state after the last part is complete: a finished run's checkpoint must
-        // number the next part past it (a run resumed with more epochs writes from there).
-        if let Err(e) = sink.flush().await {
-            sink.abort().await;
-            return Err(e.into());
-        }
-        let state = sink.state();
-        let report = sink.finish().await?;
-        let source = acker.state();
-        if let Some(cp) = &checkpoint {
-            cp.write(&Checkpoint {
-                version: 1,
-                source: source.clone(),
-                sink: state,
-                rows_written: cp.rows_before + rows,
-                complete: true,
-            })
-            .await?;
-        }
-        acker.store(&source, true);
+        let report = finish_sink(sink, &acker, checkpoint.as_ref(), rows).await?;
         let mut report = build_report(&metrics, report, kind, started.elapsed());
         report.resumed = self.resumed.map(|r| Resumed {
             rows_reread: PipelineMetrics::get(&metrics.source.rows_replayed)
                 + report.stages.iter().map(|s| s.rows_replayed).sum::<u64>(),
             ..r
         });
-        let reread = report.resumed.as_ref().map_or(0, |r| r.rows_reread);
-        if report.rows_written == 0
-            && report.rows_read > reread
-            && let Some(s) = report.stages.iter().max_by_key(|s| s.rows_removed)
-            && s.rows_removed > 0
-        {
-            // Counted, so not lost; but an empty output is rarely what was meant.
-            tracing::warn!(
-                "no row reached the sink: the {} rows read were removed, {} of them {} by {}",
-                report.rows_read - reread,
-                s.rows_removed,
-                s.removed_as,
-                s.name
-            );
-        }
+        warn_if_all_removed(&report);
         Ok(report)
     }
 }
@@ -650,31 +472,75 @@ async fn write_rows(
     }
 }
 
-/// Makes what was written durable, records it in the checkpoint, then lets source offsets
-/// advance (in that order: a Kafka offset is stored only once a checkpoint covers it).
-async fn commit(
-    sink: &mut dyn Sink,
+/// On interrupt: with a checkpoint, keeps what is complete (flushes it and records it in the
+/// checkpoint); aborts the sink either way, and returns the error the run ends with.
+async fn stop_interrupted(
+    mut sink: Box<dyn Sink>,
     acker: &Acknowledger,
     checkpoint: Option<&CheckpointWriter>,
     rows: u64,
-    final_commit: bool,
-) -> Result<(), JobError> {
-    if !sink.flush().await? {
-        return Ok(());
+) -> JobError {
+    if let Some(cp) = checkpoint {
+        // Keep what is complete: flush, record it, then stop.
+        let saved = commit(&mut *sink, acker, Some(cp), rows, false).await;
+        sink.abort().await;
+        if let Err(e) = saved {
+            return e;
+        }
+        return JobError::InterruptedAtCheckpoint(cp.location.url.to_string());
     }
+    sink.abort().await;
+    JobError::Interrupted
+}
+
+/// After the stream's end: flushes and finishes the sink, writes the final (complete)
+/// checkpoint and lets the source positions advance; returns the sink's report.
+async fn finish_sink(
+    mut sink: Box<dyn Sink>,
+    acker: &Acknowledger,
+    checkpoint: Option<&CheckpointWriter>,
+    rows: u64,
+) -> Result<SinkReport, JobError> {
+    // The state after the last part is complete: a finished run's checkpoint must
+    // number the next part past it (a run resumed with more epochs writes from there).
+    if let Err(e) = sink.flush().await {
+        sink.abort().await;
+        return Err(e.into());
+    }
+    let state = sink.state();
+    let report = sink.finish().await?;
     let source = acker.state();
     if let Some(cp) = checkpoint {
         cp.write(&Checkpoint {
             version: 1,
             source: source.clone(),
-            sink: sink.state(),
+            sink: state,
             rows_written: cp.rows_before + rows,
-            complete: false,
+            complete: true,
         })
         .await?;
     }
-    acker.store(&source, final_commit);
-    Ok(())
+    acker.store(&source, true);
+    Ok(report)
+}
+
+/// Warns when rows were read but none reached the sink because a stage removed them.
+fn warn_if_all_removed(report: &RunReport) {
+    let reread = report.resumed.as_ref().map_or(0, |r| r.rows_reread);
+    if report.rows_written == 0
+        && report.rows_read > reread
+        && let Some(s) = report.stages.iter().max_by_key(|s| s.rows_removed)
+        && s.rows_removed > 0
+    {
+        // Counted, so not lost; but an empty output is rarely what was meant.
+        tracing::warn!(
+            "no row reached the sink: the {} rows read were removed, {} of them {} by {}",
+            report.rows_read - reread,
+            s.rows_removed,
+            s.removed_as,
+            s.name
+        );
+    }
 }
 
 /// How often positions are acknowledged (sink flushed, offsets stored) while running.

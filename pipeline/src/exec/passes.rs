@@ -1,0 +1,122 @@
+//! The rewrites of the built stages before a run starts, in the order they run (see `run`):
+//! each one may change a stage's spec or the schema a stage receives.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+
+use super::StageSlot;
+use crate::config::{Located, StageConfig};
+use crate::error::Result;
+use crate::stage::{self, BuiltStage};
+
+/// Runs every pass over the built stages, in order; `output` is the schema after the last
+/// stage. Returns the notes they leave for the run summary (stage index, text), in order.
+pub(super) fn run(
+    configs: &[Located<StageConfig>],
+    slots: &mut [StageSlot],
+    output: &SchemaRef,
+    ctx: &stage::BuildContext,
+) -> Result<Vec<(usize, String)>> {
+    // 1. A shuffle that groups rows by length learns the size of the `batch` stage after it.
+    let mut notes = link_groups(slots);
+    // 2. A shuffle hands the byte column an `image` stage replaces as views into its window
+    //    (the stages up to that image stage then receive the view schema). It copies the
+    //    shuffle's spec as pass 1 left it; the two change different parts of it, so their
+    //    order decides only the order of their notes on a shuffle.
+    notes.extend(fuse_gathers(configs, slots, output, ctx)?);
+    Ok(notes)
+}
+
+/// Gives each shuffle with `group_by_length` the size of the `batch` stage after it (the
+/// stage order was checked: there is one). Returns a note for each.
+fn link_groups(slots: &mut [StageSlot]) -> Vec<(usize, String)> {
+    let mut notes = Vec::new();
+    for i in 0..slots.len() {
+        let batch = slots[i + 1..].iter().find_map(|s| match &s.built {
+            BuiltStage::Rebatch { size, .. } => Some((*size, s.stage.clone())),
+            _ => None,
+        });
+        if let (BuiltStage::Shuffle(spec), Some((size, at))) = (&mut slots[i].built, batch)
+            && let Some(g) = &mut spec.group
+        {
+            g.batch_size = size;
+            notes.push((
+                i,
+                format!(
+                    "groups rows by the length of `{}` for {at}: windows cut into groups of {} batches of {size}",
+                    g.name, g.batches
+                ),
+            ));
+        }
+    }
+    notes
+}
+
+/// Lets a shuffle hand a byte column to the `image` stage that consumes it as views into its
+/// window instead of copying every row: when the stages after a shuffle are `batch` stages
+/// and then an `image` stage that replaces that column, the shuffle emits it as `BinaryView`
+/// (see [`stage::shuffle`]) and the stages in between are rebuilt for that schema. The image
+/// stage reads each row's bytes once, to convert them; nothing after it sees the difference
+/// (its output schema is checked to be unchanged), and the values are identical.
+/// `output` is the schema after the last stage. Returns a note for each shuffle it changed.
+fn fuse_gathers(
+    configs: &[Located<StageConfig>],
+    slots: &mut [StageSlot],
+    output: &SchemaRef,
+    ctx: &stage::BuildContext,
+) -> Result<Vec<(usize, String)>> {
+    use arrow::datatypes::DataType;
+    let mut notes = Vec::new();
+    for i in 0..slots.len() {
+        let BuiltStage::Shuffle(spec) = &slots[i].built else {
+            continue;
+        };
+        let mut k = i + 1;
+        while matches!(
+            slots.get(k).map(|s| &s.built),
+            Some(BuiltStage::Rebatch { .. })
+        ) {
+            k += 1;
+        }
+        let (Some(StageConfig::Image(c)), Some(consumer)) =
+            (configs.get(k).map(|s| &s.value), slots.get(k))
+        else {
+            continue;
+        };
+        if c.output.as_ref().is_some_and(|o| o != &c.column) {
+            continue;
+        }
+        let input = &slots[i].input;
+        let Ok(col) = input.index_of(&c.column) else {
+            continue;
+        };
+        if !matches!(
+            input.field(col).data_type(),
+            DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
+        ) {
+            continue;
+        }
+        let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(input, &[col]));
+        let logical_out = slots.get(k + 1).map_or(output, |s| &s.input);
+        let (image, out) = stage::build(&consumer.stage, &configs[k].value, &physical, None, ctx)?;
+        if &out != logical_out {
+            continue;
+        }
+        let mut spec = spec.clone();
+        spec.views = vec![col];
+        slots[i].built = BuiltStage::Shuffle(spec);
+        for s in &mut slots[i + 1..=k] {
+            s.input = physical.clone();
+        }
+        slots[k].built = image;
+        notes.push((
+            i,
+            format!(
+                "hands `{}` to {} as views into its window (the bytes are not copied)",
+                c.column, slots[k].stage
+            ),
+        ));
+    }
+    Ok(notes)
+}

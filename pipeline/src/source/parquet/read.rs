@@ -1,0 +1,281 @@
+//! Reading one unit: what it holds in memory, fetching its projected column chunks and
+//! decoding them on the CPU pool into batches.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, RowSelection, RowSelector};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+
+use super::ParquetFile;
+use super::columns::Slot;
+use super::partitions::partition_column;
+use super::unit::Unit;
+use crate::batch::{Batch, Lineage, Mark, Name, Origin};
+use crate::error::{Error, ReadError, Result};
+use crate::runtime::CpuPool;
+use crate::runtime::metrics::PipelineMetrics;
+use crate::source::reader::ObjectReader;
+
+/// Decoded rows handed over at a time (at least one batch): what a unit in flight holds
+/// besides its fetched column chunks, twice (one chunk queued, one being decoded).
+const DECODE_CHUNK_BYTES: usize = 8 << 20;
+
+impl Unit {
+    /// Memory reading this unit from row `first` takes, from the footer: its projected
+    /// column chunks as fetched (compressed) plus its rows decoded (the uncompressed size, or
+    /// the values' Arrow width when larger), of which at most two chunks are held at a time.
+    pub(super) fn estimated_bytes(&self, first: u64) -> u64 {
+        let meta = self.file.metadata.metadata().row_group(self.rg);
+        let mut decoded = 0u64;
+        for (i, c) in meta.columns().iter().enumerate() {
+            if self.file.mask.leaf_included(i) {
+                use parquet::basic::Type;
+                // Dictionary-encoded pages are smaller than the values they decode to: at
+                // least as many bytes as the values take in Arrow.
+                let width = match c.column_type() {
+                    Type::BOOLEAN => 0,
+                    Type::INT32 | Type::FLOAT => 4,
+                    Type::INT64 | Type::DOUBLE => 8,
+                    Type::INT96 => 12,
+                    Type::FIXED_LEN_BYTE_ARRAY => c.column_descr().type_length().max(0) as u64,
+                    Type::BYTE_ARRAY => 4, // an offset per value, besides the bytes
+                };
+                let values = c.num_values().max(0) as u64 * width;
+                decoded += values.max(c.uncompressed_size().max(0) as u64);
+            }
+        }
+        let rows = (meta.num_rows().max(1)) as u64;
+        let taken = self.len.saturating_sub(first);
+        // Decoded rows are handed over a chunk at a time: at most two chunks are held.
+        let decoded = (decoded as u128 * taken as u128 / rows as u128) as u64;
+        self.fetched_bytes() + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
+    }
+
+    /// Bytes fetched to read this unit: its row group's projected column chunks, compressed.
+    fn fetched_bytes(&self) -> u64 {
+        let meta = self.file.metadata.metadata().row_group(self.rg);
+        meta.columns()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.file.mask.leaf_included(*i))
+            .map(|(_, c)| c.compressed_size().max(0) as u64)
+            .sum()
+    }
+}
+
+/// How one unit is read: where it sits in the plan and what to read it with.
+pub(super) struct UnitRead {
+    pub(super) index: u64,
+    pub(super) first: u64,
+    pub(super) epoch: u64,
+    pub(super) batch_rows: usize,
+    pub(super) pool: CpuPool,
+    pub(super) schema: SchemaRef,
+    pub(super) metrics: Arc<PipelineMetrics>,
+}
+
+impl UnitRead {
+    /// Fetches the projected column chunks of the unit's `take` rows from `skip` on, and
+    /// returns their decoder.
+    async fn fetch(&self, unit: &Unit, skip: u64, take: u64) -> Result<ParquetRecordBatchReader> {
+        let (file, rg) = (&unit.file, unit.rg);
+        let url = &file.object.location.url;
+        let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
+        let reader = ObjectReader::new(&file.object.location, file.object.size);
+        let mut builder =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
+                .with_projection(file.mask.clone())
+                .with_row_groups(vec![rg])
+                .with_batch_size(self.batch_rows);
+        if skip > 0 || take < rg_rows {
+            let mut sel = Vec::new();
+            if skip > 0 {
+                sel.push(RowSelector::skip(skip as usize));
+            }
+            sel.push(RowSelector::select(take as usize));
+            builder = builder.with_row_selection(RowSelection::from(sel));
+        }
+        let mut stream = builder
+            .build()
+            .map_err(|e| Error::parquet(url, Some(rg), e))?;
+        match stream.next_row_group().await {
+            Ok(Some(decoder)) => Ok(decoder),
+            Ok(None) => Err(Error::Internal(format!("{url}: row group {rg} missing"))),
+            Err(e) if is_read_error(&e) => Err(Error::parquet(url, Some(rg), e)),
+            Err(e) => {
+                let column = failing_column(file, rg, &self.pool).await;
+                Err(Error::parquet(url, Some(rg), e).in_column(column))
+            }
+        }
+    }
+
+    /// Fetches the unit's projected column chunks, then decodes them on the CPU pool a chunk
+    /// of batches at a time into `out`, in order. Returns early (`Ok`) when `out` is gone.
+    pub(super) async fn run(
+        &self,
+        unit: &Unit,
+        out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,
+    ) -> Result<()> {
+        let file = &unit.file;
+        let rg = unit.rg;
+        let url = &file.object.location.url;
+        let skip = unit.start + self.first;
+        let take = unit.len - self.first;
+        let mut decoder = self.fetch(unit, skip, take).await?;
+        let origin = Origin::Object {
+            url: Name::from(&**url),
+            row_group: rg as u32,
+        };
+        let mut first_in_file = file.row_group_starts[rg] + skip;
+        let mut row = self.first;
+        let (mut bytes, mut rows) = (0u64, 0u64);
+        loop {
+            let (back, decoded) = self
+                .pool
+                .run(move || {
+                    let mut chunk = Vec::new();
+                    let mut size = 0;
+                    while size < DECODE_CHUNK_BYTES {
+                        match decoder.next() {
+                            Some(Ok(rb)) => {
+                                size += rb.get_array_memory_size();
+                                chunk.push(rb);
+                            }
+                            Some(Err(e)) => return (decoder, Err(e)),
+                            None => break,
+                        }
+                    }
+                    (decoder, Ok(chunk))
+                })
+                .await?;
+            decoder = back;
+            let decoded = match decoded {
+                Ok(d) => d,
+                Err(e) => {
+                    let column = failing_column(file, rg, &self.pool).await;
+                    return Err(Error::parquet(url, Some(rg), decode_error(e)).in_column(column));
+                }
+            };
+            if decoded.is_empty() {
+                break;
+            }
+            let mut chunk = Vec::with_capacity(decoded.len());
+            for rb in decoded {
+                let arrow_err = |e| Error::Arrow {
+                    context: format!("{url}: row group {rg}"),
+                    source: e,
+                };
+                let columns = file
+                    .slots
+                    .iter()
+                    .map(|slot| match *slot {
+                        Slot::File(i) => Ok(rb.column(i).clone()),
+                        Slot::Partition(k) => {
+                            partition_column(&file.partition_values[k], rb.num_rows())
+                        }
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(arrow_err)?;
+                let rb = RecordBatch::try_new(self.schema.clone(), columns).map_err(arrow_err)?;
+                let n = rb.num_rows() as u64;
+                // The values' size: `get_array_memory_size` counts capacity, and the decoder
+                // reserves a whole batch's, so 100,000 one-row row groups counted 16 GB for
+                // 10 MB of values.
+                bytes += crate::batch::data_bytes(&rb) as u64;
+                rows += n;
+                let mark = Mark {
+                    epoch: self.epoch,
+                    unit: self.index,
+                    row,
+                    skip: 0,
+                    shuffle: None,
+                };
+                chunk.push(
+                    Batch::new(rb, Lineage::new(origin, first_in_file, n, self.epoch))
+                        .with_mark(Some(mark)),
+                );
+                first_in_file += n;
+                row += n;
+            }
+            if out.send(Ok(chunk)).await.is_err() {
+                return Ok(());
+            }
+        }
+        if rows != take {
+            return Err(Error::parquet(
+                url,
+                Some(rg),
+                parquet::errors::ParquetError::General(format!(
+                    "decoded {rows} rows where the footer promises {take}"
+                )),
+            ));
+        }
+        let m = &self.metrics.source;
+        m.row_groups.fetch_add(1, Ordering::Relaxed);
+        m.rows.fetch_add(rows, Ordering::Relaxed);
+        m.bytes_decoded.fetch_add(bytes, Ordering::Relaxed);
+        m.bytes_read
+            .fetch_add(unit.fetched_bytes(), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Whether a reader's error is a failed read (as opposed to bytes that do not decode).
+fn is_read_error(e: &parquet::errors::ParquetError) -> bool {
+    matches!(e, parquet::errors::ParquetError::External(inner) if inner.is::<ReadError>())
+}
+
+/// A decode error of the synchronous reader as the Parquet error it carries (without the
+/// wrapping's "Parquet argument error" prefix).
+fn decode_error(e: arrow::error::ArrowError) -> parquet::errors::ParquetError {
+    use parquet::errors::ParquetError;
+    match e {
+        arrow::error::ArrowError::ParquetError(text) => ParquetError::General(
+            text.strip_prefix("Parquet error: ")
+                .unwrap_or(text.as_str())
+                .to_string(),
+        ),
+        other => ParquetError::ArrowError(other.to_string()),
+    }
+}
+
+/// The first projected column of row group `rg` of `file` that does not decode on its own:
+/// where a decode error of the row group came from (a page whose checksum does not match, a
+/// corrupt page), by its path in the file's schema. Only run after such an error; `None`
+/// when every column decodes alone.
+async fn failing_column(file: &ParquetFile, rg: usize, pool: &CpuPool) -> Option<String> {
+    let descr = file.metadata.metadata().file_metadata().schema_descr_ptr();
+    for leaf in (0..descr.num_columns()).filter(|&l| file.mask.leaf_included(l)) {
+        let reader = ObjectReader::new(&file.object.location, file.object.size);
+        let built =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
+                .with_projection(ProjectionMask::leaves(&descr, [leaf]))
+                .with_row_groups(vec![rg])
+                .build();
+        let Ok(mut stream) = built else {
+            continue;
+        };
+        let decoder = match stream.next_row_group().await {
+            Ok(Some(d)) => d,
+            Ok(None) => continue,
+            // A read that fails says nothing about this column's bytes.
+            Err(e) if is_read_error(&e) => continue,
+            Err(_) => return Some(descr.column(leaf).path().string()),
+        };
+        let failed = pool
+            .run(move || {
+                let mut decoder = decoder;
+                decoder.any(|b| b.is_err())
+            })
+            .await
+            .unwrap_or(false);
+        if failed {
+            return Some(descr.column(leaf).path().string());
+        }
+    }
+    None
+}

@@ -1,0 +1,94 @@
+//! Writing a checkpoint: every rank's pipeline position gathered, rank 0 writes them with the
+//! model and optimizer state, every rank learns whether it is durable, and then acknowledges.
+
+use object_store::{ObjectStoreExt, PutPayload};
+use sluice_pipeline::SourceState;
+
+use super::{Ctx, Run};
+use crate::TrainError;
+use crate::checkpoint::{CheckpointMeta, encode};
+use crate::trainer::Trainer;
+
+impl Ctx<'_> {
+    /// Gathers every rank's pipeline state; rank 0 writes the checkpoint and tells every rank
+    /// whether it is durable, so that all return `Ok` only once it is (and may then commit
+    /// the Kafka offsets it covers) and all fail together if it could not be written.
+    pub(super) fn checkpoint(
+        &mut self,
+        trainer: &mut Trainer,
+        location: &Option<sluice_pipeline::storage::ObjectLocation>,
+        state: &SourceState,
+        rows_trained: u64,
+        complete: bool,
+    ) -> Result<(), TrainError> {
+        let Some(loc) = location else { return Ok(()) };
+        let mine = serde_json::to_vec(state).map_err(|e| TrainError::Internal(e.to_string()))?;
+        let all = trainer.collective().all_gather(mine)?;
+        let written = if self.rank == 0 {
+            self.write_checkpoint(trainer, loc, &all, rows_trained, complete)
+        } else {
+            Ok(())
+        };
+        // The outcome, from rank 0: empty = durable, else the error.
+        let mut outcome = match &written {
+            Ok(()) => Vec::new(),
+            Err(e) => e.to_string().into_bytes(),
+        };
+        trainer.collective().broadcast(&mut outcome, 0)?;
+        written?;
+        if outcome.is_empty() {
+            Ok(())
+        } else {
+            Err(TrainError::Checkpoint(format!(
+                "rank 0 could not write the checkpoint: {}",
+                String::from_utf8_lossy(&outcome)
+            )))
+        }
+    }
+
+    /// Rank 0's part: the checkpoint of every rank's position (`states`, as gathered), the
+    /// trainer's step and tensors, written to `loc` in one put.
+    fn write_checkpoint(
+        &self,
+        trainer: &Trainer,
+        loc: &sluice_pipeline::storage::ObjectLocation,
+        states: &[Vec<u8>],
+        rows_trained: u64,
+        complete: bool,
+    ) -> Result<(), TrainError> {
+        let pipeline = states
+            .iter()
+            .map(|b| serde_json::from_slice::<SourceState>(b))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TrainError::Internal(format!("a rank sent a bad pipeline state: {e}")))?;
+        let meta = CheckpointMeta {
+            version: 1,
+            step: trainer.steps(),
+            world_size: self.world,
+            pipeline,
+            rows_trained,
+            complete,
+            epoch: self.epoch,
+        };
+        let bytes = encode(&meta, &trainer.state_tensors())?;
+        self.handle
+            .block_on(loc.store.put(&loc.path, PutPayload::from(bytes)))
+            .map_err(|e| TrainError::Checkpoint(format!("{}: cannot write it: {e}", loc.url)))?;
+        tracing::info!(step = meta.step, url = %loc.url, "checkpoint written");
+        Ok(())
+    }
+}
+
+/// Checkpoints the position after the last step (not complete) and, once it is durable, lets
+/// the Kafka offsets it covers be committed.
+pub(super) fn checkpoint_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+    ctx.checkpoint(
+        &mut run.trainer,
+        &run.location,
+        &run.last_state,
+        run.rows_trained,
+        false,
+    )?;
+    run.acker.store(&run.last_state, false);
+    Ok(())
+}

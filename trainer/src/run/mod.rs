@@ -1,0 +1,316 @@
+//! `sluice train`: a pipeline file with `loader:` and `trainer:` sections, trained by
+//! `workers` data-parallel ranks (threads of this process with the `local` backend, or one
+//! process per rank under `mpirun` with `mpi`).
+//!
+//! Each rank runs its own copy of the pipeline as one rank of the data side (Parquet row
+//! groups are split so every rank gets the same number of batches; a `shuffle` with
+//! `across_ranks` exchanges rows) and its own model replica. Two collectives connect the
+//! ranks: one for the pipeline's row exchange and one for the step handshake, gradients,
+//! evaluation and checkpoints, so the two never interleave.
+
+mod checkpoint;
+mod eval;
+mod loss;
+mod resume;
+mod setup;
+mod steps;
+#[cfg(test)]
+mod tests;
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_pipeline::collective::{Collective, CollectiveError, LocalCollective};
+use sluice_pipeline::config::{Located, StageConfig};
+use sluice_pipeline::storage::ObjectLocation;
+use sluice_pipeline::{Acknowledger, PipelineMetrics, SourceState};
+use sluice_sinks::tensor::{TensorBatch, TensorStream, parse_device};
+use tch::nn::{Module, VarStore};
+use tokio::runtime::Handle;
+
+use crate::TrainError;
+use crate::checkpoint::EpochProgress;
+use crate::config::Backend;
+pub use crate::job::{EvalReport, Progress, ProgressFn, TrainJob, TrainOptions, TrainReport};
+use crate::metrics::TrainingMetrics;
+use crate::trainer::Trainer;
+pub use eval::eval_stages;
+
+/// Trains `job` to the end (or to a requested stop). Blocking: call it from a plain thread
+/// or `spawn_blocking`; `handle` runs the pipelines' async work.
+pub fn train(
+    job: &TrainJob,
+    options: &TrainOptions,
+    handle: &Handle,
+) -> Result<TrainReport, TrainError> {
+    if options.resume && job.trainer.checkpoint.is_none() {
+        return Err(TrainError::Config(
+            "--resume: `trainer` has no `checkpoint:`, so no run of it recorded where it got to; add `checkpoint: {path: …, every_steps: N}` or train without --resume".into(),
+        ));
+    }
+    let world = match job.trainer.allreduce.backend {
+        Backend::Local => job.trainer.allreduce.workers,
+        Backend::Mpi => {
+            let rank =
+                move |rank, grads, data| match worker(job, rank, grads, data, options, handle)? {
+                    Some(report) => Ok(report),
+                    None => Err(TrainError::Internal("no report".into())),
+                };
+            return crate::mpi_backend::with_world(Box::new(rank));
+        }
+    };
+    let grads = LocalCollective::group(world);
+    let data = LocalCollective::group(world);
+    let results: Vec<Result<Option<TrainReport>, TrainError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = grads
+            .into_iter()
+            .zip(data)
+            .enumerate()
+            .map(|(rank, (g, d))| {
+                let g: Arc<dyn Collective> = Arc::new(g);
+                let d: Arc<dyn Collective> = Arc::new(d);
+                std::thread::Builder::new()
+                    .name(format!("sluice-rank{rank}"))
+                    .spawn_scoped(s, move || worker(job, rank, g, d, options, handle))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    Err(TrainError::Internal(format!(
+                        "a training thread panicked: {}",
+                        panic_message(&p)
+                    )))
+                }),
+                Err(e) => Err(TrainError::Internal(format!(
+                    "cannot start a training thread: {e}"
+                ))),
+            })
+            .collect()
+    });
+    gather_results(results)
+}
+
+/// The root cause among the ranks' results (a rank that failed makes the others fail with
+/// "left the group"; report the first, not those), else rank 0's report.
+pub(crate) fn gather_results(
+    results: Vec<Result<Option<TrainReport>, TrainError>>,
+) -> Result<TrainReport, TrainError> {
+    let mut report = None;
+    let mut abandoned = None;
+    let mut root = None;
+    for r in results {
+        match r {
+            Ok(Some(rep)) if rep.rank == 0 => report = Some(rep),
+            Ok(Some(_)) => {}
+            Ok(None) => {}
+            Err(TrainError::Collective(e @ CollectiveError::Abandoned { .. })) => {
+                abandoned.get_or_insert(TrainError::Collective(e));
+            }
+            Err(e) => {
+                root.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = root.or(abandoned) {
+        return Err(e);
+    }
+    report.ok_or_else(|| TrainError::Internal("rank 0 returned no report".into()))
+}
+
+/// What a panicking thread left as its message.
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// One rank's training loop and its report (counts over all ranks; data stall and
+/// collective time of this rank).
+pub(crate) fn worker(
+    job: &TrainJob,
+    rank: usize,
+    grads: Arc<dyn Collective>,
+    data: Arc<dyn Collective>,
+    options: &TrainOptions,
+    handle: &Handle,
+) -> Result<Option<TrainReport>, TrainError> {
+    let _enter = handle.enter();
+    let started = Instant::now();
+    let tc = &job.trainer;
+    let world = grads.world_size();
+    let device = threads_and_device(job, world)?;
+
+    // The checkpoint: rank 0 reads it and hands it to everyone.
+    let location = resume::checkpoint_location(job)?;
+    // The data's config: `trainer.epochs` overrides the source's.
+    let config = setup::data_config(job);
+    let (mut resumed, elastic) = resume::read_checkpoint(
+        job,
+        rank,
+        grads.as_ref(),
+        options,
+        handle,
+        &location,
+        &config,
+    )?;
+    let epochs = config.source.value.epochs();
+    resume::continue_finished(&mut resumed, &config, epochs, tc, rank);
+    let checkpoint_url = location.as_ref().map(|l| l.url.to_string());
+    if let Some((meta, _)) = &resumed
+        && meta.complete
+    {
+        let report = resume::already_complete(meta, rank, world, started, checkpoint_url);
+        return Ok(Some(report));
+    }
+
+    // The data.
+    let setup::Input {
+        stream,
+        stats,
+        frozen,
+        source_rows,
+        acker,
+        metrics,
+        live,
+        first,
+        shape,
+    } = setup::open_data(job, rank, config, data, &resumed, options, handle)?;
+    // Step counters are rank 0's.
+    let live_steps = live.as_ref().filter(|_| rank == 0);
+
+    // The model: rank 0's initial weights, broadcast.
+    let vs = VarStore::new(device);
+    let model = setup::build_model(&vs, tc, &shape)?;
+    let total_steps = setup::total_steps(job, source_rows, epochs, &resumed, grads.as_ref())?;
+    let mut trainer = setup::new_trainer(&vs, tc, total_steps, grads.clone())?;
+    resume::restore(&mut trainer, &resumed, live_steps, rank)?;
+    let start_step = trainer.steps();
+    let log = setup::open_log(job, rank, resumed.is_some())?;
+
+    let mut ctx = Ctx {
+        job,
+        rank,
+        world,
+        handle,
+        frozen: &frozen,
+        model: model.as_ref(),
+        device,
+        epoch: resumed.as_ref().and_then(|(m, _)| m.epoch),
+    };
+    let mut run = Run {
+        options,
+        trainer,
+        stream,
+        first,
+        location,
+        acker,
+        log,
+        live_steps,
+        total_steps,
+        last_state: resume::position(&resumed, rank),
+        rows_trained: resumed.as_ref().map_or(0, |(m, _)| m.rows_trained),
+        rows_this_run: 0,
+        rows_untrained: 0,
+        last_loss: None,
+        evals: Vec::new(),
+        interrupted: false,
+    };
+    let loop_started = Instant::now();
+    steps::train_loop(&mut ctx, &mut run)?;
+    let loop_time = loop_started.elapsed();
+    let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
+    drop(run.stream);
+    let notes = pipeline_notes(&metrics);
+    Ok(Some(TrainReport {
+        rank,
+        world_size: world,
+        steps: run.trainer.steps(),
+        steps_this_run: run.trainer.steps() - start_step,
+        rows_trained: run.rows_trained,
+        rows_this_run: run.rows_this_run,
+        rows_untrained: untrained,
+        last_loss: run.last_loss,
+        evals: run.evals,
+        seconds: started.elapsed().as_secs_f64(),
+        rows_per_second: run.rows_this_run as f64 / loop_time.as_secs_f64().max(1e-9),
+        data_stall_fraction: stats.stall_fraction(),
+        data_wait_seconds: stats.waited().as_secs_f64(),
+        allreduce_seconds: run.trainer.collective_time.as_secs_f64(),
+        checkpoint: checkpoint_url,
+        interrupted: run.interrupted,
+        already_complete: false,
+        notes,
+        elastic,
+        total_steps,
+    }))
+}
+
+/// Sets this rank's intra-op threads (the cores shared out between ranks: OpenMP's setting
+/// is per thread) and returns the loader's device.
+fn threads_and_device(job: &TrainJob, world: usize) -> Result<tch::Device, TrainError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tch::set_num_threads(((cores / world).max(1)) as i32);
+    Ok(parse_device(&job.loader.device)?)
+}
+
+/// The pipeline's notes for the report: the source's (shards, mix), then each stage's.
+fn pipeline_notes(metrics: &PipelineMetrics) -> Vec<String> {
+    [metrics.source.shard_note(), metrics.source.mix_note()]
+        .into_iter()
+        .flatten()
+        .map(|n| format!("source: {n}"))
+        .chain(metrics.stages().iter().flat_map(|s| {
+            let notes = s.notes.lock().map(|n| n.clone()).unwrap_or_default();
+            notes.into_iter().map(|n| format!("{}: {n}", s.name))
+        }))
+        .collect()
+}
+
+/// What a rank's checkpoints and evaluations work with: the job, the rank among the others,
+/// the stages and the model.
+struct Ctx<'a> {
+    job: &'a TrainJob,
+    rank: usize,
+    world: usize,
+    handle: &'a Handle,
+    frozen: &'a [Located<StageConfig>],
+    model: &'a dyn Module,
+    device: tch::Device,
+    /// The epoch of the last step and the rows trained in it (into the checkpoint).
+    epoch: Option<EpochProgress>,
+}
+
+/// One rank's training state: what the loop works with, and what it counts for the report.
+struct Run<'a> {
+    options: &'a TrainOptions,
+    trainer: Trainer,
+    /// The batches as tensors on the device.
+    stream: TensorStream,
+    /// A batch read ahead to learn the input's row shape, trained on first.
+    first: Option<TensorBatch>,
+    /// Where checkpoints go, if anywhere.
+    location: Option<ObjectLocation>,
+    /// Kafka offsets are stored with the consumer group only once a checkpoint covering
+    /// them is durable (or, without checkpoints, at the end of a complete run).
+    acker: Arc<Acknowledger>,
+    /// Rank 0's step log.
+    log: Option<BufWriter<File>>,
+    /// The live counters, on rank 0 (step counters are rank 0's).
+    live_steps: Option<&'a Arc<TrainingMetrics>>,
+    /// The run's length in steps, where known.
+    total_steps: Option<u64>,
+    /// The pipeline position after the last step (into the checkpoint).
+    last_state: SourceState,
+    rows_trained: u64,
+    rows_this_run: u64,
+    rows_untrained: u64,
+    last_loss: Option<f64>,
+    evals: Vec<EvalReport>,
+    /// Whether a stop ended the run (no final evaluation or complete checkpoint then).
+    interrupted: bool,
+}

@@ -1,0 +1,324 @@
+//! The training loop of one rank: the next batch (or a stop while waiting for it), the step,
+//! its counts and step line, the checkpoints and evaluations due after it, and the end of the
+//! run (last evaluation, final checkpoint).
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::Serialize;
+use sluice_pipeline::collective::Collective;
+use sluice_sinks::tensor::TensorBatch;
+use tch::Reduction;
+
+use super::checkpoint::checkpoint_step;
+use super::loss::loss_of;
+use super::{Ctx, Run};
+use crate::TrainError;
+use crate::checkpoint::EpochProgress;
+use crate::job::Progress;
+use crate::trainer::StepReport;
+
+/// How often a rank waiting alone for data looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// The stream's next item, or `None` once `stop` is set while it is still awaited.
+async fn next_or_stop<S: futures::Stream + Unpin>(
+    stream: &mut S,
+    stop: &AtomicBool,
+) -> Option<Option<S::Item>> {
+    // A flag set from a signal handler has no waker: look at it every STOP_POLL.
+    let stopped = async {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(STOP_POLL).await;
+        }
+    };
+    tokio::select! {
+        biased;
+        next = stream.next() => Some(next),
+        () = stopped => None,
+    }
+}
+
+/// Trains until `trainer.steps` is reached, the data ends, another rank runs out of data or
+/// a stop is agreed (then `run.interrupted` is set).
+pub(super) fn train_loop(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+    let job = ctx.job;
+    let tc = &job.trainer;
+    loop {
+        if tc.steps.is_some_and(|s| run.trainer.steps() >= s) {
+            break;
+        }
+        if run.options.stop.load(Ordering::Relaxed) {
+            run.trainer.request_stop();
+        }
+        let Some(next) = next_batch(ctx, run)? else {
+            break;
+        };
+        let Some(batch) = next else {
+            run.trainer.finish()?;
+            break;
+        };
+        let Some((rep, step_time)) = take_step(ctx, run, &batch)? else {
+            break;
+        };
+        count_step(ctx, run, &batch, &rep, step_time);
+        after_step(ctx, run, &rep)?;
+        if rep.stop_requested {
+            run.interrupted = true;
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The next batch (`Some(None)` at the end of the data), or `None` when a stop came while a
+/// lone rank waited for data: it has then checkpointed what it had and set `run.interrupted`.
+fn next_batch(
+    ctx: &mut Ctx<'_>,
+    run: &mut Run<'_>,
+) -> Result<Option<Option<TensorBatch>>, TrainError> {
+    let handle = ctx.handle;
+    Ok(match run.first.take() {
+        Some(b) => Some(Some(b)),
+        None if ctx.world == 1 => {
+            match handle.block_on(next_or_stop(&mut run.stream, &run.options.stop)) {
+                Some(next) => Some(next.transpose()?),
+                None => {
+                    // Asked to stop while waiting for data (an idle topic): the state after
+                    // the last step is whole, so checkpoint it now rather than at a next step
+                    // that may never come.
+                    checkpoint_step(ctx, run)?;
+                    run.interrupted = true;
+                    None
+                }
+            }
+        }
+        // With several ranks the others wait for this one in the all-reduce, so it waits
+        // too; a stop is agreed at the next step (the command's grace period bounds it).
+        None => Some(handle.block_on(run.stream.next()).transpose()?),
+    })
+}
+
+/// Takes the step on `batch` together with the other ranks: its report and the time the step
+/// took after the forward pass; `None` when another rank ran out of data (`batch` is then
+/// counted as untrained).
+fn take_step(
+    ctx: &Ctx<'_>,
+    run: &mut Run<'_>,
+    batch: &TensorBatch,
+) -> Result<Option<(StepReport, Duration)>, TrainError> {
+    let (job, rank) = (ctx.job, ctx.rank);
+    let tc = &job.trainer;
+    let (x, y) = match (batch.get(&tc.input), batch.get(&tc.target)) {
+        (Some(x), Some(y)) => (x, y),
+        _ => {
+            return Err(TrainError::Internal(
+                "the loader did not produce the input/target tensors".into(),
+            ));
+        }
+    };
+    let (step_started, stepped) = if batch.rows == 0 {
+        // Every row of this batch was removed after the last `batch` stage: no forward
+        // pass (the mean loss of no rows is NaN), but the step is taken with the others.
+        (Instant::now(), run.trainer.step_empty()?)
+    } else {
+        let out = ctx.model.forward(x);
+        let loss = loss_of(tc.loss, &out, y, &tc.target, Reduction::Mean)?;
+        (Instant::now(), run.trainer.step(&loss, batch.rows)?)
+    };
+    let Some(rep) = stepped else {
+        run.rows_untrained += batch.rows as u64;
+        tracing::warn!(
+            rank,
+            "another rank ran out of data: stopping at step {} with a batch of {} rows untrained",
+            run.trainer.steps(),
+            batch.rows
+        );
+        return Ok(None);
+    };
+    let step_time = step_started.elapsed();
+    Ok(Some((rep, step_time)))
+}
+
+/// Counts step `rep`, taken on `batch` (rows, loss, the position after it, the epoch's
+/// progress), and records it: rank 0's live counters and step line.
+fn count_step(
+    ctx: &mut Ctx<'_>,
+    run: &mut Run<'_>,
+    batch: &TensorBatch,
+    rep: &StepReport,
+    step_time: Duration,
+) {
+    run.rows_trained += rep.rows;
+    run.rows_this_run += rep.rows;
+    if rep.rows > 0 {
+        run.last_loss = Some(rep.loss);
+    }
+    run.last_state = batch.state.clone();
+    if let Some(e) = run.last_state.parquet.map(|m| m.epoch) {
+        match &mut ctx.epoch {
+            Some(p) if p.epoch == e => {
+                p.rows += rep.rows;
+                p.steps = p.steps.map(|s| s + 1);
+            }
+            _ => {
+                ctx.epoch = Some(EpochProgress {
+                    epoch: e,
+                    rows: rep.rows,
+                    steps: Some(1),
+                })
+            }
+        }
+    }
+    if let Some(m) = run.live_steps {
+        m.record_step(
+            rep.step,
+            rep.rows,
+            rep.loss,
+            rep.lr,
+            batch.waited,
+            step_time,
+            rep.allreduce,
+        );
+    }
+    if let Some(log) = &mut run.log {
+        write_line(
+            log,
+            &StepLine {
+                step: rep.step,
+                loss: rep.loss,
+                lr: rep.lr,
+                rows: rep.rows,
+                wait_ms: batch.waited.as_secs_f64() * 1e3,
+                step_ms: step_time.as_secs_f64() * 1e3,
+                allreduce_ms: rep.allreduce.as_secs_f64() * 1e3,
+                epoch: batch.lineage.spans().first().map(|s| s.epoch),
+            },
+        );
+    }
+}
+
+/// What is due after step `rep`: the replica check, a checkpoint (every `every_steps`, or at
+/// a stop) with its log line, an evaluation, and rank 0's progress callback.
+fn after_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>, rep: &StepReport) -> Result<(), TrainError> {
+    let job = ctx.job;
+    let tc = &job.trainer;
+    if tc.check_every_steps > 0 && rep.step.is_multiple_of(tc.check_every_steps) {
+        run.trainer.check_replicas()?;
+    }
+    let every = tc.checkpoint.as_ref().map(|c| c.every_steps);
+    if every.is_some_and(|e| rep.step.is_multiple_of(e))
+        || (rep.stop_requested && run.location.is_some())
+    {
+        checkpoint_step(ctx, run)?;
+        if let Some(log) = &mut run.log {
+            write_line(
+                log,
+                &serde_json::json!({"checkpoint": rep.step, "rows_trained": run.rows_trained}),
+            );
+        }
+    }
+    if let Some(ev) = &tc.eval
+        && ev.every_steps.is_some_and(|e| rep.step.is_multiple_of(e))
+    {
+        evaluate_and_record(ctx, run)?;
+    }
+    if let (Some(p), 0) = (&run.options.progress, ctx.rank) {
+        p(&Progress {
+            step: rep.step,
+            total_steps: run.total_steps,
+            loss: rep.loss,
+            accuracy: run.evals.last().and_then(|e| e.accuracy),
+        });
+    }
+    Ok(())
+}
+
+/// Evaluates the model now and records the result: rank 0's live counters and log line, and
+/// the report's list.
+fn evaluate_and_record(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+    let r = ctx.evaluate(&mut run.trainer)?;
+    if let Some(m) = run.live_steps {
+        m.record_eval(&r);
+    }
+    if let Some(log) = &mut run.log {
+        write_line(log, &serde_json::json!({"eval": &r}));
+    }
+    run.evals.push(r);
+    Ok(())
+}
+
+/// The end of the run on every rank: unless it was stopped, the last evaluation (unless the
+/// last step had one), the final checkpoint, marked complete, and the final commit of the
+/// offsets; then the replica check and the log flushed. Returns the rows left untrained,
+/// summed over all ranks.
+pub(super) fn finish(
+    ctx: &mut Ctx<'_>,
+    run: &mut Run<'_>,
+    grads: &dyn Collective,
+) -> Result<u64, TrainError> {
+    let job = ctx.job;
+    let tc = &job.trainer;
+    if !run.interrupted {
+        if tc.eval.is_some()
+            && run
+                .evals
+                .last()
+                .is_none_or(|e| e.step != run.trainer.steps())
+        {
+            evaluate_and_record(ctx, run)?;
+        }
+        if run.location.is_some() {
+            ctx.checkpoint(
+                &mut run.trainer,
+                &run.location,
+                &run.last_state,
+                run.rows_trained,
+                true,
+            )?;
+            if let Some(log) = &mut run.log {
+                write_line(
+                    log,
+                    &serde_json::json!({"checkpoint": run.trainer.steps(), "rows_trained": run.rows_trained, "complete": true}),
+                );
+            }
+        }
+        run.acker.store(&run.last_state, true);
+    }
+    if tc.check_every_steps > 0 {
+        run.trainer.check_replicas()?;
+    }
+    if let Some(log) = &mut run.log {
+        let _ = log.flush();
+    }
+    let untrained = {
+        let all = grads.all_gather(run.rows_untrained.to_le_bytes().to_vec())?;
+        all.iter()
+            .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map(u64::from_le_bytes)
+            .sum::<u64>()
+    };
+    Ok(untrained)
+}
+
+#[derive(Serialize)]
+struct StepLine {
+    step: u64,
+    loss: f64,
+    lr: f64,
+    rows: u64,
+    wait_ms: f64,
+    step_ms: f64,
+    allreduce_ms: f64,
+    epoch: Option<u64>,
+}
+
+/// Appends one line to the step log, flushed: a reader following the log (`tail -f`, a
+/// dashboard) sees each step when it is taken (one write per step, next to a training step).
+fn write_line(w: &mut impl Write, v: &impl Serialize) {
+    if let Ok(s) = serde_json::to_string(v) {
+        let _ = writeln!(w, "{s}").and_then(|()| w.flush());
+    }
+}

@@ -15,7 +15,8 @@ pub mod observe;
 pub mod report;
 
 pub use job::{
-    Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport, mib, peak_rss_bytes,
+    CheckpointConfig, Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport, mib,
+    peak_rss_bytes,
 };
 pub use sluice_pipeline as pipeline;
 pub use sluice_sinks as sinks;

@@ -46,9 +46,24 @@ impl TrainJob {
             return Err(sluice_pipeline::Error::Config(ConfigErrors::sorted(errors)).into());
         }
         let (Some(pipeline), Some(loader), Some(trainer)) = (pipeline, loader, trainer) else {
+            let present = doc.sections(&["source", "loader", "trainer"], &mut Vec::new());
+            let absent = |s: &&str| !present.iter().any(|p| p == s);
+            let named = ["source", "loader", "trainer"];
+            // A section present but empty reads as absent too: then all three are named.
+            let missing: Vec<&str> = named
+                .into_iter()
+                .filter(|s| absent(s) || named.iter().all(|n| !absent(n)))
+                .map(|s| match s {
+                    "source" => "`source:` (where rows come from)",
+                    "loader" => "`loader:` (which columns become which tensors)",
+                    _ => "`trainer:` (model, optimizer)",
+                })
+                .collect();
             return Err(TrainError::Config(format!(
-                "{}: `sluice train` needs `source:`, `loader:` (which columns become which tensors) and `trainer:` (model, optimizer) sections; see docs/config.md",
-                doc.origin()
+                "{}: `sluice train` needs {} section{}; see docs/config.md",
+                doc.origin(),
+                missing.join(" and "),
+                if missing.len() == 1 { "" } else { "s" }
             )));
         };
         let job = TrainJob {

@@ -22,7 +22,7 @@ impl ConfigError {
             file: file.to_string(),
             line,
             column,
-            message: with_suggestion(shorten(&message)),
+            message: with_suggestion(shorten(&plain_sizes(message))),
         }
     }
 
@@ -35,6 +35,21 @@ impl ConfigError {
             column: 0,
             message: shorten(&message),
         }
+    }
+}
+
+/// `bytesize`'s own message for a size it cannot parse ("expected parsable string") names
+/// neither what a size looks like nor the units; every size setting goes through it, so the
+/// message is completed here once instead of a custom deserializer per field.
+fn plain_sizes(message: String) -> String {
+    const BYTESIZE: &str = "expected parsable string";
+    match message.find(BYTESIZE) {
+        Some(at) => format!(
+            "{}expected a size: a number of bytes or a number and a unit, e.g. `64 MiB`, `512 KB`, `2 GB`{}",
+            &message[..at],
+            &message[at + BYTESIZE.len()..]
+        ),
+        None => message,
     }
 }
 

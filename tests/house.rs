@@ -240,3 +240,118 @@ fn the_layer_check_sees_upward_imports() {
     assert_eq!(layer_of("exec::rescale", layers), Some(2));
     assert_eq!(layer_of("stage", layers), None);
 }
+
+/// Longest source file a newcomer should have to read, in lines before its inline tests.
+const MAX_FILE_LINES: usize = 700;
+/// Longest function, in lines.
+const MAX_FN_LINES: usize = 120;
+
+/// The functions of `lines` longer than `max`, as (name, lines): a function runs from its
+/// `fn` line to the line where its braces balance (strings and comments ignored).
+fn long_functions(lines: &[&str], max: usize) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let Some(name) = fn_name(lines[i]) else {
+            i += 1;
+            continue;
+        };
+        let (mut depth, mut started, mut j) = (0i64, false, i);
+        while j < lines.len() {
+            let code = code_of(lines[j]);
+            depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+            started |= code.contains('{');
+            if (started && depth <= 0) || (!started && code.trim_end().ends_with(';')) {
+                break;
+            }
+            j += 1;
+        }
+        if started && j - i + 1 > max {
+            out.push((name, j - i + 1));
+        }
+        i = if started { j + 1 } else { i + 1 };
+    }
+    out
+}
+
+/// The name of the function a line declares, if it does.
+fn fn_name(line: &str) -> Option<String> {
+    let mut rest = line.trim_start();
+    for prefix in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "async ",
+        "unsafe ",
+        "const ",
+    ] {
+        rest = rest.strip_prefix(prefix).unwrap_or(rest);
+    }
+    let rest = rest.strip_prefix("fn ")?;
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+    Some(rest[..end].to_string())
+}
+
+/// A line without its string literals and its `//` comment.
+fn code_of(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars().peekable();
+    let mut in_str = false;
+    while let Some(c) = chars.next() {
+        match (in_str, c) {
+            (true, '\\') => {
+                chars.next();
+            }
+            (true, '"') => in_str = false,
+            (true, _) => {}
+            (false, '"') => in_str = true,
+            (false, '/') if chars.peek() == Some(&'/') => break,
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+#[test]
+fn files_and_functions_stay_readable() {
+    let mut problems = Vec::new();
+    for (dir, _) in LAYERS {
+        for (module, text) in modules(&root().join(dir)) {
+            if is_test_module(&module) {
+                continue;
+            }
+            let lines: Vec<&str> = code(&text).lines().collect();
+            let head = lines.iter().take(5).copied().collect::<Vec<_>>().join("\n");
+            if head.to_lowercase().contains("generated") {
+                continue;
+            }
+            if lines.len() > MAX_FILE_LINES {
+                problems.push(format!(
+                    "{dir}: `{module}` has {} lines (at most {MAX_FILE_LINES}): split it by concern",
+                    lines.len()
+                ));
+            }
+            for (name, n) in long_functions(&lines, MAX_FN_LINES) {
+                problems.push(format!(
+                    "{dir}: `{module}::{name}` has {n} lines (at most {MAX_FN_LINES})"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+/// The size check counts a function to its closing brace, ignoring braces in strings and
+/// comments.
+#[test]
+fn the_size_check_measures_functions() {
+    let text =
+        "fn a() {\n    let s = \"}\"; // }\n    x();\n}\nfn b();\npub(crate) async fn c() {}\n";
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(long_functions(&lines, 3), vec![("a".to_string(), 4)]);
+    assert!(long_functions(&lines, 4).is_empty());
+    assert_eq!(
+        fn_name("    pub(super) fn build_it<'a>(x: u8) {"),
+        Some("build_it".into())
+    );
+}

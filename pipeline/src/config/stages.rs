@@ -12,42 +12,78 @@ use super::image::{ImageConfig, OnError};
 use super::load::Component;
 use crate::types::{DataTypeName, Literal};
 
-/// A transformation (`type:` selects the kind). Stages run in order; stateless ones run on the
-/// CPU pool, several batches at a time, with the order of rows preserved. (Serialized as its
-/// settings alone, without `type`: for the resume stamp.)
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(untagged)]
-pub enum StageConfig {
+/// The one table of stage kinds: per stage, its variant, its settings and its `type:` name.
+/// The enum, [`StageConfig::kind`], `KINDS` and `deserialize_kind` are generated from it, so
+/// they cannot drift apart; each kind's build step matches on the enum (in `stage`), so a
+/// kind without one is a compile error. Adding a stage is one line here (its position is
+/// its place in the messages that list the kinds).
+macro_rules! stage_table {
+    ($($(#[doc = $doc:literal])* $variant:ident($config:ty) = $kind:literal,)*) => {
+        /// A transformation (`type:` selects the kind). Stages run in order; stateless ones
+        /// run on the CPU pool, several batches at a time, with the order of rows preserved.
+        /// (Serialized as its settings alone, without `type`: for the resume stamp.)
+        #[derive(Debug, Clone, PartialEq, Serialize)]
+        #[serde(untagged)]
+        pub enum StageConfig {
+            $($(#[doc = $doc])* $variant($config),)*
+        }
+
+        impl StageConfig {
+            /// The stage's `type` name.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(StageConfig::$variant(_) => $kind,)*
+                }
+            }
+        }
+
+        impl Component for StageConfig {
+            const WHAT: &'static str = "stage";
+            const KINDS: &'static [&'static str] = &[$($kind),*];
+            fn deserialize_kind<'de, D: Deserializer<'de>>(
+                kind: &str,
+                d: D,
+            ) -> Result<Self, D::Error> {
+                Ok(match kind {
+                    $($kind => StageConfig::$variant(<$config>::deserialize(d)?),)*
+                    other => return Err(de::Error::unknown_variant(other, Self::KINDS)),
+                })
+            }
+        }
+    };
+}
+
+stage_table! {
     /// Keep only these columns, in this order.
-    Select(SelectConfig),
+    Select(SelectConfig) = "select",
     /// Rename columns.
-    Rename(RenameConfig),
+    Rename(RenameConfig) = "rename",
     /// Change column types.
-    Cast(CastConfig),
+    Cast(CastConfig) = "cast",
     /// Keep rows for which a predicate is true.
-    Filter(FilterConfig),
+    Filter(FilterConfig) = "filter",
     /// Replace nulls with a value.
-    FillNull(FillNullConfig),
+    FillNull(FillNullConfig) = "fill_null",
     /// `(x - mean) / std`.
-    Standardize(StandardizeConfig),
+    Standardize(StandardizeConfig) = "standardize",
     /// Class index → one-hot vector.
-    OneHot(OneHotConfig),
+    OneHot(OneHotConfig) = "one_hot",
     /// Bound values to `[min, max]`.
-    Clip(ClipConfig),
+    Clip(ClipConfig) = "clip",
     /// Re-batch to a fixed number of rows.
-    Batch(BatchConfig),
+    Batch(BatchConfig) = "batch",
     /// Add seeded Gaussian noise.
-    GaussianNoise(GaussianNoiseConfig),
+    GaussianNoise(GaussianNoiseConfig) = "gaussian_noise",
     /// Zero values at random (seeded).
-    FeatureDropout(FeatureDropoutConfig),
+    FeatureDropout(FeatureDropoutConfig) = "feature_dropout",
     /// Seeded shuffle: row-group order per epoch, a window buffer, optionally across ranks.
-    Shuffle(ShuffleConfig),
+    Shuffle(ShuffleConfig) = "shuffle",
     /// Decode and augment images into float32 CHW tensors.
-    Image(ImageConfig),
+    Image(ImageConfig) = "image",
     /// Seeded random token masking of integer sequences.
-    MaskTokens(MaskTokensConfig),
+    MaskTokens(MaskTokensConfig) = "mask_tokens",
     /// Seeded mixup: each row blended with its mirror row of the batch.
-    Mixup(MixupConfig),
+    Mixup(MixupConfig) = "mixup",
 }
 
 impl StageConfig {
@@ -64,27 +100,6 @@ impl StageConfig {
                 | StageConfig::FeatureDropout(_)
                 | StageConfig::Mixup(_)
         )
-    }
-
-    /// The stage's `type` name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            StageConfig::Select(_) => "select",
-            StageConfig::Rename(_) => "rename",
-            StageConfig::Cast(_) => "cast",
-            StageConfig::Filter(_) => "filter",
-            StageConfig::FillNull(_) => "fill_null",
-            StageConfig::Standardize(_) => "standardize",
-            StageConfig::OneHot(_) => "one_hot",
-            StageConfig::Clip(_) => "clip",
-            StageConfig::Batch(_) => "batch",
-            StageConfig::GaussianNoise(_) => "gaussian_noise",
-            StageConfig::FeatureDropout(_) => "feature_dropout",
-            StageConfig::Shuffle(_) => "shuffle",
-            StageConfig::Image(_) => "image",
-            StageConfig::MaskTokens(_) => "mask_tokens",
-            StageConfig::Mixup(_) => "mixup",
-        }
     }
 
     /// How the run summary names the rows this stage removes: a `filter`'s are filtered out,
@@ -107,47 +122,6 @@ impl StageConfig {
             StageConfig::Image(c) => c.on_error == OnError::Skip,
             _ => false,
         }
-    }
-}
-
-impl Component for StageConfig {
-    const WHAT: &'static str = "stage";
-    const KINDS: &'static [&'static str] = &[
-        "select",
-        "rename",
-        "cast",
-        "filter",
-        "fill_null",
-        "standardize",
-        "one_hot",
-        "clip",
-        "batch",
-        "gaussian_noise",
-        "feature_dropout",
-        "shuffle",
-        "image",
-        "mask_tokens",
-        "mixup",
-    ];
-    fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
-        Ok(match kind {
-            "select" => StageConfig::Select(SelectConfig::deserialize(d)?),
-            "rename" => StageConfig::Rename(RenameConfig::deserialize(d)?),
-            "cast" => StageConfig::Cast(CastConfig::deserialize(d)?),
-            "filter" => StageConfig::Filter(FilterConfig::deserialize(d)?),
-            "fill_null" => StageConfig::FillNull(FillNullConfig::deserialize(d)?),
-            "standardize" => StageConfig::Standardize(StandardizeConfig::deserialize(d)?),
-            "one_hot" => StageConfig::OneHot(OneHotConfig::deserialize(d)?),
-            "clip" => StageConfig::Clip(ClipConfig::deserialize(d)?),
-            "batch" => StageConfig::Batch(BatchConfig::deserialize(d)?),
-            "gaussian_noise" => StageConfig::GaussianNoise(GaussianNoiseConfig::deserialize(d)?),
-            "feature_dropout" => StageConfig::FeatureDropout(FeatureDropoutConfig::deserialize(d)?),
-            "shuffle" => StageConfig::Shuffle(ShuffleConfig::deserialize(d)?),
-            "image" => StageConfig::Image(ImageConfig::deserialize(d)?),
-            "mask_tokens" => StageConfig::MaskTokens(MaskTokensConfig::deserialize(d)?),
-            "mixup" => StageConfig::Mixup(MixupConfig::deserialize(d)?),
-            other => return Err(de::Error::unknown_variant(other, Self::KINDS)),
-        })
     }
 }
 

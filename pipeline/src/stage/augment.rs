@@ -14,7 +14,9 @@ use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
+use super::{Build, BuildStage, BuiltStage};
 use crate::batch::{Batch, Lineage, Origin};
+use crate::config::{FeatureDropoutConfig, GaussianNoiseConfig};
 use crate::error::{Error, Result, StageRef};
 use crate::state::{FNV_BASIS, fnv1a};
 
@@ -303,6 +305,46 @@ impl super::Transform for Augment {
             source: e,
         })?;
         Ok(batch.with_data(data))
+    }
+}
+
+/// `gaussian_noise`: checks `std`, then the columns (see `augment_stage`).
+impl BuildStage for GaussianNoiseConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        if !(self.std >= 0.0 && self.std.is_finite()) {
+            return Err(b.err(format!(
+                "`std` must be a finite number ≥ 0, not {}",
+                self.std
+            )));
+        }
+        super::augment_stage(
+            b.stage,
+            b.input,
+            &self.columns,
+            self.seed,
+            Noise::Gaussian { std: self.std },
+        )
+    }
+}
+
+/// `feature_dropout`: checks `p`, then the columns (see `augment_stage`).
+impl BuildStage for FeatureDropoutConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        if !(0.0..1.0).contains(&self.p) {
+            return Err(b.err(format!("`p` must be in [0, 1), not {}", self.p)));
+        }
+        let scale = if self.scale {
+            1.0 / (1.0 - self.p)
+        } else {
+            1.0
+        };
+        super::augment_stage(
+            b.stage,
+            b.input,
+            &self.columns,
+            self.seed,
+            Noise::Dropout { p: self.p, scale },
+        )
     }
 }
 

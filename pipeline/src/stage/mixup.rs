@@ -24,6 +24,7 @@ use rand::{RngExt, SeedableRng};
 use rand_distr::{Beta, Distribution};
 
 use super::augment::{batch_row_ids, column_key, map_float_rows, supported};
+use super::{Build, BuildStage, BuiltStage};
 use crate::batch::Batch;
 use crate::config::{CutmixConfig, MixupConfig};
 use crate::error::{Error, Result, StageRef};
@@ -109,6 +110,14 @@ pub(crate) fn build(stage: &StageRef, c: &MixupConfig, input: &SchemaRef) -> Res
         schema: input.clone(),
         cutmix,
     })
+}
+
+/// `mixup`: built by `build`, run on the CPU pool; the schema passes through.
+impl BuildStage for MixupConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        let built = build(b.stage, self, b.input)?;
+        Ok((BuiltStage::Map(Arc::new(built)), b.input.clone()))
+    }
 }
 
 fn build_cutmix(

@@ -3,16 +3,20 @@
 //! kernels.
 
 mod augment;
+mod columns;
 mod expr;
 pub(crate) mod image;
+mod image_build;
 mod kernels;
 mod mixup;
 mod normal;
 mod pixels;
 pub(crate) mod rebatch;
 pub(crate) mod shuffle;
+mod shuffle_build;
 mod stats;
 mod tokens;
+mod values;
 #[rustfmt::skip]
 mod ziggurat_tables;
 
@@ -39,7 +43,7 @@ pub fn rgb_to_chw(
 }
 
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 
@@ -104,8 +108,6 @@ pub(crate) fn no_such_column(name: &str, available: &[&str], note: &str) -> Stri
     )
 }
 
-/// Builds a stage for `input`, returning it and its output schema. `stats` must be given for
-/// a `standardize` stage without `mean`/`std`.
 /// What building a stage needs besides its config and input: where relative paths start
 /// (an `image` stage's dead-letter directory) and the rank.
 #[derive(Debug, Clone, Default)]
@@ -114,6 +116,35 @@ pub(crate) struct BuildContext {
     pub rank: usize,
 }
 
+/// What a stage kind's build step reads besides its own config: the stage, the schema it
+/// receives, statistics computed for it and the build context.
+pub(crate) struct Build<'a> {
+    stage: &'a StageRef,
+    input: &'a SchemaRef,
+    /// Given for a `standardize` stage without `mean`/`std`.
+    stats: Option<ComputedStats>,
+    ctx: &'a BuildContext,
+}
+
+impl Build<'_> {
+    /// A build error of this stage with `message`.
+    fn err(&self, message: String) -> Error {
+        Error::Stage {
+            stage: self.stage.clone(),
+            message,
+        }
+    }
+}
+
+/// A stage kind's build step: schema checks against the input, then the runtime stage;
+/// implemented by each stage's config next to the stage's kernel.
+pub(crate) trait BuildStage {
+    /// Checks this config against `b`'s input schema; returns the stage and its output schema.
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)>;
+}
+
+/// Builds a stage for `input`, returning it and its output schema. `stats` must be given for
+/// a `standardize` stage without `mean`/`std`.
 pub(crate) fn build(
     stage: &StageRef,
     config: &StageConfig,
@@ -121,348 +152,30 @@ pub(crate) fn build(
     stats: Option<ComputedStats>,
     ctx: &BuildContext,
 ) -> Result<(BuiltStage, SchemaRef)> {
-    let err = |message: String| Error::Stage {
-        stage: stage.clone(),
-        message,
+    let b = Build {
+        stage,
+        input,
+        stats,
+        ctx,
     };
+    // The registration table: every kind's config implements `BuildStage`, and this match is
+    // exhaustive, so a stage kind without a build step does not compile.
     match config {
-        StageConfig::Select(c) => {
-            let mut indices = Vec::with_capacity(c.columns.len());
-            for name in &c.columns {
-                let i = column_index(stage, input, name)?;
-                if indices.contains(&i) {
-                    return Err(err(format!("column `{name}` is selected twice")));
-                }
-                indices.push(i);
-            }
-            let schema = Arc::new(input.project(&indices).map_err(|e| err(e.to_string()))?);
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::Select {
-                    indices,
-                    schema: schema.clone(),
-                })),
-                schema,
-            ))
-        }
-        StageConfig::Rename(c) => {
-            let mut fields: Vec<Field> =
-                input.fields().iter().map(|f| f.as_ref().clone()).collect();
-            for (old, new) in &c.columns {
-                let i = column_index(stage, input, old)?;
-                fields[i] = fields[i].clone().with_name(new);
-            }
-            let mut seen = std::collections::HashSet::new();
-            for f in &fields {
-                if !seen.insert(f.name().clone()) {
-                    return Err(err(format!(
-                        "renaming would create two columns named `{}`",
-                        f.name()
-                    )));
-                }
-            }
-            let schema = Arc::new(Schema::new(fields));
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::Replace::rename(
-                    stage.clone(),
-                    schema.clone(),
-                ))),
-                schema,
-            ))
-        }
-        StageConfig::Cast(c) => {
-            let mut targets = Vec::new();
-            let mut fields: Vec<Field> =
-                input.fields().iter().map(|f| f.as_ref().clone()).collect();
-            for (name, ty) in &c.columns {
-                let i = column_index(stage, input, name)?;
-                let from = input.field(i).data_type();
-                let to = kernels::elementwise_type(from, ty.data_type());
-                if !arrow::compute::can_cast_types(from, &to) {
-                    return Err(err(format!("column `{name}`: cannot cast {from} to {ty}")));
-                }
-                fields[i] = fields[i].clone().with_data_type(to.clone());
-                targets.push((i, to));
-            }
-            let schema = Arc::new(Schema::new(fields));
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::Cast {
-                    stage: stage.clone(),
-                    targets,
-                    schema: schema.clone(),
-                })),
-                schema,
-            ))
-        }
-        StageConfig::Filter(c) => {
-            let predicate = expr::compile(&c.predicate, input).map_err(err)?;
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::Filter {
-                    stage: stage.clone(),
-                    predicate,
-                })),
-                input.clone(),
-            ))
-        }
-        StageConfig::FillNull(c) => {
-            let mut fills = Vec::new();
-            let mut fields: Vec<Field> =
-                input.fields().iter().map(|f| f.as_ref().clone()).collect();
-            for (name, value) in &c.columns {
-                let i = column_index(stage, input, name)?;
-                let ty = input.field(i).data_type();
-                let scalar =
-                    literal_array(value, ty).map_err(|m| err(format!("column `{name}`: {m}")))?;
-                fields[i] = fields[i].clone().with_nullable(false);
-                fills.push((i, scalar));
-            }
-            let schema = Arc::new(Schema::new(fields));
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::FillNull {
-                    stage: stage.clone(),
-                    fills,
-                    schema: schema.clone(),
-                })),
-                schema,
-            ))
-        }
-        StageConfig::Standardize(c) => {
-            let mut cols = Vec::new();
-            let mut fields: Vec<Field> =
-                input.fields().iter().map(|f| f.as_ref().clone()).collect();
-            let given = match (c.mean, c.std) {
-                (Some(m), Some(s)) => {
-                    if !(s > 0.0 && s.is_finite() && m.is_finite()) {
-                        return Err(err(format!(
-                            "`std` must be a positive number and `mean` finite (got mean {m}, std {s})"
-                        )));
-                    }
-                    if c.non_finite.is_some() {
-                        return Err(err(
-                            "`non_finite` applies only to statistics computed from the data; with `mean` and `std` given there is nothing to compute (a NaN or ±inf value stays NaN or ±inf)"
-                                .into(),
-                        ));
-                    }
-                    Some(ColumnStats::given(m, s))
-                }
-                (None, None) => None,
-                _ => return Err(err(
-                    "give both `mean` and `std`, or neither (then they are computed from the data)"
-                        .into(),
-                )),
-            };
-            for name in &c.columns {
-                let i = column_index(stage, input, name)?;
-                let from = input.field(i).data_type();
-                if !kernels::is_numeric_or_numeric_list(from) {
-                    return Err(err(format!(
-                        "column `{name}` is {from}; standardize needs numbers or lists of numbers"
-                    )));
-                }
-                let out_elem = if kernels::leaf_type(from) == &DataType::Float64 {
-                    DataType::Float64
-                } else {
-                    DataType::Float32
-                };
-                let to = kernels::elementwise_type(from, &out_elem);
-                fields[i] = fields[i].clone().with_data_type(to.clone());
-                let st = match &given {
-                    Some(g) => g.clone(),
-                    None => stats
-                        .as_ref()
-                        .and_then(|s| s.iter().find(|(n, _)| n == name))
-                        .map(|(_, s)| s.clone())
-                        .ok_or_else(|| {
-                            Error::Internal(format!(
-                                "{stage}: statistics for `{name}` were not computed"
-                            ))
-                        })?,
-                };
-                cols.push((i, to, st));
-            }
-            let schema = Arc::new(Schema::new(fields));
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::Standardize {
-                    stage: stage.clone(),
-                    columns: cols,
-                    schema: schema.clone(),
-                })),
-                schema,
-            ))
-        }
-        StageConfig::OneHot(c) => {
-            let i = column_index(stage, input, &c.column)?;
-            let from = input.field(i).data_type();
-            if !from.is_integer() {
-                return Err(err(format!(
-                    "column `{}` is {from}; one_hot needs integer class indices",
-                    c.column
-                )));
-            }
-            if c.num_classes == 0 || c.num_classes > i32::MAX as usize {
-                return Err(err("`num_classes` must be between 1 and 2^31-1".into()));
-            }
-            if !(0.0..1.0).contains(&c.smoothing) {
-                return Err(err(format!(
-                    "`smoothing` must be in [0, 1), not {}",
-                    c.smoothing
-                )));
-            }
-            let off = c.smoothing / c.num_classes as f64;
-            let on_off = ((1.0 - c.smoothing + off) as f32, off as f32);
-            let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
-            let out_type = DataType::FixedSizeList(
-                Arc::new(Field::new_list_field(DataType::Float32, false)),
-                c.num_classes as i32,
-            );
-            let mut fields: Vec<Field> =
-                input.fields().iter().map(|f| f.as_ref().clone()).collect();
-            let out_index = if out_name == c.column {
-                fields[i] = Field::new(&out_name, out_type, false);
-                i
-            } else {
-                if input.index_of(&out_name).is_ok() {
-                    return Err(err(format!("output column `{out_name}` already exists")));
-                }
-                fields.push(Field::new(&out_name, out_type, false));
-                fields.len() - 1
-            };
-            let schema = Arc::new(Schema::new(fields));
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::OneHot {
-                    stage: stage.clone(),
-                    input: i,
-                    output: out_index,
-                    num_classes: c.num_classes,
-                    on_off,
-                    schema: schema.clone(),
-                })),
-                schema,
-            ))
-        }
-        StageConfig::Clip(c) => {
-            if c.min.is_none() && c.max.is_none() {
-                return Err(err("give `min`, `max` or both".into()));
-            }
-            for (key, v) in [("min", c.min), ("max", c.max)] {
-                if v.is_some_and(f64::is_nan) {
-                    return Err(err(format!(
-                        "`{key}` must be a number, not NaN (leave it out for no bound)"
-                    )));
-                }
-            }
-            if let (Some(lo), Some(hi)) = (c.min, c.max)
-                && lo > hi
-            {
-                return Err(err(format!("`min` ({lo}) is greater than `max` ({hi})")));
-            }
-            let mut cols = Vec::new();
-            for name in &c.columns {
-                let i = column_index(stage, input, name)?;
-                let from = input.field(i).data_type();
-                if !kernels::is_numeric_or_numeric_list(from) {
-                    return Err(err(format!(
-                        "column `{name}` is {from}; clip needs numbers or lists of numbers"
-                    )));
-                }
-                let leaf = kernels::leaf_type(from);
-                let bound = |v: Option<f64>| -> Result<Option<ArrayRef>> {
-                    v.map(|v| {
-                        literal_array(&Literal::Float(v), leaf)
-                            .map_err(|m| err(format!("column `{name}`: {m}")))
-                    })
-                    .transpose()
-                };
-                cols.push((i, bound(c.min)?, bound(c.max)?));
-            }
-            Ok((
-                BuiltStage::Map(Arc::new(kernels::Clip {
-                    stage: stage.clone(),
-                    columns: cols,
-                    schema: input.clone(),
-                })),
-                input.clone(),
-            ))
-        }
-        StageConfig::GaussianNoise(c) => {
-            if !(c.std >= 0.0 && c.std.is_finite()) {
-                return Err(err(format!(
-                    "`std` must be a finite number ≥ 0, not {}",
-                    c.std
-                )));
-            }
-            augment_stage(
-                stage,
-                input,
-                &c.columns,
-                c.seed,
-                augment::Noise::Gaussian { std: c.std },
-            )
-        }
-        StageConfig::FeatureDropout(c) => {
-            if !(0.0..1.0).contains(&c.p) {
-                return Err(err(format!("`p` must be in [0, 1), not {}", c.p)));
-            }
-            let scale = if c.scale { 1.0 / (1.0 - c.p) } else { 1.0 };
-            augment_stage(
-                stage,
-                input,
-                &c.columns,
-                c.seed,
-                augment::Noise::Dropout { p: c.p, scale },
-            )
-        }
-        StageConfig::Shuffle(c) => {
-            if c.buffer_rows == 0 || c.batch_rows == 0 {
-                return Err(err(
-                    "`buffer_rows` and `batch_rows` must be at least 1".into()
-                ));
-            }
-            if c.max_memory.as_u64() == 0 {
-                return Err(err("`max_memory` must be more than 0".into()));
-            }
-            let group = match &c.group_by_length {
-                None => None,
-                Some(g) => Some(shuffle::group_spec(stage, g, input)?),
-            };
-            Ok((
-                BuiltStage::Shuffle(shuffle::ShuffleSpec {
-                    buffer_rows: c.buffer_rows,
-                    max_memory: c.max_memory.as_u64() as usize,
-                    spill_dir: c.spill_dir.as_ref().map(std::path::PathBuf::from),
-                    seed: c.seed,
-                    batch_rows: c.batch_rows,
-                    across_ranks: c.across_ranks,
-                    views: Vec::new(),
-                    group,
-                    rank: ctx.rank,
-                }),
-                input.clone(),
-            ))
-        }
-        StageConfig::Image(c) => {
-            let (built, schema) = image::build(stage, c, input, ctx)?;
-            Ok((BuiltStage::Map(Arc::new(built)), schema))
-        }
-        StageConfig::MaskTokens(c) => {
-            let (built, schema) = tokens::build(stage, c, input)?;
-            Ok((BuiltStage::Map(Arc::new(built)), schema))
-        }
-        StageConfig::Mixup(c) => {
-            let built = mixup::build(stage, c, input)?;
-            Ok((BuiltStage::Map(Arc::new(built)), input.clone()))
-        }
-        StageConfig::Batch(c) => {
-            if c.size == 0 {
-                return Err(err("`size` must be at least 1".into()));
-            }
-            Ok((
-                BuiltStage::Rebatch {
-                    size: c.size,
-                    drop_last: c.drop_last,
-                },
-                input.clone(),
-            ))
-        }
+        StageConfig::Select(c) => c.build(&b),
+        StageConfig::Rename(c) => c.build(&b),
+        StageConfig::Cast(c) => c.build(&b),
+        StageConfig::Filter(c) => c.build(&b),
+        StageConfig::FillNull(c) => c.build(&b),
+        StageConfig::Standardize(c) => c.build(&b),
+        StageConfig::OneHot(c) => c.build(&b),
+        StageConfig::Clip(c) => c.build(&b),
+        StageConfig::GaussianNoise(c) => c.build(&b),
+        StageConfig::FeatureDropout(c) => c.build(&b),
+        StageConfig::Shuffle(c) => c.build(&b),
+        StageConfig::Image(c) => c.build(&b),
+        StageConfig::MaskTokens(c) => c.build(&b),
+        StageConfig::Mixup(c) => c.build(&b),
+        StageConfig::Batch(c) => c.build(&b),
     }
 }
 

@@ -10,7 +10,9 @@ use std::collections::VecDeque;
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 
+use super::{Build, BuildStage, BuiltStage};
 use crate::batch::{Batch, Lineage};
+use crate::config::BatchConfig;
 use crate::error::{Error, Result};
 
 /// Accumulates rows and cuts batches of exactly `size` rows (zero-copy slices, one concat per
@@ -147,6 +149,22 @@ fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
     ));
     parts.retain(|(_, b)| b.num_rows() > 0);
     parts
+}
+
+/// `batch`: checks `size`; the stage is the rebatcher, the schema passes through.
+impl BuildStage for BatchConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        if self.size == 0 {
+            return Err(b.err("`size` must be at least 1".into()));
+        }
+        Ok((
+            BuiltStage::Rebatch {
+                size: self.size,
+                drop_last: self.drop_last,
+            },
+            b.input.clone(),
+        ))
+    }
 }
 
 #[cfg(test)]

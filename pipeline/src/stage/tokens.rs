@@ -16,8 +16,8 @@ use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Int32Type, Int64Type
 use chacha20::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
-use super::Transform;
 use super::augment::{Chance, row_ids, words};
+use super::{Build, BuildStage, BuiltStage, Transform};
 use crate::batch::Batch;
 use crate::config::MaskTokensConfig;
 use crate::error::{Error, Result, StageRef};
@@ -155,6 +155,14 @@ pub(crate) fn build(
         },
         schema,
     ))
+}
+
+/// `mask_tokens`: built by `build`, run on the CPU pool.
+impl BuildStage for MaskTokensConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        let (built, schema) = build(b.stage, self, b.input)?;
+        Ok((BuiltStage::Map(Arc::new(built)), schema))
+    }
 }
 
 /// The element field of the mask column.

@@ -1,0 +1,236 @@
+//! Building the stages that work on values, `filter`, `fill_null`, `standardize`, `one_hot`
+//! and `clip`, against their input schema (their kernels are in `kernels`).
+
+use std::sync::Arc;
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use super::{
+    Build, BuildStage, BuiltStage, ColumnStats, column_index, expr, kernels, literal_array,
+};
+use crate::config::{
+    ClipConfig, FillNullConfig, FilterConfig, Literal, OneHotConfig, StandardizeConfig,
+};
+use crate::error::{Error, Result};
+
+impl BuildStage for FilterConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        let predicate = expr::compile(&self.predicate, b.input).map_err(|m| b.err(m))?;
+        Ok((
+            BuiltStage::Map(Arc::new(kernels::Filter {
+                stage: b.stage.clone(),
+                predicate,
+            })),
+            b.input.clone(),
+        ))
+    }
+}
+
+impl BuildStage for FillNullConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        let mut fills = Vec::new();
+        let mut fields: Vec<Field> = b
+            .input
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        for (name, value) in &self.columns {
+            let i = column_index(b.stage, b.input, name)?;
+            let ty = b.input.field(i).data_type();
+            let scalar =
+                literal_array(value, ty).map_err(|m| b.err(format!("column `{name}`: {m}")))?;
+            fields[i] = fields[i].clone().with_nullable(false);
+            fills.push((i, scalar));
+        }
+        let schema = Arc::new(Schema::new(fields));
+        Ok((
+            BuiltStage::Map(Arc::new(kernels::FillNull {
+                stage: b.stage.clone(),
+                fills,
+                schema: schema.clone(),
+            })),
+            schema,
+        ))
+    }
+}
+
+impl BuildStage for StandardizeConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        let stage = b.stage;
+        let mut cols = Vec::new();
+        let mut fields: Vec<Field> = b
+            .input
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let given = match (self.mean, self.std) {
+            (Some(m), Some(s)) => {
+                if !(s > 0.0 && s.is_finite() && m.is_finite()) {
+                    return Err(b.err(format!(
+                        "`std` must be a positive number and `mean` finite (got mean {m}, std {s})"
+                    )));
+                }
+                if self.non_finite.is_some() {
+                    return Err(b.err(
+                        "`non_finite` applies only to statistics computed from the data; with `mean` and `std` given there is nothing to compute (a NaN or ±inf value stays NaN or ±inf)"
+                            .into(),
+                    ));
+                }
+                Some(ColumnStats::given(m, s))
+            }
+            (None, None) => None,
+            _ => {
+                return Err(b.err(
+                    "give both `mean` and `std`, or neither (then they are computed from the data)"
+                        .into(),
+                ));
+            }
+        };
+        for name in &self.columns {
+            let i = column_index(stage, b.input, name)?;
+            let from = b.input.field(i).data_type();
+            if !kernels::is_numeric_or_numeric_list(from) {
+                return Err(b.err(format!(
+                    "column `{name}` is {from}; standardize needs numbers or lists of numbers"
+                )));
+            }
+            let out_elem = if kernels::leaf_type(from) == &DataType::Float64 {
+                DataType::Float64
+            } else {
+                DataType::Float32
+            };
+            let to = kernels::elementwise_type(from, &out_elem);
+            fields[i] = fields[i].clone().with_data_type(to.clone());
+            let st = match &given {
+                Some(g) => g.clone(),
+                None => b
+                    .stats
+                    .as_ref()
+                    .and_then(|s| s.iter().find(|(n, _)| n == name))
+                    .map(|(_, s)| s.clone())
+                    .ok_or_else(|| {
+                        Error::Internal(format!(
+                            "{stage}: statistics for `{name}` were not computed"
+                        ))
+                    })?,
+            };
+            cols.push((i, to, st));
+        }
+        let schema = Arc::new(Schema::new(fields));
+        Ok((
+            BuiltStage::Map(Arc::new(kernels::Standardize {
+                stage: stage.clone(),
+                columns: cols,
+                schema: schema.clone(),
+            })),
+            schema,
+        ))
+    }
+}
+
+impl BuildStage for OneHotConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        let i = column_index(b.stage, b.input, &self.column)?;
+        let from = b.input.field(i).data_type();
+        if !from.is_integer() {
+            return Err(b.err(format!(
+                "column `{}` is {from}; one_hot needs integer class indices",
+                self.column
+            )));
+        }
+        if self.num_classes == 0 || self.num_classes > i32::MAX as usize {
+            return Err(b.err("`num_classes` must be between 1 and 2^31-1".into()));
+        }
+        if !(0.0..1.0).contains(&self.smoothing) {
+            return Err(b.err(format!(
+                "`smoothing` must be in [0, 1), not {}",
+                self.smoothing
+            )));
+        }
+        let off = self.smoothing / self.num_classes as f64;
+        let on_off = ((1.0 - self.smoothing + off) as f32, off as f32);
+        let out_name = self.output.clone().unwrap_or_else(|| self.column.clone());
+        let out_type = DataType::FixedSizeList(
+            Arc::new(Field::new_list_field(DataType::Float32, false)),
+            self.num_classes as i32,
+        );
+        let mut fields: Vec<Field> = b
+            .input
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let out_index = if out_name == self.column {
+            fields[i] = Field::new(&out_name, out_type, false);
+            i
+        } else {
+            if b.input.index_of(&out_name).is_ok() {
+                return Err(b.err(format!("output column `{out_name}` already exists")));
+            }
+            fields.push(Field::new(&out_name, out_type, false));
+            fields.len() - 1
+        };
+        let schema = Arc::new(Schema::new(fields));
+        Ok((
+            BuiltStage::Map(Arc::new(kernels::OneHot {
+                stage: b.stage.clone(),
+                input: i,
+                output: out_index,
+                num_classes: self.num_classes,
+                on_off,
+                schema: schema.clone(),
+            })),
+            schema,
+        ))
+    }
+}
+
+impl BuildStage for ClipConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        if self.min.is_none() && self.max.is_none() {
+            return Err(b.err("give `min`, `max` or both".into()));
+        }
+        for (key, v) in [("min", self.min), ("max", self.max)] {
+            if v.is_some_and(f64::is_nan) {
+                return Err(b.err(format!(
+                    "`{key}` must be a number, not NaN (leave it out for no bound)"
+                )));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (self.min, self.max)
+            && lo > hi
+        {
+            return Err(b.err(format!("`min` ({lo}) is greater than `max` ({hi})")));
+        }
+        let mut cols = Vec::new();
+        for name in &self.columns {
+            let i = column_index(b.stage, b.input, name)?;
+            let from = b.input.field(i).data_type();
+            if !kernels::is_numeric_or_numeric_list(from) {
+                return Err(b.err(format!(
+                    "column `{name}` is {from}; clip needs numbers or lists of numbers"
+                )));
+            }
+            let leaf = kernels::leaf_type(from);
+            let bound = |v: Option<f64>| -> Result<Option<ArrayRef>> {
+                v.map(|v| {
+                    literal_array(&Literal::Float(v), leaf)
+                        .map_err(|m| b.err(format!("column `{name}`: {m}")))
+                })
+                .transpose()
+            };
+            cols.push((i, bound(self.min)?, bound(self.max)?));
+        }
+        Ok((
+            BuiltStage::Map(Arc::new(kernels::Clip {
+                stage: b.stage.clone(),
+                columns: cols,
+                schema: b.input.clone(),
+            })),
+            b.input.clone(),
+        ))
+    }
+}

@@ -9,7 +9,8 @@
 # scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
 # the integration tests use, and stops them at the end.
 #
-#   scripts/test.sh            formatting, clippy (warnings are errors), every test
+#   scripts/test.sh            formatting, clippy (warnings are errors), the minimal build
+#                              (scripts/minimal.sh), every test
 #   SLUICE_SKIP_LINT=1 scripts/test.sh   tests only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,9 @@ if [[ "${SLUICE_SKIP_LINT:-0}" != 1 ]]; then
     step "cargo clippy (warnings are errors)"
     cargo clippy --workspace --all-targets --locked "${FEATURES[@]}" -- -D warnings
 fi
+
+step "minimal build (--no-default-features): the quickstart pipeline, and what it leaves out refused"
+scripts/minimal.sh
 
 step "starting services (S3 server, Kafka broker)"
 SERVICES_STARTED=0

@@ -153,6 +153,13 @@ enum Command {
         #[command(flatten)]
         observe: Observe,
     },
+    /// Train (this build leaves out the `torch` feature, so it refuses, naming the feature).
+    #[cfg(not(feature = "torch"))]
+    Train {
+        /// Whatever was given: the refusal comes first.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Benchmark a standard workload (`images` or `tabular`) against the raw Parquet decode
     /// and, with a Python that has them, numpy and the PyTorch DataLoader on the same data.
     Bench(bench::BenchArgs),
@@ -256,6 +263,14 @@ fn main() -> ExitCode {
                     cli.quiet,
                 )
                 .await
+            }
+            #[cfg(not(feature = "torch"))]
+            Command::Train { .. } => {
+                eprintln!(
+                    "error: {}",
+                    sluice::pipeline::feature_off("`sluice train` (libtorch)", "torch")
+                );
+                ExitCode::FAILURE
             }
             Command::Bench(args) => tokio::task::spawn_blocking(move || bench::bench(&args))
                 .await

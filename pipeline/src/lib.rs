@@ -15,6 +15,7 @@ mod dead_letter;
 mod error;
 pub mod exec;
 pub mod inspect;
+#[cfg(feature = "kafka")]
 pub mod kafka_log;
 pub mod runtime;
 mod source;
@@ -25,7 +26,7 @@ pub mod types;
 
 pub use batch::{Batch, Lineage, LineageSpan, Name, Origin};
 pub use config::{ConfigDocument, ConfigError, ConfigErrors, PipelineConfig};
-pub use error::{Error, ReadKind, Result, StageRef};
+pub use error::{Error, ReadKind, Result, StageRef, feature_off};
 pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};
 pub use source::input_objects;
 pub use state::{Acknowledger, BatchRun, DataStamp, ErrorCounts, PlanStamp, Rescaled, SourceState};

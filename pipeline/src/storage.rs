@@ -11,12 +11,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{BackoffConfig, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -79,20 +78,6 @@ impl Default for RetrySettings {
             max_retries: default_max_retries(),
             timeout_secs: default_timeout_secs(),
             initial_backoff_secs: default_backoff_secs(),
-        }
-    }
-}
-
-impl RetrySettings {
-    fn to_object_store(&self) -> RetryConfig {
-        RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_secs_f64(self.initial_backoff_secs.max(0.001)),
-                max_backoff: Duration::from_secs(15),
-                base: 2.0,
-            },
-            max_retries: self.max_retries,
-            retry_timeout: Duration::from_secs_f64(self.timeout_secs.max(0.0)),
         }
     }
 }
@@ -232,6 +217,10 @@ fn remote_store(scheme: &str, root: &str, storage: &StorageConfig) -> Result<Arc
     Ok(store)
 }
 
+#[cfg_attr(
+    not(any(feature = "s3", feature = "gcs", feature = "azure", feature = "http")),
+    allow(dead_code)
+)]
 fn option_error(root: &str, key: &str, e: impl fmt::Display) -> Error {
     Error::InvalidUrl {
         url: root.to_string(),
@@ -239,64 +228,31 @@ fn option_error(root: &str, key: &str, e: impl fmt::Display) -> Error {
     }
 }
 
+/// A store's settings: `storage.options` as strings.
+type Options = Vec<(String, String)>;
+
 fn build_remote(scheme: &str, root: &str, storage: &StorageConfig) -> Result<Arc<dyn ObjectStore>> {
-    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-    use object_store::http::HttpBuilder;
-    let retry = storage.retry.to_object_store();
-    let options = storage.options.iter().map(|(k, v)| {
-        let v = match v {
-            Literal::Str(s) => s.clone(),
-            other => other.to_string(),
-        };
-        (k.clone(), v)
-    });
-    let built: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
-        "s3" | "s3a" => {
-            let mut b = AmazonS3Builder::from_env().with_url(root).with_retry(retry);
-            for (k, v) in options {
-                let key: AmazonS3ConfigKey = k.parse().map_err(|e| option_error(root, &k, e))?;
-                b = b.with_config(key, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
-        }
-        "gs" => {
-            let mut b = GoogleCloudStorageBuilder::from_env()
-                .with_url(root)
-                .with_retry(retry);
-            for (k, v) in options {
-                let key: GoogleConfigKey = k.parse().map_err(|e| option_error(root, &k, e))?;
-                b = b.with_config(key, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
-        }
-        "http" | "https" => {
-            if let Some((k, _)) = options.into_iter().next() {
-                return Err(option_error(root, &k, "http(s) stores take no options"));
-            }
-            HttpBuilder::new()
-                .with_url(root)
-                .with_retry(retry)
-                .build()
-                .map(|s| Arc::new(s) as _)
-        }
-        _ => {
-            let mut b = MicrosoftAzureBuilder::from_env()
-                .with_url(root)
-                .with_retry(retry);
-            for (k, v) in options {
-                let key: AzureConfigKey = k.parse().map_err(|e| option_error(root, &k, e))?;
-                b = b.with_config(key, v);
-            }
-            b.build().map(|s| Arc::new(s) as _)
-        }
-    };
-    built.map_err(|e| Error::InvalidUrl {
-        url: root.to_string(),
-        reason: format!("cannot configure the object store: {e}"),
-    })
+    let retry = &storage.retry;
+    let options: Options = storage
+        .options
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Literal::Str(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    match scheme {
+        "s3" | "s3a" => remote::s3(root, retry, options),
+        "gs" => remote::gcs(root, retry, options),
+        "http" | "https" => remote::http(root, retry, options),
+        _ => remote::azure(root, retry, options),
+    }
 }
+
+mod remote;
 
 /// The file a `file://` object is, as the local store names it: a `%` in a file name is
 /// literal there (pyarrow writes Hive values URI-encoded, `lang=en%20US`), so the URL's

@@ -12,6 +12,7 @@ mod config;
 mod file;
 pub mod guard;
 mod ipc;
+#[cfg(feature = "kafka")]
 mod kafka;
 mod null;
 mod parquet_sink;
@@ -127,7 +128,13 @@ impl SinkConfig {
             SinkConfig::Parquet(c) => Ok(Box::new(parquet_sink::ParquetSink::new(c, cx).await?)),
             SinkConfig::ArrowIpc(c) => Ok(Box::new(ipc::IpcSink::new(c, cx).await?)),
             SinkConfig::Null(_) => Ok(Box::new(null::NullSink::default())),
+            #[cfg(feature = "kafka")]
             SinkConfig::Kafka(c) => Ok(Box::new(kafka::KafkaSink::new(c, cx).await?)),
+            #[cfg(not(feature = "kafka"))]
+            SinkConfig::Kafka(c) => Err(Error::Kafka {
+                topic: c.topic.clone(),
+                message: sluice_pipeline::feature_off("a `kafka` sink", "kafka"),
+            }),
         }
     }
 }

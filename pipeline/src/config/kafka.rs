@@ -29,6 +29,7 @@ impl KafkaConnection {
     /// librdkafka settings in one order for every client Sluice makes: brokers and client id,
     /// then Sluice's `defaults` for this client, then the user's `properties` (which override
     /// them). Settings Sluice must enforce are set by the caller afterwards.
+    #[cfg(feature = "kafka")]
     pub fn client_config(&self, defaults: &[(&str, String)]) -> rdkafka::ClientConfig {
         let mut c = rdkafka::ClientConfig::new();
         c.set("bootstrap.servers", self.brokers.0.join(","));

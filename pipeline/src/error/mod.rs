@@ -441,6 +441,14 @@ impl Error {
     }
 }
 
+/// The message for a component this build left out: what needs which cargo feature, and how
+/// to build with it.
+pub fn feature_off(what: &str, feature: &str) -> String {
+    format!(
+        "{what} needs the `{feature}` cargo feature, which this build of Sluice leaves out; build with it: `cargo build --release --features {feature}` (the default features include it)"
+    )
+}
+
 /// A read that failed, in the file system or the object store (as opposed to bytes that do
 /// not decode).
 #[derive(Debug)]

@@ -69,6 +69,7 @@ pub struct PartitionMetrics {
 }
 
 impl SourceMetrics {
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))] // used by the Kafka source
     pub(crate) fn with_partition(
         &self,
         topic: &str,

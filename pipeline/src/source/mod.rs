@@ -1,5 +1,9 @@
 //! Sources: where batches come from.
 
+#[cfg(feature = "kafka")]
+pub(crate) mod kafka;
+#[cfg(not(feature = "kafka"))]
+#[path = "kafka_off.rs"]
 pub(crate) mod kafka;
 mod manifest;
 pub mod parquet;

@@ -61,6 +61,7 @@ pub(super) struct ErrorLedger {
 
 impl ErrorLedger {
     /// Adds `run` of `topic`/`partition` (after every earlier offset of the partition).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))] // used by the Kafka source
     pub(super) fn consumed(&mut self, topic: &Arc<str>, partition: i32, run: Run) {
         self.used = true;
         let runs = self.pending.entry((topic.clone(), partition)).or_default();

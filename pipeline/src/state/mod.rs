@@ -377,12 +377,14 @@ impl Acknowledger {
     }
 
     /// The error budget's counts a resumed run starts from (zero without a state).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))] // used by the Kafka source
     pub(crate) fn restored_errors(&self) -> ErrorCounts {
         held(&self.errors).base
     }
 
     /// Records that a Kafka source counted these records (`(topic, partition, offset,
     /// bad)`, each partition's in offset order) against its error budget; returns how many.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))] // used by the Kafka source
     pub(crate) fn consumed<'a>(
         &self,
         records: impl Iterator<Item = (&'a Arc<str>, i32, i64, bool)>,
@@ -427,6 +429,7 @@ impl Acknowledger {
         self.plan.get().cloned()
     }
 
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))] // used by the Kafka source
     pub(crate) fn set_store(&self, store: Arc<dyn OffsetStore>) {
         let _ = self.store.set(store);
     }

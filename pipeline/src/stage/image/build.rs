@@ -27,6 +27,12 @@ pub(crate) fn build(
         stage: stage.clone(),
         message,
     };
+    if c.format != crate::config::ImageFormat::Raw && !cfg!(feature = "image") {
+        return Err(err(crate::error::feature_off(
+            "`format: png | jpeg | auto` (decoding PNG/JPEG images)",
+            "image",
+        )));
+    }
     let i = crate::stage::column_index(stage, input, &c.column)?;
     check_column(c, input.field(i).data_type()).map_err(err)?;
     let ch = c.shape[2];

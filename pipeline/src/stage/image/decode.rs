@@ -5,7 +5,9 @@ use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, UInt8Type};
 
 use super::ImageStage;
-use crate::config::{ImageFormat, ImageOp};
+use crate::config::ImageFormat;
+#[cfg(feature = "image")]
+use crate::config::ImageOp;
 
 /// The bytes of row `r` of an image column (`None`: null).
 pub(super) fn raw_bytes(col: &ArrayRef, r: usize) -> Option<&[u8]> {
@@ -35,20 +37,31 @@ impl ImageStage {
         owned: &'a mut Vec<u8>,
     ) -> std::result::Result<(&'a [u8], usize, usize), String> {
         let [h, w, ch] = self.shape;
-        let format = match self.format {
-            ImageFormat::Raw => {
-                if bytes.len() != h * w * ch {
-                    return Err(format!(
-                        "{} bytes, but shape [{h}, {w}, {ch}] needs {}",
-                        bytes.len(),
-                        h * w * ch
-                    ));
-                }
-                return Ok((bytes, h, w));
+        if self.format == ImageFormat::Raw {
+            if bytes.len() != h * w * ch {
+                return Err(format!(
+                    "{} bytes, but shape [{h}, {w}, {ch}] needs {}",
+                    bytes.len(),
+                    h * w * ch
+                ));
             }
+            return Ok((bytes, h, w));
+        }
+        self.decode_coded(bytes, owned)
+    }
+
+    /// Decodes a PNG or JPEG row (`image` feature).
+    #[cfg(feature = "image")]
+    fn decode_coded<'a>(
+        &self,
+        bytes: &'a [u8],
+        owned: &'a mut Vec<u8>,
+    ) -> std::result::Result<(&'a [u8], usize, usize), String> {
+        let [h, w, ch] = self.shape;
+        let format = match self.format {
             ImageFormat::Png => image::ImageFormat::Png,
             ImageFormat::Jpeg => image::ImageFormat::Jpeg,
-            ImageFormat::Auto => {
+            ImageFormat::Raw | ImageFormat::Auto => {
                 image::guess_format(bytes).map_err(|e| format!("not a PNG or JPEG image ({e})"))?
             }
         };
@@ -89,5 +102,19 @@ impl ImageStage {
             img.into_luma8().into_raw()
         };
         Ok((owned.as_slice(), ih, iw))
+    }
+
+    /// A build without the `image` feature refuses coded images when the stage is built; a
+    /// row can only get here if that check is bypassed.
+    #[cfg(not(feature = "image"))]
+    fn decode_coded<'a>(
+        &self,
+        _bytes: &'a [u8],
+        _owned: &'a mut Vec<u8>,
+    ) -> std::result::Result<(&'a [u8], usize, usize), String> {
+        Err(crate::error::feature_off(
+            "decoding PNG/JPEG images",
+            "image",
+        ))
     }
 }

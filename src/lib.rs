@@ -4,7 +4,8 @@
 //! pieces and runs whole jobs (pipeline + sink) as the `sluice` binary does:
 //!
 //! - [`pipeline`] (`sluice-pipeline`): config model, sources, Arrow stages, the `Stream` API;
-//! - [`sinks`] (`sluice-sinks`): Parquet, Arrow IPC and null sinks;
+//! - [`sinks`] (`sluice-sinks`): Parquet, Arrow IPC, Kafka and null sinks, and the tensor
+//!   loader (feature `torch`);
 //! - [`Job`]: a pipeline file with its `sink:`, prepared and run to completion;
 //! - `trainer` (`sluice-trainer`, feature `torch`): data-parallel training (`sluice train`);
 //! - [`observe`]: the Prometheus endpoint and the counters' time series;

@@ -1,12 +1,16 @@
 //! # sluice-pipeline
 //!
-//! The data side of Sluice: the YAML config model, sources (Parquet through `object_store`),
-//! Arrow stages (select, rename, cast, filter, fill_null, standardize, one_hot, clip, batch)
-//! and the [`Pipeline::stream`] API, which yields [`Batch`]es — Arrow record batches with the
-//! lineage of every row.
+//! The data side of Sluice: the YAML config model, sources (Parquet files on local disk or in
+//! object stores through `object_store`, Kafka topics through librdkafka), Arrow stages
+//! (column and value transforms, `filter`, `batch`, seeded augmentation and `image`
+//! decoding, a seeded `shuffle` that can exchange rows across ranks) and the
+//! [`Pipeline::stream`] API, which yields [`Batch`]es — Arrow record batches with the lineage
+//! of every row — and resumes exactly from a [`SourceState`].
 //!
 //! Decode and transform work runs on a bounded rayon pool ([`CpuPool`]); stages are connected
-//! by queues bounded in bytes; row order is preserved.
+//! by queues bounded in bytes; row order is preserved. Modules are layered (plain data, state,
+//! config, runtime plumbing, stages, sources, the executor: `docs/architecture.md`), and the
+//! heavy components are cargo features (`kafka`, `s3`, `gcs`, `azure`, `http`, `image`).
 
 pub mod batch;
 pub mod collective;

@@ -1,8 +1,9 @@
 //! # sluice-sinks
 //!
-//! Where Sluice batches go: Parquet files (zstd, atomic), Arrow IPC files (zstd, atomic) and
-//! the `null` sink (counts, for benchmarks) and Kafka topics (Arrow IPC or JSON messages).
-//! Later: the tensor loader.
+//! Where Sluice batches go: Parquet files (zstd, atomic), Arrow IPC files (zstd, atomic), the
+//! `null` sink (counts, for benchmarks) and Kafka topics (Arrow IPC or JSON messages; cargo
+//! feature `kafka`) — and, with the `torch` feature, the tensor loader (`tensor`), which turns
+//! a batch stream into prefetched tch tensors.
 //!
 //! A sink is built from its [`SinkConfig`] once the pipeline's output schema is known, takes
 //! batches through [`Sink::write`], and either [`Sink::finish`]es (output becomes visible under

@@ -207,6 +207,8 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log file or a CI log gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     if let Err(e) = signals::configure_from_env() {
         eprintln!("error: {e}");

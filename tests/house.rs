@@ -7,8 +7,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+
+use common::{files_under, repo};
 
 /// Each crate's layers, bottom first. A module may import from its own layer and the ones
 /// below. A module is placed by its longest listed prefix (`stage` places `stage::image`).
@@ -72,41 +75,32 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     ),
 ];
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Every `.rs` file under `dir`, with its module path (`state::position`; `crate` for the
-/// crate root).
-fn modules(dir: &Path) -> BTreeMap<String, String> {
+/// Every `.rs` file under `dir` (a crate's sources, relative to the repository), with its
+/// module path (`state::position`; `crate` for the crate root).
+fn modules(dir: &str) -> BTreeMap<String, String> {
+    let root = repo().join(dir);
     let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let rel = path.strip_prefix(dir).unwrap().with_extension("");
-                let mut parts: Vec<String> = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                if matches!(
-                    parts.last().map(String::as_str),
-                    Some("mod" | "lib" | "main")
-                ) {
-                    parts.pop();
-                }
-                let name = if parts.is_empty() {
-                    "crate".to_string()
-                } else {
-                    parts.join("::")
-                };
-                out.insert(name, std::fs::read_to_string(&path).unwrap());
-            }
+    for file in files_under(&root) {
+        let Some(rel) = file.strip_suffix(".rs") else {
+            continue;
+        };
+        let mut parts: Vec<&str> = rel.split(std::path::MAIN_SEPARATOR).collect();
+        if matches!(parts.last(), Some(&("mod" | "lib" | "main"))) {
+            parts.pop();
         }
+        let name = if parts.is_empty() {
+            "crate".to_string()
+        } else {
+            parts.join("::")
+        };
+        out.insert(name, std::fs::read_to_string(root.join(&file)).unwrap());
     }
+    // An empty listing (a moved crate) would pass every check below without reading anything.
+    assert!(
+        out.len() > 3,
+        "{dir}: only {} source files found",
+        out.len()
+    );
     out
 }
 
@@ -193,7 +187,7 @@ fn is_test_module(module: &str) -> bool {
 fn every_import_points_down_the_layers() {
     let mut problems = Vec::new();
     for (dir, layers) in LAYERS {
-        let mods = modules(&root().join(dir));
+        let mods = modules(dir);
         let names: BTreeSet<String> = mods.keys().cloned().collect();
         for (module, text) in &mods {
             if module == "crate" || is_test_module(module) {
@@ -316,7 +310,7 @@ fn code_of(line: &str) -> String {
 fn files_and_functions_stay_readable() {
     let mut problems = Vec::new();
     for (dir, _) in LAYERS {
-        for (module, text) in modules(&root().join(dir)) {
+        for (module, text) in modules(dir) {
             if is_test_module(&module) {
                 continue;
             }

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{Field, Schema, SchemaRef};
+use arrow::datatypes::{Schema, SchemaRef};
 
-use super::{Build, BuildStage, BuiltStage, column_index, kernels};
+use super::{Build, BuildStage, BuiltStage, column_index, kernels, owned_fields};
 use crate::config::{CastConfig, RenameConfig, SelectConfig};
 use crate::error::Result;
 
@@ -36,12 +36,7 @@ impl BuildStage for SelectConfig {
 
 impl BuildStage for RenameConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
-        let mut fields: Vec<Field> = b
-            .input
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
+        let mut fields = owned_fields(b.input);
         for (old, new) in &self.columns {
             let i = column_index(b.stage, b.input, old)?;
             fields[i] = fields[i].clone().with_name(new);
@@ -69,12 +64,7 @@ impl BuildStage for RenameConfig {
 impl BuildStage for CastConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let mut targets = Vec::new();
-        let mut fields: Vec<Field> = b
-            .input
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
+        let mut fields = owned_fields(b.input);
         for (name, ty) in &self.columns {
             let i = column_index(b.stage, b.input, name)?;
             let from = b.input.field(i).data_type();

@@ -43,7 +43,7 @@ pub fn rgb_to_chw(
 }
 
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 
@@ -86,6 +86,11 @@ pub(crate) fn seeded_rng(seed: u64, domain: u64, epoch: u64, extra: u64) -> ChaC
 
 /// Statistics computed for a `standardize` stage without given `mean`/`std`, per column.
 pub(crate) type ComputedStats = Vec<(String, ColumnStats)>;
+
+/// A schema's fields as owned values, for a stage to change some and build its output schema.
+pub(crate) fn owned_fields(schema: &Schema) -> Vec<Field> {
+    schema.fields().iter().map(|f| f.as_ref().clone()).collect()
+}
 
 pub(crate) fn column_index(stage: &StageRef, schema: &Schema, name: &str) -> Result<usize> {
     schema.index_of(name).map_err(|_| Error::Stage {

@@ -117,7 +117,7 @@ pub(crate) fn build(
         DataType::FixedSizeList(_, n) => DataType::FixedSizeList(mask_field(), *n),
         _ => DataType::List(mask_field()),
     };
-    let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut fields = crate::stage::owned_fields(input);
     let mut added = vec![(mask_name, mask_type)];
     if let Some(l) = &c.labels_column {
         // The labels are ids like the column's: the same list type.

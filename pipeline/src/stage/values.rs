@@ -8,6 +8,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use super::{
     Build, BuildStage, BuiltStage, ColumnStats, column_index, expr, kernels, literal_array,
+    owned_fields,
 };
 use crate::config::{
     ClipConfig, FillNullConfig, FilterConfig, Literal, OneHotConfig, StandardizeConfig,
@@ -30,12 +31,7 @@ impl BuildStage for FilterConfig {
 impl BuildStage for FillNullConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let mut fills = Vec::new();
-        let mut fields: Vec<Field> = b
-            .input
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
+        let mut fields = owned_fields(b.input);
         for (name, value) in &self.columns {
             let i = column_index(b.stage, b.input, name)?;
             let ty = b.input.field(i).data_type();
@@ -60,12 +56,7 @@ impl BuildStage for StandardizeConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let stage = b.stage;
         let mut cols = Vec::new();
-        let mut fields: Vec<Field> = b
-            .input
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
+        let mut fields = owned_fields(b.input);
         let given = match (self.mean, self.std) {
             (Some(m), Some(s)) => {
                 if !(s > 0.0 && s.is_finite() && m.is_finite()) {
@@ -157,12 +148,7 @@ impl BuildStage for OneHotConfig {
             Arc::new(Field::new_list_field(DataType::Float32, false)),
             self.num_classes as i32,
         );
-        let mut fields: Vec<Field> = b
-            .input
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
+        let mut fields = owned_fields(b.input);
         let out_index = if out_name == self.column {
             fields[i] = Field::new(&out_name, out_type, false);
             i

@@ -460,7 +460,7 @@ fn output_schema(
         Arc::new(Field::new_list_field(DataType::Float32, false)),
         (ch * out_hw[0] * out_hw[1]) as i32,
     );
-    let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut fields = crate::stage::owned_fields(input);
     let (output, replace) = if out_name == c.column {
         fields[i] = Field::new(&out_name, out_type, false);
         (i, true)

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Schema};
 
 /// `schema` with each of `columns` typed `BinaryView`: the schema of what [`views`] returns,
 /// and what the plan gives the stages after a shuffle that emits views.
 pub(crate) fn view_schema(schema: &Schema, columns: &[usize]) -> Schema {
-    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut fields = crate::stage::owned_fields(schema);
     for &i in columns {
         fields[i] = fields[i].clone().with_data_type(DataType::BinaryView);
     }

@@ -51,8 +51,8 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "sinks/src",
         &[
-            &["config", "guard", "null", "tensor::blob", "tensor::convert"],
-            &["file"],
+            &["config", "lease", "null", "tensor::blob", "tensor::convert"],
+            &["file", "guard"],
             &["ipc", "kafka", "parquet_sink", "tensor"],
         ],
     ),

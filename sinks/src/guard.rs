@@ -13,9 +13,11 @@ use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use object_store::path::Path as ObjectPath;
 use sluice_pipeline::config::SourceConfig;
 use sluice_pipeline::storage::{ObjectLocation, local_file, resolve, spec_names};
 
+use crate::lease::{LEASE, Lease};
 use crate::{Error, Result, SinkConfig};
 
 /// Where a sink writes, as far as its source could read it.
@@ -207,18 +209,84 @@ pub(crate) fn check_parts_dir(dir: &ObjectLocation) -> Result<()> {
 /// Local disk: an advisory lock (`flock`) on `.sluice.lock` in the parts directory, or
 /// `.<name>.sluice.lock` beside a single file. The kernel drops it when the process ends,
 /// however it ends, so a crashed run never leaves a stale lock. The file is removed when the
-/// sink is done. Object stores have no locks: there, concurrent runs must not share an
-/// output (documented).
+/// sink is done. Object stores: a lease object of the same name, written with conditional
+/// puts ([`crate::lease`]); a killed run's lease lapses after [`crate::lease::LEASE`].
 #[derive(Debug)]
-pub(crate) struct OutputLock {
+pub(crate) enum OutputLock {
+    Local(LocalLock),
+    Remote(Lease),
+}
+
+impl OutputLock {
+    /// Claims `target` (a file, or with `parts` a directory); `None` on a store without
+    /// conditional writes. Under a local claim, staging files an earlier killed run left for
+    /// this output are removed.
+    pub(crate) async fn acquire(
+        target: &ObjectLocation,
+        parts: bool,
+    ) -> Result<Option<OutputLock>> {
+        if local_file(target).is_some() {
+            return Ok(LocalLock::acquire(target, parts)?.map(OutputLock::Local));
+        }
+        let lock = lock_name(&target.path, parts);
+        let lease = Lease::acquire(target.store.clone(), lock, target.url.as_ref(), LEASE).await?;
+        Ok(lease.map(OutputLock::Remote))
+    }
+
+    /// Succeeds while the claim is held; called before output is made visible.
+    pub(crate) async fn ensure(&self) -> Result<()> {
+        match self {
+            OutputLock::Local(_) => Ok(()),
+            OutputLock::Remote(lease) => lease.ensure().await,
+        }
+    }
+
+    /// Gives the claim up.
+    pub(crate) async fn release(self) {
+        match self {
+            OutputLock::Local(lock) => drop(lock),
+            OutputLock::Remote(lease) => lease.release().await,
+        }
+    }
+}
+
+/// Checks `lock` (if any) before output becomes visible.
+pub(crate) async fn ensure(lock: &Option<OutputLock>) -> Result<()> {
+    match lock {
+        Some(l) => l.ensure().await,
+        None => Ok(()),
+    }
+}
+
+/// Releases `lock` (if any).
+pub(crate) async fn release(lock: Option<OutputLock>) {
+    if let Some(l) = lock {
+        l.release().await;
+    }
+}
+
+/// The lock object of an output in a store: `<dir>/.sluice.lock` for parts, or
+/// `.<name>.sluice.lock` beside one file.
+fn lock_name(target: &ObjectPath, parts: bool) -> ObjectPath {
+    let mut segments: Vec<String> = target.parts().map(|p| p.as_ref().to_string()).collect();
+    if parts {
+        segments.push(".sluice.lock".into());
+    } else if let Some(name) = segments.pop() {
+        segments.push(format!(".{name}.sluice.lock"));
+    }
+    ObjectPath::from_iter(segments)
+}
+
+/// The local-disk claim: an advisory lock on a lock file.
+#[derive(Debug)]
+pub(crate) struct LocalLock {
     path: PathBuf,
     _file: File,
 }
 
-impl OutputLock {
-    /// Claims `target` (a file, or with `parts` a directory); `None` off local disk. Under
-    /// the claim, staging files an earlier killed run left for this output are removed.
-    pub(crate) fn acquire(target: &ObjectLocation, parts: bool) -> Result<Option<OutputLock>> {
+impl LocalLock {
+    /// Claims local `target` (a file, or with `parts` a directory).
+    fn acquire(target: &ObjectLocation, parts: bool) -> Result<Option<LocalLock>> {
         let Some(path) = local_file(target) else {
             return Ok(None);
         };
@@ -284,14 +352,14 @@ impl OutputLock {
             )
         });
         remove_staged(&dir, staged_prefix.as_deref());
-        Ok(Some(OutputLock {
+        Ok(Some(LocalLock {
             path: lock_path,
             _file: file,
         }))
     }
 }
 
-impl Drop for OutputLock {
+impl Drop for LocalLock {
     fn drop(&mut self) {
         // Removed while still held; the lock itself goes with the file handle.
         let _ = std::fs::remove_file(&self.path);

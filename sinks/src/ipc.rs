@@ -7,7 +7,7 @@ use sluice_pipeline::{Batch, CpuPool};
 
 use crate::config::{ArrowIpcSinkConfig, IpcCompression};
 use crate::file::{SharedBuf, Upload};
-use crate::guard::{OutputLock, check_replaceable};
+use crate::guard::{self, OutputLock, check_replaceable};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
 
 pub(crate) struct IpcSink {
@@ -18,7 +18,7 @@ pub(crate) struct IpcSink {
     rows: u64,
     batches: u64,
     /// This run's claim on the output, held until the sink is done.
-    _lock: Option<OutputLock>,
+    lock: Option<OutputLock>,
 }
 
 impl IpcSink {
@@ -30,19 +30,33 @@ impl IpcSink {
         };
         let target = sluice_pipeline::storage::resolve(&c.path, &cx.base_dir, &c.storage)?;
         check_replaceable(&target)?;
-        let lock = OutputLock::acquire(&target, false)?;
-        let upload = Upload::start(&c.path, c.overwrite, &c.storage, cx).await?;
+        let lock = OutputLock::acquire(&target, false).await?;
+        // A sink that cannot start gives its claim back at once: a retry must not wait out
+        // a lease.
+        let upload = match Upload::start(&c.path, c.overwrite, &c.storage, cx).await {
+            Ok(u) => u,
+            Err(e) => {
+                guard::release(lock).await;
+                return Err(e);
+            }
+        };
         let url = upload.location.url.to_string();
         let enc = |e: arrow::error::ArrowError| Error::Encode {
             url: url.clone(),
             message: e.to_string(),
         };
-        let options = IpcWriteOptions::default()
-            .try_with_compression(compression)
-            .map_err(enc)?;
         let buf = SharedBuf::default();
-        let writer =
-            FileWriter::try_new_with_options(buf.clone(), &cx.schema, options).map_err(enc)?;
+        let writer = IpcWriteOptions::default()
+            .try_with_compression(compression)
+            .and_then(|options| FileWriter::try_new_with_options(buf.clone(), &cx.schema, options));
+        let writer = match writer {
+            Ok(w) => w,
+            Err(e) => {
+                upload.abort().await;
+                guard::release(lock).await;
+                return Err(enc(e));
+            }
+        };
         Ok(IpcSink {
             writer: Some(writer),
             buf,
@@ -50,7 +64,7 @@ impl IpcSink {
             pool: cx.pool.clone(),
             rows: 0,
             batches: 0,
-            _lock: lock,
+            lock,
         })
     }
 
@@ -88,22 +102,29 @@ impl Sink for IpcSink {
 
     async fn finish(mut self: Box<Self>) -> Result<SinkReport> {
         let Some(mut writer) = self.writer.take() else {
-            self.upload.abort().await;
+            self.abort().await;
             return Err(Error::Internal("IPC writer used after an error".into()));
         };
         if let Err(e) = writer.finish() {
             let err = self.encode_err(e);
-            self.upload.abort().await;
+            self.abort().await;
             return Err(err);
         }
         let bytes = self.buf.take();
         let this = *self;
         let mut upload = this.upload;
-        if let Err(e) = upload.put(bytes).await {
+        let put = match upload.put(bytes).await {
+            Ok(()) => guard::ensure(&this.lock).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = put {
             upload.abort().await;
+            guard::release(this.lock).await;
             return Err(e);
         }
-        let (url, written) = upload.complete().await?;
+        let done = upload.complete().await;
+        guard::release(this.lock).await;
+        let (url, written) = done?;
         Ok(SinkReport {
             rows: this.rows,
             batches: this.batches,
@@ -114,5 +135,6 @@ impl Sink for IpcSink {
 
     async fn abort(self: Box<Self>) {
         self.upload.abort().await;
+        guard::release(self.lock).await;
     }
 }

@@ -15,6 +15,7 @@ pub mod guard;
 mod ipc;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod lease;
 mod null;
 mod parquet_sink;
 #[cfg(feature = "torch")]

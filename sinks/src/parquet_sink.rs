@@ -13,7 +13,7 @@ use sluice_pipeline::{Batch, CpuPool};
 
 use crate::config::{ParquetCompression, ParquetSinkConfig};
 use crate::file::{SharedBuf, Upload};
-use crate::guard::{OutputLock, check_parts_dir, check_replaceable};
+use crate::guard::{self, OutputLock, check_parts_dir, check_replaceable};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
 
 /// One file being written.
@@ -89,7 +89,7 @@ pub(crate) struct ParquetSink {
     bytes: u64,
     files: u64,
     /// This run's claim on the output, held until the sink is done.
-    _lock: Option<OutputLock>,
+    lock: Option<OutputLock>,
 }
 
 /// Name of part `n` under `dir`.
@@ -170,15 +170,27 @@ impl ParquetSink {
             batches: 0,
             bytes: 0,
             files: 0,
-            _lock: None,
+            lock: None,
         };
+        // A sink that cannot start gives its claim back at once: a retry must not wait out
+        // a lease.
+        if let Err(e) = sink.open(c, cx).await {
+            guard::release(sink.lock.take()).await;
+            return Err(e);
+        }
+        Ok(sink)
+    }
+
+    /// Claims the output and prepares it: the one file started, or the parts directory
+    /// cleared from where this run writes.
+    async fn open(&mut self, c: &ParquetSinkConfig, cx: &SinkContext) -> Result<()> {
         match c.max_rows_per_file {
             None => {
                 let target = resolve(&c.path, &cx.base_dir, &c.storage)?;
                 check_replaceable(&target)?;
-                sink._lock = OutputLock::acquire(&target, false)?;
+                self.lock = OutputLock::acquire(&target, false).await?;
                 // One file: started now, so a location problem shows before any data is read.
-                sink.current = Some(sink.start(&c.path, c.overwrite).await?);
+                self.current = Some(self.start(&c.path, c.overwrite).await?);
             }
             Some(0) => {
                 return Err(Error::Encode {
@@ -191,7 +203,7 @@ impl ParquetSink {
                 let target = resolve(&dir, &cx.base_dir, &c.storage)?;
                 check_parts_dir(&target)?;
                 // Claimed before anything in it is listed or deleted.
-                sink._lock = OutputLock::acquire(&target, true)?;
+                self.lock = OutputLock::acquire(&target, true).await?;
                 let existing = existing_parts(&dir, c, cx).await?;
                 for (_, loc) in &existing {
                     check_replaceable(loc)?;
@@ -231,10 +243,10 @@ impl ParquetSink {
                             })?;
                     }
                 }
-                sink.parts = Some((dir, next));
+                self.parts = Some((dir, next));
             }
         }
-        Ok(sink)
+        Ok(())
     }
 
     fn start(
@@ -255,6 +267,10 @@ impl ParquetSink {
         let Some(part) = self.current.take() else {
             return Ok(None);
         };
+        if let Err(e) = guard::ensure(&self.lock).await {
+            part.upload.abort().await;
+            return Err(e);
+        }
         let pool = self.cx.pool.clone();
         let (url, bytes) = part.complete(&pool).await?;
         self.bytes += bytes;
@@ -332,7 +348,9 @@ impl Sink for ParquetSink {
     }
 
     async fn finish(mut self: Box<Self>) -> Result<SinkReport> {
-        let url = self.complete_current().await?;
+        let url = self.complete_current().await;
+        guard::release(self.lock.take()).await;
+        let url = url?;
         let location = match &self.parts {
             Some((dir, _)) => Some(format!("{dir}/ ({} part files)", self.files)),
             None => url,
@@ -349,5 +367,6 @@ impl Sink for ParquetSink {
         if let Some(part) = self.current.take() {
             part.upload.abort().await;
         }
+        guard::release(self.lock.take()).await;
     }
 }

@@ -204,6 +204,37 @@ fn encrypted_parquet_is_named_as_such() {
     assert!(err.contains(expected), "{err}");
 }
 
+/// Encrypted columns under a plaintext footer (the file ends in `PAR1` and its footer decodes):
+/// named as encrypted before any page is read, not a decode error from ciphertext.
+#[test]
+fn encrypted_columns_under_a_plaintext_footer_are_named_as_encrypted() {
+    use parquet::encryption::encrypt::FileEncryptionProperties;
+    let t = tempfile::tempdir().unwrap();
+    let batches = read_parquet(&digits());
+    let encryption = FileEncryptionProperties::builder(b"0123456789012345".to_vec())
+        .with_plaintext_footer(true)
+        .build()
+        .unwrap();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .with_file_encryption_properties(encryption)
+        .build();
+    let file = std::fs::File::create(t.path().join("e.parquet")).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(file, batches[0].schema(), Some(props)).unwrap();
+    for b in &batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+    let bytes = std::fs::read(t.path().join("e.parquet")).unwrap();
+    assert_eq!(&bytes[bytes.len() - 4..], b"PAR1", "not a plaintext footer");
+    let expected = "e.parquet: encrypted Parquet (Parquet modular encryption) is not supported; decrypt it first";
+    let err = run_fails(t.path(), &source_of("e.parquet"));
+    assert!(err.contains(expected), "{err}");
+    let (code, _, err) = sluice_in(t.path(), &["inspect", "e.parquet"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(expected), "{err}");
+}
+
 /// A file that ends with Parquet's marker but whose footer does not decode is a corrupt
 /// footer, not "not Parquet": the hint follows the file's bytes, not the error's wording.
 #[test]

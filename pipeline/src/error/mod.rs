@@ -113,7 +113,8 @@ pub enum Error {
         source: parquet::errors::ParquetError,
     },
 
-    /// An encrypted Parquet file (Parquet modular encryption, encrypted footer).
+    /// An encrypted Parquet file (Parquet modular encryption: an encrypted footer, or
+    /// encrypted columns under a plaintext footer).
     #[error(
         "{url}: encrypted Parquet (Parquet modular encryption) is not supported; decrypt it first"
     )]

@@ -66,13 +66,19 @@ impl ObjectReader {
 
     /// Reads the footer. A footer that does not decode is told apart by the file's last
     /// bytes: an encrypted file (`PARE`), a file that is not Parquet or was cut short (no
-    /// `PAR1`), or a corrupt footer.
+    /// `PAR1`), or a corrupt footer. A footer that decodes but describes encrypted columns
+    /// (a plaintext footer) is refused as encrypted too.
     pub(crate) async fn metadata(
         &mut self,
         options: ArrowReaderOptions,
     ) -> crate::error::Result<ArrowReaderMetadata> {
         let loaded = ArrowReaderMetadata::load_async(self, options).await;
         match loaded {
+            // Encrypted columns under a plaintext footer: the footer decodes, the pages are
+            // ciphertext that would read as corrupt.
+            Ok(m) if encrypted_columns(&m) => Err(Error::Encrypted {
+                url: self.url.to_string(),
+            }),
             Ok(m) => Ok(m),
             Err(e) => Err(self.footer_error(e).await),
         }
@@ -127,6 +133,15 @@ impl ObjectReader {
             kind,
         }))
     }
+}
+
+/// Whether any column chunk is encrypted (Parquet modular encryption, plaintext footer).
+fn encrypted_columns(m: &ArrowReaderMetadata) -> bool {
+    m.metadata()
+        .row_groups()
+        .iter()
+        .flat_map(|rg| rg.columns())
+        .any(|c| c.crypto_metadata().is_some())
 }
 
 /// Reads `ranges` of a local file, each into a buffer of its own. `object_store`'s local

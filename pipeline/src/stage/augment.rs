@@ -152,6 +152,7 @@ trait Float: ArrowPrimitiveType {
     );
     /// `v · scale`.
     fn scaled(v: Self::Native, scale: f64) -> Self::Native;
+    fn is_nan(v: Self::Native) -> bool;
 }
 
 impl Float for Float32Type {
@@ -160,6 +161,9 @@ impl Float for Float32Type {
     }
     fn scaled(v: f32, scale: f64) -> f32 {
         v * scale as f32
+    }
+    fn is_nan(v: f32) -> bool {
+        v.is_nan()
     }
 }
 
@@ -172,6 +176,9 @@ impl Float for Float64Type {
     }
     fn scaled(v: f64, scale: f64) -> f64 {
         v * scale
+    }
+    fn is_nan(v: f64) -> bool {
+        v.is_nan()
     }
 }
 
@@ -191,8 +198,10 @@ fn augment_values<T: Float>(
             let drop = Chance::new(p);
             per_row(values, width, ids, key, move |rng, row, out, buf| {
                 for ((o, v), w) in out.iter_mut().zip(row).zip(words(rng, row.len(), buf)) {
+                    // A dropped NaN stays NaN (as PyTorch's multiply-by-mask dropout): dropout
+                    // never turns a missing value into a number.
                     let keep = T::scaled(*v, scale);
-                    *o = if drop.hit(w) {
+                    *o = if drop.hit(w) && !T::is_nan(*v) {
                         T::Native::default()
                     } else {
                         keep
@@ -444,5 +453,36 @@ mod tests {
         }
         let frac = zeros as f64 / before.len() as f64;
         assert!((frac - 0.25).abs() < 0.01, "{frac}");
+    }
+
+    /// Dropout never turns NaN into a number: a dropped NaN stays NaN (a kept one too); a
+    /// dropped ±inf becomes 0 like any dropped value, a kept one stays ±inf.
+    #[test]
+    fn dropout_keeps_nan_and_drops_inf_to_zero() {
+        let s = stage(Noise::Dropout { p: 0.5, scale: 2.0 });
+        let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0];
+        let n = 2_000;
+        let values = Float32Array::from_iter_values((0..n * 4).map(|i| special[i % 4]));
+        let input = batch(n, 0, 0);
+        let field = Arc::new(Field::new("item", DataType::Float32, true));
+        let x = FixedSizeListArray::try_new(field, 4, Arc::new(values), None).unwrap();
+        let data = RecordBatch::try_new(input.data.schema(), vec![Arc::new(x)]).unwrap();
+        let after = flat(&s.apply(Batch::new(data, input.lineage.clone())).unwrap());
+        let (mut dropped_inf, mut kept_inf) = (0, 0);
+        for (i, v) in after.iter().enumerate() {
+            match i % 4 {
+                0 => assert!(v.is_nan(), "value {i}: NaN became {v}"),
+                1 | 2 if *v == 0.0 => dropped_inf += 1,
+                1 | 2 => {
+                    assert_eq!(*v, special[i % 4], "value {i}");
+                    kept_inf += 1;
+                }
+                _ => assert!(*v == 0.0 || *v == 2.0, "value {i}: {v}"),
+            }
+        }
+        assert!(
+            dropped_inf > 1_500 && kept_inf > 1_500,
+            "{dropped_inf} {kept_inf}"
+        );
     }
 }

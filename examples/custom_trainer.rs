@@ -13,8 +13,8 @@
 #![allow(clippy::print_stdout)]
 
 use futures::StreamExt;
+use sluice::loader::{LoaderConfig, TensorStream};
 use sluice::pipeline::Pipeline;
-use sluice::sinks::tensor::{LoaderConfig, TensorStream};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 

@@ -274,7 +274,7 @@ async fn consume(
     }
     #[cfg(feature = "torch")]
     if variant != "raw" {
-        let loader: sluice::sinks::tensor::LoaderConfig = serde_json::from_value(match workload {
+        let loader: sluice::loader::LoaderConfig = serde_json::from_value(match workload {
             Workload::Images => serde_json::json!({"device": "cpu", "tensors": {
                 "x": {"column": "image", "dtype": "f32", "shape": [3, 32, 32]},
                 "y": {"column": "label", "dtype": "i64"}}}),
@@ -283,7 +283,7 @@ async fn consume(
                 "y": {"column": "label", "dtype": "i64"}}}),
         })?;
         let pool = prepared.pool().clone();
-        let mut s = sluice::sinks::tensor::TensorStream::new(prepared.stream(), pool, &loader)?;
+        let mut s = sluice::loader::TensorStream::new(prepared.stream(), pool, &loader)?;
         while let Some(b) = s.next().await {
             rows += b?.rows;
         }

@@ -4,8 +4,9 @@
 //! pieces and runs whole jobs (pipeline + sink) as the `sluice` binary does:
 //!
 //! - [`pipeline`] (`sluice-pipeline`): config model, sources, Arrow stages, the `Stream` API;
-//! - [`sinks`] (`sluice-sinks`): Parquet, Arrow IPC, Kafka and null sinks, and the tensor
-//!   loader (feature `torch`);
+//! - [`sinks`] (`sluice-sinks`): Parquet, Arrow IPC, Kafka and null sinks;
+//! - `loader` (`sluice-loader`, feature `torch`): the tensor loader, a batch stream turned
+//!   into prefetched tch tensors on the training device;
 //! - [`Job`]: a pipeline file with its `sink:`, prepared and run to completion;
 //! - `trainer` (`sluice-trainer`, feature `torch`): data-parallel training (`sluice train`);
 //! - [`observe`]: the Prometheus endpoint and the counters' time series;
@@ -19,6 +20,8 @@ pub use job::{
     CheckpointConfig, Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport, mib,
     peak_rss_bytes,
 };
+#[cfg(feature = "torch")]
+pub use sluice_loader as loader;
 pub use sluice_pipeline as pipeline;
 pub use sluice_sinks as sinks;
 #[cfg(feature = "torch")]

@@ -82,7 +82,7 @@ fn every_section_documents_every_key_of_its_struct() {
     documents::<sluice::CheckpointConfig>(section(&doc, "## `checkpoint`"), "checkpoint");
     #[cfg(feature = "torch")]
     {
-        use sluice::sinks::tensor::{LoaderConfig, TensorSpec};
+        use sluice::loader::{LoaderConfig, TensorSpec};
         use sluice::trainer::config::{
             AllReduceConfig, EvalConfig, ScheduleConfig, TrainCheckpointConfig, TrainerConfig,
         };

@@ -2,8 +2,8 @@
 //!
 //! Where Sluice batches go: Parquet files (zstd, atomic), Arrow IPC files (zstd, atomic), the
 //! `null` sink (counts, for benchmarks) and Kafka topics (Arrow IPC or JSON messages; cargo
-//! feature `kafka`) — and, with the `torch` feature, the tensor loader (`tensor`), which turns
-//! a batch stream into prefetched tch tensors.
+//! feature `kafka`). The tensor loader, which turns a batch stream into prefetched tch
+//! tensors, is the `sluice-loader` crate: this one never links libtorch.
 //!
 //! A sink is built from its [`SinkConfig`] once the pipeline's output schema is known, takes
 //! batches through [`Sink::write`], and either [`Sink::finish`]es (output becomes visible under
@@ -18,8 +18,6 @@ mod kafka;
 mod lease;
 mod null;
 mod parquet_sink;
-#[cfg(feature = "torch")]
-pub mod tensor;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;

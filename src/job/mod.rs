@@ -59,7 +59,7 @@ pub struct Job {
     pub base_dir: PathBuf,
     /// The tensor loader (`loader:`), for training and custom loops.
     #[cfg(feature = "torch")]
-    pub loader: Option<sluice_sinks::tensor::LoaderConfig>,
+    pub loader: Option<sluice_loader::LoaderConfig>,
 }
 
 impl Job {
@@ -76,7 +76,7 @@ impl Job {
         let sink = doc.component::<SinkConfig>("sink", &mut errors);
         let checkpoint = doc.value::<CheckpointConfig>("checkpoint", &mut errors);
         #[cfg(feature = "torch")]
-        let loader = doc.value::<sluice_sinks::tensor::LoaderConfig>("loader", &mut errors);
+        let loader = doc.value::<sluice_loader::LoaderConfig>("loader", &mut errors);
         match pipeline {
             Some(pipeline) if errors.is_empty() => Ok(Job {
                 pipeline,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
+use sluice_loader::LoaderConfig;
 use sluice_pipeline::config::{ConfigDocument, SourceConfig, StageConfig};
 use sluice_pipeline::{ConfigErrors, PipelineConfig};
-use sluice_sinks::tensor::LoaderConfig;
 
 use crate::TrainError;
 use crate::config::TrainerConfig;

@@ -43,7 +43,7 @@ pub enum TrainError {
     Pipeline(#[from] sluice_pipeline::Error),
     /// Converting batches to tensors failed.
     #[error(transparent)]
-    Loader(#[from] sluice_sinks::tensor::ConvertError),
+    Loader(#[from] sluice_loader::ConvertError),
     /// A collective operation failed (another rank failed, or the backend did).
     #[error(transparent)]
     Collective(#[from] sluice_pipeline::collective::CollectiveError),

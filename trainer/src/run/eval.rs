@@ -2,9 +2,9 @@
 //! training stages it runs (the deterministic ones).
 
 use futures::StreamExt;
+use sluice_loader::TensorStream;
 use sluice_pipeline::Pipeline;
 use sluice_pipeline::config::{ImageOp, Located, OneOrMany, SourceConfig, StageConfig};
-use sluice_sinks::tensor::TensorStream;
 use tch::{Kind, Reduction};
 
 use super::Ctx;

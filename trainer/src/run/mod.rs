@@ -22,11 +22,11 @@ use std::io::BufWriter;
 use std::sync::Arc;
 use std::time::Instant;
 
+use sluice_loader::{TensorBatch, TensorStream, parse_device};
 use sluice_pipeline::collective::{Collective, CollectiveError, LocalCollective};
 use sluice_pipeline::config::{Located, StageConfig};
 use sluice_pipeline::storage::ObjectLocation;
 use sluice_pipeline::{Acknowledger, PipelineMetrics, SourceState};
-use sluice_sinks::tensor::{TensorBatch, TensorStream, parse_device};
 use tch::nn::{Module, VarStore};
 use tokio::runtime::Handle;
 

@@ -6,10 +6,10 @@ use std::io::BufWriter;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
+use sluice_loader::{LoaderStats, TensorBatch, TensorStream};
 use sluice_pipeline::collective::Collective;
 use sluice_pipeline::config::{Located, SourceConfig, StageConfig};
 use sluice_pipeline::{Acknowledger, Pipeline, PipelineConfig, PipelineMetrics};
-use sluice_sinks::tensor::{LoaderStats, TensorBatch, TensorStream};
 use tch::nn::VarStore;
 use tokio::runtime::Handle;
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde::Serialize;
+use sluice_loader::TensorBatch;
 use sluice_pipeline::collective::Collective;
-use sluice_sinks::tensor::TensorBatch;
 use tch::Reduction;
 
 use super::checkpoint::checkpoint_step;

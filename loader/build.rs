@@ -1,18 +1,14 @@
-//! With the `torch` feature: compiles the small C++ shim `src/tensor/blob.cpp` (a tensor
+//! Compiles the small C++ shim `src/blob.cpp` (a tensor
 //! over an Arrow buffer, with a deleter) against libtorch's headers, and adds an rpath to
 //! libtorch in this package's test and example binaries so they run without
 //! `LD_LIBRARY_PATH` (torch-sys tells its direct dependents where it linked libtorch from).
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
-    println!("cargo:rerun-if-changed=src/tensor/blob.cpp");
-    #[cfg(feature = "torch")]
+    println!("cargo:rerun-if-changed=src/blob.cpp");
     torch();
 }
 
-/// `cc` is a build dependency only with `torch`, so this must not be compiled without it
-/// (`cargo build --no-default-features`).
-#[cfg(feature = "torch")]
 fn torch() {
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
@@ -21,7 +17,7 @@ fn torch() {
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
     cc::Build::new()
         .cpp(true)
-        .file("src/tensor/blob.cpp")
+        .file("src/blob.cpp")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")
@@ -34,7 +30,6 @@ fn torch() {
 /// `LIBTORCH` when set (torch-sys reads them too), else next to the library directory
 /// torch-sys linked (`DEP_TCH_LIBTORCH_LIB`: a libtorch download, or a pip-installed torch
 /// under `LIBTORCH_USE_PYTORCH=1` — both keep `include/` beside `lib/`).
-#[cfg(feature = "torch")]
 fn libtorch_root() -> std::path::PathBuf {
     println!("cargo:rerun-if-env-changed=LIBTORCH_INCLUDE");
     if let Some(dir) = std::env::var_os("LIBTORCH_INCLUDE").or_else(|| std::env::var_os("LIBTORCH"))

@@ -1,6 +1,5 @@
 //! The tensor loader against real libtorch: every supported Arrow type and shape, nulls,
 //! errors, prefetch and the data-stall measurement.
-#![cfg(feature = "torch")]
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -13,10 +12,10 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Int64Type};
 use futures::StreamExt;
-use sluice_pipeline::{Batch, CpuPool, Lineage, Name, Origin, Pipeline, SourceState};
-use sluice_sinks::tensor::{
+use sluice_loader::{
     ConvertError, DType, LoaderConfig, NullPolicy, TensorSpec, TensorStream, batch_to_tensors,
 };
+use sluice_pipeline::{Batch, CpuPool, Lineage, Name, Origin, Pipeline, SourceState};
 use tch::{Device, Kind, Tensor};
 
 fn batch(columns: Vec<(&str, ArrayRef)>) -> Batch {
@@ -402,7 +401,7 @@ fn zero_copy_shares_the_arrow_buffer_and_keeps_it_alive() {
 
 #[test]
 fn devices_parse_and_a_bad_one_says_what_is_accepted() {
-    use sluice_sinks::tensor::parse_device;
+    use sluice_loader::parse_device;
     assert_eq!(parse_device("cpu").unwrap(), Device::Cpu);
     assert_eq!(parse_device("cuda").unwrap(), Device::Cuda(0));
     assert_eq!(parse_device("cuda:1").unwrap(), Device::Cuda(1));

@@ -1,3 +1,5 @@
+//! # sluice-loader
+//!
 //! The tensor loader: Arrow batches → named tch tensors on the training device, prepared
 //! `prefetch` batches ahead while the training step runs.
 //!

@@ -39,7 +39,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["config", "storage"],
             // Runtime plumbing: CPU pool, byte-bounded channels, recycling, metrics, dead
             // letters.
-            &["runtime", "dead_letter"],
+            &["runtime", "dead_letter", "checkpoint"],
             // Stages.
             &["stage"],
             // Sources, and inspecting what they would read.

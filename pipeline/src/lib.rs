@@ -13,6 +13,7 @@
 //! heavy components are cargo features (`kafka`, `s3`, `gcs`, `azure`, `http`, `image`).
 
 pub mod batch;
+pub mod checkpoint;
 pub mod collective;
 pub mod config;
 mod dead_letter;

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use object_store::{ObjectStoreExt, PutPayload};
 use serde::Deserialize;
+use sluice_pipeline::checkpoint::{CheckpointFile, CheckpointFileError, Pending};
 use sluice_pipeline::config::HumanDuration;
-use sluice_pipeline::storage::{ObjectLocation, StorageConfig, resolve};
+use sluice_pipeline::storage::{StorageConfig, resolve};
 use sluice_pipeline::{Acknowledger, SourceState};
 use sluice_sinks::{Sink, SinkConfig};
 
@@ -53,7 +53,7 @@ pub struct Checkpoint {
 }
 
 pub(super) struct CheckpointWriter {
-    pub(super) location: ObjectLocation,
+    pub(super) file: CheckpointFile,
     pub(super) interval: Duration,
     pub(super) every_batches: Option<u64>,
     pub(super) rows_before: u64,
@@ -62,24 +62,16 @@ pub(super) struct CheckpointWriter {
 impl CheckpointWriter {
     pub(super) async fn write(&self, cp: &Checkpoint) -> Result<(), JobError> {
         let body = serde_json::to_vec_pretty(cp).map_err(|e| JobError::Checkpoint {
-            url: self.location.url.to_string(),
+            url: self.file.url(),
             message: e.to_string(),
         })?;
-        self.location
-            .store
-            .put(&self.location.path, PutPayload::from(body))
-            .await
-            .map_err(|e| JobError::Checkpoint {
-                url: self.location.url.to_string(),
-                message: format!("cannot write it: {e}"),
-            })?;
-        Ok(())
+        Ok(self.file.write(body).await?)
     }
 }
 
 impl std::fmt::Debug for CheckpointWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CheckpointWriter({})", self.location.url)
+        write!(f, "CheckpointWriter({})", self.file.url())
     }
 }
 
@@ -125,59 +117,36 @@ impl Job {
         let location = resolve(&c.path, &self.base_dir, &c.storage)?;
         sluice_sinks::guard::check_replaceable(&location)?;
         let url = location.url.to_string();
+        let file = CheckpointFile::new(location);
         let mut rows_before = 0;
-        match location.store.get(&location.path).await {
-            Ok(got) => {
-                if !resume {
-                    return Err(JobError::Checkpoint {
-                        url,
-                        message: "exists from an earlier run: pass --resume to continue from it, or delete it to start over".into(),
-                    });
-                }
-                let bytes = got.bytes().await.map_err(|e| JobError::Checkpoint {
+        if let Some(bytes) = file
+            .read_at_start(resume, "starting from the beginning")
+            .await?
+        {
+            let cp: Checkpoint =
+                serde_json::from_slice(&bytes).map_err(|e| JobError::Checkpoint {
                     url: url.clone(),
-                    message: format!("cannot read it: {e}"),
+                    message: format!("is not a Sluice checkpoint ({e}); delete it to start over"),
                 })?;
-                let cp: Checkpoint =
-                    serde_json::from_slice(&bytes).map_err(|e| JobError::Checkpoint {
-                        url: url.clone(),
-                        message: format!(
-                            "is not a Sluice checkpoint ({e}); delete it to start over"
-                        ),
-                    })?;
-                let already_complete = cp.complete && self.nothing_after(&cp.source);
-                resumed = Some(Resumed {
-                    checkpoint: url.clone(),
-                    rows_before: cp.rows_written,
-                    rows_reread: 0,
-                    already_complete,
-                });
-                rows_before = cp.rows_written;
-                if already_complete {
-                    tracing::info!(%url, rows = cp.rows_written, "the checkpoint records a finished run");
-                } else {
-                    tracing::info!(%url, rows = cp.rows_written, "resuming from checkpoint");
-                    resume_from = Some(cp.source.clone());
-                    sink_resume = cp.sink.clone();
-                }
-            }
-            Err(object_store::Error::NotFound { .. }) => {
-                if resume {
-                    tracing::warn!(
-                        "--resume: no checkpoint at {url} yet: starting from the beginning"
-                    );
-                }
-            }
-            Err(e) => {
-                return Err(JobError::Checkpoint {
-                    url,
-                    message: format!("cannot read it: {e}"),
-                });
+            let already_complete = cp.complete && self.nothing_after(&cp.source);
+            resumed = Some(Resumed {
+                checkpoint: url.clone(),
+                rows_before: cp.rows_written,
+                rows_reread: 0,
+                already_complete,
+            });
+            rows_before = cp.rows_written;
+            if already_complete {
+                tracing::info!(%url, rows = cp.rows_written, "the checkpoint records a finished run");
+            } else {
+                tracing::info!(%url, rows = cp.rows_written, "resuming from checkpoint");
+                resume_from = Some(cp.source.clone());
+                sink_resume = cp.sink.clone();
             }
         }
         Ok(OpenedCheckpoint {
             writer: CheckpointWriter {
-                location,
+                file,
                 interval: c.interval.0,
                 every_batches: c.every_batches,
                 rows_before,
@@ -189,8 +158,9 @@ impl Job {
     }
 }
 
-/// Makes what was written durable, records it in the checkpoint, then lets source offsets
-/// advance (in that order: a Kafka offset is stored only once a checkpoint covers it).
+/// The checkpoint protocol (`sluice_pipeline::checkpoint`): makes what was written durable,
+/// records it in the checkpoint, then lets source offsets advance (in that order: a Kafka
+/// offset is stored only once a checkpoint covers it).
 pub(super) async fn commit(
     sink: &mut dyn Sink,
     acker: &Acknowledger,
@@ -201,17 +171,26 @@ pub(super) async fn commit(
     if !sink.flush().await? {
         return Ok(());
     }
-    let source = acker.state();
+    let pending = Pending::observed(acker);
     if let Some(cp) = checkpoint {
         cp.write(&Checkpoint {
             version: 1,
-            source: source.clone(),
+            source: pending.state().clone(),
             sink: sink.state(),
             rows_written: cp.rows_before + rows,
             complete: false,
         })
         .await?;
     }
-    acker.store(&source, final_commit);
+    pending.acknowledge(final_commit);
     Ok(())
+}
+
+impl From<CheckpointFileError> for JobError {
+    fn from(e: CheckpointFileError) -> JobError {
+        JobError::Checkpoint {
+            url: e.url,
+            message: e.message,
+        }
+    }
 }

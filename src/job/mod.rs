@@ -18,6 +18,7 @@ use sluice_sinks::{Sink, SinkConfig, SinkContext, SinkReport};
 
 pub use checkpoint::{Checkpoint, CheckpointConfig};
 use checkpoint::{CheckpointWriter, commit};
+use sluice_pipeline::checkpoint::Pending;
 
 /// Why a job failed.
 #[derive(Debug, thiserror::Error)]
@@ -149,7 +150,7 @@ impl Job {
             Err(sluice_pipeline::Error::Resume(message)) if checkpoint.is_some() => {
                 let url = checkpoint
                     .as_ref()
-                    .map(|c| c.location.url.to_string())
+                    .map(|c| c.file.url())
                     .unwrap_or_default();
                 return Err(JobError::Checkpoint {
                     url,
@@ -487,7 +488,7 @@ async fn stop_interrupted(
         if let Err(e) = saved {
             return e;
         }
-        return JobError::InterruptedAtCheckpoint(cp.location.url.to_string());
+        return JobError::InterruptedAtCheckpoint(cp.file.url());
     }
     sink.abort().await;
     JobError::Interrupted
@@ -509,18 +510,18 @@ async fn finish_sink(
     }
     let state = sink.state();
     let report = sink.finish().await?;
-    let source = acker.state();
+    let pending = Pending::observed(acker);
     if let Some(cp) = checkpoint {
         cp.write(&Checkpoint {
             version: 1,
-            source: source.clone(),
+            source: pending.state().clone(),
             sink: state,
             rows_written: cp.rows_before + rows,
             complete: true,
         })
         .await?;
     }
-    acker.store(&source, true);
+    pending.acknowledge(true);
     Ok(report)
 }
 

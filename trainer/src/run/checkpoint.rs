@@ -1,8 +1,9 @@
 //! Writing a checkpoint: every rank's pipeline position gathered, rank 0 writes them with the
-//! model and optimizer state, every rank learns whether it is durable, and then acknowledges.
+//! model and optimizer state, every rank learns whether it is durable, and then acknowledges
+//! (the protocol `sluice run` shares: `sluice_pipeline::checkpoint`).
 
-use object_store::{ObjectStoreExt, PutPayload};
 use sluice_pipeline::SourceState;
+use sluice_pipeline::checkpoint::{CheckpointFile, Pending};
 
 use super::{Ctx, Run};
 use crate::TrainError;
@@ -16,7 +17,7 @@ impl Ctx<'_> {
     pub(super) fn checkpoint(
         &mut self,
         trainer: &mut Trainer,
-        location: &Option<sluice_pipeline::storage::ObjectLocation>,
+        location: &Option<CheckpointFile>,
         state: &SourceState,
         rows_trained: u64,
         complete: bool,
@@ -51,7 +52,7 @@ impl Ctx<'_> {
     fn write_checkpoint(
         &self,
         trainer: &Trainer,
-        loc: &sluice_pipeline::storage::ObjectLocation,
+        file: &CheckpointFile,
         states: &[Vec<u8>],
         rows_trained: u64,
         complete: bool,
@@ -72,9 +73,9 @@ impl Ctx<'_> {
         };
         let bytes = encode(&meta, &trainer.state_tensors())?;
         self.handle
-            .block_on(loc.store.put(&loc.path, PutPayload::from(bytes)))
-            .map_err(|e| TrainError::Checkpoint(format!("{}: cannot write it: {e}", loc.url)))?;
-        tracing::info!(step = meta.step, url = %loc.url, "checkpoint written");
+            .block_on(file.write(bytes))
+            .map_err(|e| TrainError::Checkpoint(format!("{}: {}", e.url, e.message)))?;
+        tracing::info!(step = meta.step, url = %file.url(), "checkpoint written");
         Ok(())
     }
 }
@@ -82,13 +83,14 @@ impl Ctx<'_> {
 /// Checkpoints the position after the last step (not complete) and, once it is durable, lets
 /// the Kafka offsets it covers be committed.
 pub(super) fn checkpoint_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+    let pending = Pending::at(&run.acker, run.last_state.clone());
     ctx.checkpoint(
         &mut run.trainer,
         &run.location,
-        &run.last_state,
+        pending.state(),
         run.rows_trained,
         false,
     )?;
-    run.acker.store(&run.last_state, false);
+    pending.acknowledge(false);
     Ok(())
 }

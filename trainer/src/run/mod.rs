@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_loader::{TensorBatch, TensorStream, parse_device};
+use sluice_pipeline::checkpoint::CheckpointFile;
 use sluice_pipeline::collective::{Collective, CollectiveError, LocalCollective};
 use sluice_pipeline::config::{Located, StageConfig};
-use sluice_pipeline::storage::ObjectLocation;
 use sluice_pipeline::{Acknowledger, PipelineMetrics, SourceState};
 use tch::nn::{Module, VarStore};
 use tokio::runtime::Handle;
@@ -160,7 +160,7 @@ pub(crate) fn worker(
     )?;
     let epochs = config.source.value.epochs();
     resume::continue_finished(&mut resumed, &config, epochs, tc, rank);
-    let checkpoint_url = location.as_ref().map(|l| l.url.to_string());
+    let checkpoint_url = location.as_ref().map(CheckpointFile::url);
     if let Some((meta, _)) = &resumed
         && meta.complete
     {
@@ -294,7 +294,7 @@ struct Run<'a> {
     /// A batch read ahead to learn the input's row shape, trained on first.
     first: Option<TensorBatch>,
     /// Where checkpoints go, if anywhere.
-    location: Option<ObjectLocation>,
+    location: Option<CheckpointFile>,
     /// Kafka offsets are stored with the consumer group only once a checkpoint covering
     /// them is durable (or, without checkpoints, at the end of a complete run).
     acker: Arc<Acknowledger>,

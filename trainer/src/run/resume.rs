@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use object_store::ObjectStoreExt;
+use sluice_pipeline::checkpoint::CheckpointFile;
 use sluice_pipeline::collective::Collective;
 use sluice_pipeline::config::SourceConfig;
-use sluice_pipeline::storage::{ObjectLocation, resolve};
+use sluice_pipeline::storage::resolve;
 use sluice_pipeline::{Pipeline, PipelineConfig, SourceState};
 use tch::Tensor;
 use tokio::runtime::Handle;
@@ -26,7 +26,7 @@ pub(super) type Resumed = (CheckpointMeta, BTreeMap<String, Tensor>);
 
 /// Where the run's checkpoint is kept (a local path's folder is created), or `None` when
 /// `trainer` has no `checkpoint:`.
-pub(super) fn checkpoint_location(job: &TrainJob) -> Result<Option<ObjectLocation>, TrainError> {
+pub(super) fn checkpoint_location(job: &TrainJob) -> Result<Option<CheckpointFile>, TrainError> {
     let tc = &job.trainer;
     Ok(match &tc.checkpoint {
         Some(c) => {
@@ -38,7 +38,11 @@ pub(super) fn checkpoint_location(job: &TrainJob) -> Result<Option<ObjectLocatio
                     })?;
                 }
             }
-            Some(resolve(&c.path, &job.base_dir, &c.storage)?)
+            Some(CheckpointFile::new(resolve(
+                &c.path,
+                &job.base_dir,
+                &c.storage,
+            )?))
         }
         None => None,
     })
@@ -54,7 +58,7 @@ pub(super) fn read_checkpoint(
     grads: &dyn Collective,
     options: &TrainOptions,
     handle: &Handle,
-    location: &Option<ObjectLocation>,
+    location: &Option<CheckpointFile>,
     config: &PipelineConfig,
 ) -> Result<(Option<Resumed>, Option<String>), TrainError> {
     let world = grads.world_size();
@@ -68,17 +72,18 @@ pub(super) fn read_checkpoint(
         }
         grads.broadcast(&mut bytes, 0)?;
         if !bytes.is_empty() {
-            let (mut meta, tensors) =
-                decode(&bytes).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", loc.url)))?;
+            let (mut meta, tensors) = decode(&bytes)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", loc.url())))?;
             if meta.world_size != world && !meta.complete {
                 if !options.elastic {
                     return Err(TrainError::Checkpoint(format!(
                         "{} was written by {} ranks, this run has {world}: resume with the same number of workers (a position inside an epoch means rows only under the split it was taken in), or pass --elastic to continue on {world} (the rest of the interrupted epoch is dealt out to the {world} ranks, or, where it cannot be counted ahead, passed over and reported)",
-                        loc.url, meta.world_size
+                        loc.url(),
+                        meta.world_size
                     )));
                 }
                 let template = Pipeline::from_config(config.clone(), job.base_dir.clone());
-                let note = elastic_resume(&mut meta, world, &template, &loc.url)?;
+                let note = elastic_resume(&mut meta, world, &template, &loc.url())?;
                 if rank == 0 {
                     tracing::warn!("{note}");
                 }
@@ -93,40 +98,15 @@ pub(super) fn read_checkpoint(
 /// Rank 0's read of the checkpoint: its bytes, or none where there is none yet (a warning
 /// with `--resume`). One from an earlier run is an error without `--resume`.
 fn fetch_checkpoint(
-    loc: &ObjectLocation,
+    file: &CheckpointFile,
     options: &TrainOptions,
     handle: &Handle,
 ) -> Result<Vec<u8>, TrainError> {
-    let mut bytes = Vec::new();
-    match handle.block_on(async { loc.store.get(&loc.path).await }) {
-        Ok(got) => {
-            if !options.resume {
-                return Err(TrainError::Checkpoint(format!(
-                    "{} exists from an earlier run: pass --resume to continue from it, or delete it to start over",
-                    loc.url
-                )));
-            }
-            bytes = handle
-                .block_on(got.bytes())
-                .map_err(|e| TrainError::Checkpoint(format!("{}: cannot read it: {e}", loc.url)))?
-                .to_vec();
-        }
-        Err(object_store::Error::NotFound { .. }) => {
-            if options.resume {
-                tracing::warn!(
-                    "--resume: no checkpoint at {} yet: training from the beginning",
-                    loc.url
-                );
-            }
-        }
-        Err(e) => {
-            return Err(TrainError::Checkpoint(format!(
-                "{}: cannot read it: {e}",
-                loc.url
-            )));
-        }
+    let read = file.read_at_start(options.resume, "training from the beginning");
+    match handle.block_on(read) {
+        Ok(bytes) => Ok(bytes.map(|b| b.to_vec()).unwrap_or_default()),
+        Err(e) => Err(TrainError::Checkpoint(format!("{}: {}", e.url, e.message))),
     }
-    Ok(bytes)
 }
 
 /// A finished run goes on when the config now asks for more epochs of a Parquet source

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde::Serialize;
 use sluice_loader::TensorBatch;
+use sluice_pipeline::checkpoint::Pending;
 use sluice_pipeline::collective::Collective;
 use tch::Reduction;
 
@@ -270,11 +271,12 @@ pub(super) fn finish(
         {
             evaluate_and_record(ctx, run)?;
         }
+        let pending = Pending::at(&run.acker, run.last_state.clone());
         if run.location.is_some() {
             ctx.checkpoint(
                 &mut run.trainer,
                 &run.location,
-                &run.last_state,
+                pending.state(),
                 run.rows_trained,
                 true,
             )?;
@@ -285,7 +287,7 @@ pub(super) fn finish(
                 );
             }
         }
-        run.acker.store(&run.last_state, true);
+        pending.acknowledge(true);
     }
     if tc.check_every_steps > 0 {
         run.trainer.check_replicas()?;

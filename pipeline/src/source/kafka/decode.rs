@@ -36,6 +36,40 @@ pub(crate) struct RecordMeta {
     pub take_rows: Option<u64>,
 }
 
+/// The rows of an Arrow IPC stream message, read from its record-batch headers without
+/// decoding a body (for `until: {records: N}`, which counts rows); `None` when the framing is
+/// not an IPC stream (the record is bad and counts as one). Hand-written because arrow-rs
+/// reads headers only together with bodies; the framing is the IPC format's
+/// (`0xFFFFFFFF`, length, flatbuffer `Message`, body), pre-1.0 streams without the marker too.
+pub(crate) fn ipc_rows(value: &[u8]) -> Option<u64> {
+    let (mut at, mut rows) = (0usize, 0u64);
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(value.get(at..at + 4)?.try_into().ok()?))
+    };
+    loop {
+        let mut len = word(at)?;
+        at += 4;
+        if len == 0xFFFF_FFFF {
+            len = word(at)?;
+            at += 4;
+        }
+        if len == 0 {
+            return Some(rows); // end of stream
+        }
+        let header = value.get(at..at.checked_add(len as usize)?)?;
+        let message = arrow::ipc::root_as_message(header).ok()?;
+        if let Some(batch) = message.header_as_record_batch() {
+            rows += u64::try_from(batch.length()).ok()?;
+        }
+        let body = usize::try_from(message.bodyLength()).ok()?;
+        at = at.checked_add(len as usize)?.checked_add(body)?;
+        if at >= value.len() {
+            // A stream without its end marker.
+            return (at == value.len()).then_some(rows);
+        }
+    }
+}
+
 /// Records as consumed, before decoding. Keys and values live in two flat buffers: no
 /// allocation per record.
 #[derive(Debug, Default)]
@@ -549,5 +583,33 @@ mod tests {
         assert_eq!(out.batches[0].lineage.spans()[0].first, 4);
         assert_eq!(out.bad.len(), 1);
         assert_eq!(out.bad[0].offset, 1);
+    }
+
+    /// `ipc_rows` reads the rows of every record batch of a message from the headers alone,
+    /// and refuses what is not a whole IPC stream.
+    #[test]
+    fn ipc_rows_counts_every_batch_from_the_headers() {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let batch = |n: i64| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from_iter_values(0..n))],
+            )
+            .unwrap()
+        };
+        let mut buf = Vec::new();
+        {
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut buf, &schema).unwrap();
+            w.write(&batch(3)).unwrap();
+            w.write(&batch(0)).unwrap();
+            w.write(&batch(250)).unwrap();
+            w.finish().unwrap();
+        }
+        assert_eq!(ipc_rows(&buf), Some(253));
+        // Without the end-of-stream marker (8 bytes), still whole.
+        assert_eq!(ipc_rows(&buf[..buf.len() - 8]), Some(253));
+        assert_eq!(ipc_rows(&buf[..buf.len() / 2]), None);
+        assert_eq!(ipc_rows(b"{\"id\": 1}"), None);
+        assert_eq!(ipc_rows(&[]), None);
     }
 }

@@ -548,10 +548,24 @@ impl Poller {
             }
             _ => 0,
         };
-        self.append(&mut st.chunk, m, t, skip_rows, None);
+        // `until: {records: N}` counts rows: an Arrow IPC message holds many, and the last
+        // one taken may be cut (its rows past N are read by a resumed run).
+        let (take_rows, counted) = match st.left {
+            Some(left) if self.format == KafkaFormat::ArrowIpc => {
+                match m.payload().and_then(super::decode::ipc_rows) {
+                    Some(rows) if rows.saturating_sub(skip_rows) > left => {
+                        (Some(skip_rows + left), left)
+                    }
+                    Some(rows) => (None, rows.saturating_sub(skip_rows)),
+                    None => (None, 1),
+                }
+            }
+            _ => (None, 1),
+        };
+        self.append(&mut st.chunk, m, t, skip_rows, take_rows);
         *st.rows.entry(key).or_default() += 1;
         if let Some(n) = st.left.as_mut() {
-            *n -= 1;
+            *n = n.saturating_sub(counted);
         }
     }
 

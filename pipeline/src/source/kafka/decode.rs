@@ -176,6 +176,91 @@ pub(crate) fn same_columns(a: &Schema, b: &Schema) -> bool {
             .all(|(x, y)| x.name() == y.name() && x.data_type().equals_datatype(y.data_type()))
 }
 
+/// Whether a message's columns fit the declared ones: same names in order and the same types,
+/// where a declared nullable field (the only kind `schema:` declares) also takes a non-null
+/// one, at any depth — a `kafka` sink after an `image` stage writes
+/// `FixedSizeList<Float32, non-null>`, which `"float32[784]"` must read.
+pub(crate) fn fits(message: &Schema, declared: &Schema) -> bool {
+    message.fields().len() == declared.fields().len()
+        && message
+            .fields()
+            .iter()
+            .zip(declared.fields().iter())
+            .all(|(m, d)| m.name() == d.name() && field_fits(m, d))
+}
+
+fn field_fits(m: &arrow::datatypes::Field, d: &arrow::datatypes::Field) -> bool {
+    (d.is_nullable() || !m.is_nullable()) && type_fits(m.data_type(), d.data_type())
+}
+
+fn type_fits(m: &DataType, d: &DataType) -> bool {
+    match (m, d) {
+        (DataType::List(a), DataType::List(b))
+        | (DataType::LargeList(a), DataType::LargeList(b)) => field_fits(a, b),
+        (DataType::FixedSizeList(a, n), DataType::FixedSizeList(b, k)) => {
+            n == k && field_fits(a, b)
+        }
+        (DataType::Struct(a), DataType::Struct(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b.iter())
+                    .all(|(x, y)| x.name() == y.name() && field_fits(x, y))
+        }
+        _ => m.equals_datatype(d),
+    }
+}
+
+/// A schema as `schema:` would declare it, with what is non-null said:
+/// `{id: int64 (non-null), x: float32[4] (items non-null)}`.
+fn describe(schema: &Schema) -> String {
+    fn ty(t: &DataType) -> String {
+        match t {
+            DataType::FixedSizeList(f, n) => format!("{}[{n}]", ty(f.data_type())),
+            DataType::List(f) | DataType::LargeList(f) => format!("list<{}>", ty(f.data_type())),
+            other => other.to_string().to_ascii_lowercase(),
+        }
+    }
+    let fields: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut notes = Vec::new();
+            if !f.is_nullable() {
+                notes.push("non-null");
+            }
+            if let DataType::FixedSizeList(item, _) | DataType::List(item) = f.data_type()
+                && !item.is_nullable()
+            {
+                notes.push("items non-null");
+            }
+            let notes = if notes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", notes.join(", "))
+            };
+            format!("{}: {}{notes}", f.name(), ty(f.data_type()))
+        })
+        .collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
+/// A decoded message batch in the declared schema: as is when the types are equal, else
+/// each column whose nested nullability differs cast to the declared type (a relabelling:
+/// the values are not converted).
+fn to_declared(b: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
+    if same_columns(&b.schema(), schema) {
+        return b.with_schema(schema.clone()).map_err(|e| e.to_string());
+    }
+    let columns = b
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cannot read the message's columns as the declared types: {e}"))?;
+    RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
+}
+
 impl ChunkDecoder {
     fn bad(&self, chunk: &RawChunk, r: &RecordMeta, error: String) -> BadRecord {
         BadRecord {
@@ -288,20 +373,17 @@ impl ChunkDecoder {
             .ok_or_else(|| "the message has no value (null payload)".to_string())?;
         let reader = StreamReader::try_new(Cursor::new(value), None)
             .map_err(|e| format!("not an Arrow IPC stream: {e}"))?;
-        if !same_columns(&reader.schema(), &self.schema) {
+        if !fits(&reader.schema(), &self.schema) {
             return Err(format!(
-                "Arrow schema differs from the source's: message has {:?}, expected {:?}",
-                reader.schema().fields(),
-                self.schema.fields()
+                "Arrow schema differs from the source's: message has {}, the source declares {}",
+                describe(&reader.schema()),
+                describe(&self.schema)
             ));
         }
         let mut parts = Vec::new();
         for b in reader {
             let b = b.map_err(|e| format!("cannot decode Arrow IPC record batch: {e}"))?;
-            parts.push(
-                b.with_schema(self.schema.clone())
-                    .map_err(|e| e.to_string())?,
-            );
+            parts.push(to_declared(b, &self.schema)?);
         }
         let data = arrow::compute::concat_batches(&self.schema, &parts)
             .map_err(|e| format!("cannot join the message's record batches: {e}"))?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arrow::array::{AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema};
-use common::kafka;
+use common::kafka::{self, JSON_SCHEMA, json_record};
 use common::{assert_ok, int64_values, read_parquet, repo, run_in_for, write_parquet};
 
 fn topic(prefix: &str, partitions: i32) -> String {
@@ -134,4 +134,59 @@ fn until_records_counts_the_rows_of_arrow_ipc_messages() {
             "one partition: the first {n} rows in order"
         );
     }
+}
+
+/// A `static` reader over a backlog of large records (~2 KB, which librdkafka fetches a
+/// partition at a time) with the default `batch_timeout` interleaves the partitions exactly:
+/// 256 records of each in turn, so every stretch of 4,096 rows holds 1,024 of each partition,
+/// and two runs read the same order. (It used to wait at most `batch_timeout` for a partition
+/// whose fetch was slow, and read 12,288 rows of one partition before any other.)
+#[test]
+fn a_backlog_of_large_records_is_interleaved_the_same_way_every_run() {
+    let n = 16_384i64;
+    let pad = "p".repeat(1900);
+    let topic = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let t = kafka::create_topic("fleet-backlog", 4).await;
+        let records = (0..n).map(|i| {
+            let mut r = json_record(i);
+            r.truncate(r.len() - 1);
+            r.extend_from_slice(format!(r#", "pad": "{pad}"}}"#).as_bytes());
+            ((i % 4) as i32, r)
+        });
+        assert_eq!(kafka::produce(&t, records).await as i64, n);
+        t
+    });
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let read = |run: usize| {
+        let name = format!("run-{run}.yaml");
+        std::fs::write(
+            dir.join(&name),
+            format!(
+                "source: {{type: kafka, brokers: '{}', topic: {topic}, format: json, schema: {JSON_SCHEMA}, until: end}}\nsink: {{type: parquet, path: out-{run}.parquet}}\n",
+                kafka::brokers()
+            ),
+        )
+        .unwrap();
+        assert_ok(&run_in_for(dir, &["run", &name], Duration::from_secs(120)));
+        int64_values(&read_parquet(&dir.join(format!("out-{run}.parquet"))), "id")
+    };
+    let first = read(0);
+    let mut sorted = first.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every record once");
+    // Id `i` is partition `i % 4`, offset `i / 4`.
+    for (k, stretch) in first.chunks(4096).enumerate() {
+        let mut per = [0usize; 4];
+        for &id in stretch {
+            per[(id % 4) as usize] += 1;
+        }
+        assert_eq!(per, [1024; 4], "rows {}..{}", 4096 * k, 4096 * (k + 1));
+    }
+    let second = read(1);
+    let differ = first.iter().zip(&second).position(|(a, b)| a != b);
+    assert_eq!(
+        differ, None,
+        "a second run read another order from row {differ:?} on"
+    );
 }

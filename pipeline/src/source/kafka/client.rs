@@ -108,7 +108,9 @@ pub(super) fn create_consumer(
                 .unwrap_or_else(|| format!("sluice-static-{}", std::process::id())),
         ),
     ];
-    if config.until == Some(Until::End) {
+    // `until: end` stops at the ends; `static` also needs them to tell a partition with a
+    // backlog still to arrive from one that is caught up (see `Poller::run`).
+    if config.until == Some(Until::End) || config.assignment == Assignment::Static {
         defaults.push(("enable.partition.eof", "true".to_string()));
     }
     let mut c = conn.client_config(&defaults);

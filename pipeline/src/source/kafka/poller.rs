@@ -310,8 +310,12 @@ impl Poller {
             chunk_started: Instant::now(),
             rows: HashMap::new(),
             warned: Instant::now() - Duration::from_secs(60),
+            caught_up: HashSet::new(),
+            warned_backlog: false,
+            partitions: Vec::new(),
         };
         let queues = std::mem::take(&mut self.queues);
+        st.partitions = queues.iter().map(|(k, _)| *k).collect();
         let consumer = self.consumer.clone();
         // Messages taken from one partition's queue before the next one's: 256 records, or
         // one message of many rows.
@@ -343,22 +347,16 @@ impl Poller {
             // `static`: the partitions in turn, a few records each, starting one further every
             // turn, so that a backlog (which librdkafka fetches a partition at a time, in
             // blocks of up to 1 MiB) reaches the stream interleaved and a shuffle window mixes
-            // every partition. A turn waits (at most `batch_timeout`, as Kafka Streams'
-            // `max.task.idle.ms`) until every partition not at its end has a message, so that
-            // one fetched earlier does not run ahead of the rest.
+            // every partition. A turn waits until every partition not at its end has a
+            // message, so that one fetched earlier does not run ahead of the rest: for a
+            // partition that has not yet caught up with its backlog (no end-of-partition event
+            // since the start), as long as it takes — the order of a backlog then does not
+            // depend on timing (bounded by `BACKLOG_WAIT`, said in a warning); for one that
+            // has, at most `batch_timeout` (new records: as Kafka Streams' `max.task.idle.ms`).
             if self.fill_heads(&mut st, &mut heads, &queues, &tx).is_err() {
                 return;
             }
-            let lagging = queues
-                .iter()
-                .zip(&heads)
-                .any(|((key, _), head)| head.is_none() && st.done.get(key) != Some(&true));
-            let due = if lagging {
-                waiting.get_or_insert_with(Instant::now).elapsed() >= self.batch_timeout
-            } else {
-                waiting = None;
-                true
-            };
+            let due = self.turn_due(&mut st, &queues, &heads, &mut waiting);
             if due && !queues.is_empty() {
                 let Ok(n) = self.take_turn(&mut st, &queues, &mut heads, turn, per_turn, &tx)
                 else {
@@ -370,8 +368,9 @@ impl Poller {
             if taken == 0 && !queues.is_empty() {
                 // Until a queue receives messages; while a turn is held back, at most until
                 // it is due (once due, an empty partition no longer shortens the wait).
+                // (Past `batch_timeout`, a turn held back for a backlog waits on the queues.)
                 let limit = match waiting {
-                    Some(since) if !due => self
+                    Some(since) if !due && since.elapsed() < self.batch_timeout => self
                         .batch_timeout
                         .saturating_sub(since.elapsed())
                         .clamp(Duration::from_millis(1), POLL_INTERVAL),
@@ -420,64 +419,6 @@ impl Poller {
         Ok(taken)
     }
 
-    /// `static`: polls the next message of each partition queue whose head is empty into
-    /// that head. `Err` when the run must stop.
-    fn fill_heads<'q>(
-        &mut self,
-        st: &mut Reading,
-        heads: &mut [Option<BorrowedMessage<'q>>],
-        queues: &'q [((u16, i32), PartitionQueue<SourceContext>)],
-        tx: &mpsc::Sender<Result<RawChunk>>,
-    ) -> std::result::Result<(), ()> {
-        for (head, (_, queue)) in heads.iter_mut().zip(queues) {
-            if head.is_none() {
-                let Ok(next) = self.next_in(st, queue, tx) else {
-                    return Err(());
-                };
-                *head = next;
-            }
-        }
-        Ok(())
-    }
-
-    /// `static`: one turn over the partition queues, starting at the `turn`-th, taking up to
-    /// `per_turn` messages of each (a partition's head first). Returns how many it took;
-    /// `Err` when the run must stop.
-    fn take_turn<'q>(
-        &mut self,
-        st: &mut Reading,
-        queues: &'q [((u16, i32), PartitionQueue<SourceContext>)],
-        heads: &mut [Option<BorrowedMessage<'q>>],
-        turn: usize,
-        per_turn: usize,
-        tx: &mpsc::Sender<Result<RawChunk>>,
-    ) -> std::result::Result<usize, ()> {
-        let mut taken = 0usize;
-        for k in 0..queues.len() {
-            let i = (turn + k) % queues.len();
-            for _ in 0..per_turn {
-                if st.left == Some(0) {
-                    break;
-                }
-                let m = match heads[i].take() {
-                    Some(m) => m,
-                    None => match self.next_in(st, &queues[i].1, tx) {
-                        Err(()) => return Err(()),
-                        Ok(None) => break,
-                        Ok(Some(m)) => m,
-                    },
-                };
-                taken += 1;
-                self.message(st, &m);
-                drop(m);
-                if !self.flush_if_due(st, tx) {
-                    return Err(());
-                }
-            }
-        }
-        Ok(taken)
-    }
-
     /// Whether every partition reached its end (`until: end`).
     fn all_done(&self, done: &HashMap<(u16, i32), bool>) -> bool {
         if self.group {
@@ -504,7 +445,12 @@ impl Poller {
     ) -> bool {
         match event {
             Ok(m) => self.message(st, &m),
-            Err(KafkaError::PartitionEOF(p)) => self.reached_end(st, p),
+            Err(KafkaError::PartitionEOF(p)) => {
+                // The event names no topic: partition `p` of every topic counts as caught up.
+                let keys = st.partitions.iter().filter(|k| k.1 == p).copied();
+                st.caught_up.extend(keys.collect::<Vec<_>>());
+                self.reached_end(st, p)
+            }
             Err(e) => {
                 if is_fatal(&e) {
                     let _ = self.flush(st, tx);
@@ -629,28 +575,9 @@ impl Poller {
         }
         tx.blocking_send(Ok(std::mem::take(chunk))).is_ok()
     }
-
-    /// The next message of a partition's queue, handling the events before it (its end,
-    /// errors); `None` when there is none now, `Err` when the run must stop.
-    fn next_in<'q>(
-        &mut self,
-        st: &mut Reading,
-        queue: &'q PartitionQueue<SourceContext>,
-        tx: &mpsc::Sender<Result<RawChunk>>,
-    ) -> std::result::Result<Option<BorrowedMessage<'q>>, ()> {
-        loop {
-            match queue.poll(Duration::ZERO) {
-                None => return Ok(None),
-                Some(Ok(m)) => return Ok(Some(m)),
-                Some(Err(e)) => {
-                    if !self.event(st, Err(e), tx) {
-                        return Err(());
-                    }
-                }
-            }
-        }
-    }
 }
+
+mod turns;
 
 /// What [`Poller::run`] tracks while it reads.
 struct Reading {
@@ -663,7 +590,18 @@ struct Reading {
     /// Records appended to the chunk, per partition (counted when it is sent).
     rows: HashMap<(u16, i32), u64>,
     warned: Instant,
+    /// `static`: the partitions that reached their end at least once (an end-of-partition
+    /// event): past their backlog, what arrives now is new.
+    caught_up: HashSet<(u16, i32)>,
+    /// Whether the `BACKLOG_WAIT` warning was given.
+    warned_backlog: bool,
+    /// `static`: the partitions read.
+    partitions: Vec<(u16, i32)>,
 }
+
+/// `static`: how long a turn waits at most for a partition that has not yet caught up with its
+/// backlog (a leader that is down, a partition that stalls).
+const BACKLOG_WAIT: Duration = Duration::from_secs(30);
 
 /// How long the consumer thread waits for something to arrive.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);

@@ -1,0 +1,190 @@
+//! `static`: the partitions read in turn — each partition's next message held as its head,
+//! one turn over the partition queues, and the wait for a partition still delivering its
+//! backlog.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::message::BorrowedMessage;
+use tokio::sync::mpsc;
+
+use super::{BACKLOG_WAIT, POLL_INTERVAL, Poller, Reading};
+use crate::error::Result;
+use crate::source::kafka::client::SourceContext;
+use crate::source::kafka::decode::RawChunk;
+
+impl Poller {
+    /// `static`: polls the next message of each partition queue whose head is empty into
+    /// that head. `Err` when the run must stop.
+    pub(super) fn fill_heads<'q>(
+        &mut self,
+        st: &mut Reading,
+        heads: &mut [Option<BorrowedMessage<'q>>],
+        queues: &'q [((u16, i32), PartitionQueue<SourceContext>)],
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> std::result::Result<(), ()> {
+        for (head, (_, queue)) in heads.iter_mut().zip(queues) {
+            if head.is_none() {
+                let Ok(next) = self.next_in(st, queue, tx) else {
+                    return Err(());
+                };
+                *head = next;
+            }
+        }
+        Ok(())
+    }
+
+    /// `static`: one turn over the partition queues, starting at the `turn`-th, taking up to
+    /// `per_turn` messages of each (a partition's head first). Returns how many it took;
+    /// `Err` when the run must stop.
+    pub(super) fn take_turn<'q>(
+        &mut self,
+        st: &mut Reading,
+        queues: &'q [((u16, i32), PartitionQueue<SourceContext>)],
+        heads: &mut [Option<BorrowedMessage<'q>>],
+        turn: usize,
+        per_turn: usize,
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> std::result::Result<usize, ()> {
+        let mut taken = 0usize;
+        for k in 0..queues.len() {
+            let i = (turn + k) % queues.len();
+            for _ in 0..per_turn {
+                if st.left == Some(0) {
+                    break;
+                }
+                let m = match heads[i].take() {
+                    Some(m) => m,
+                    None => match self.next_in(st, &queues[i].1, tx) {
+                        Err(()) => return Err(()),
+                        // A partition still delivering its backlog: its next record is waited
+                        // for, so that a turn takes the same records whatever the fetch timing.
+                        Ok(None) => match self.backlog_next(st, &queues[i], tx) {
+                            Err(()) => return Err(()),
+                            Ok(None) => break,
+                            Ok(Some(m)) => m,
+                        },
+                        Ok(Some(m)) => m,
+                    },
+                };
+                taken += 1;
+                self.message(st, &m);
+                drop(m);
+                if !self.flush_if_due(st, tx) {
+                    return Err(());
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// The next message of a partition's queue, handling the events before it (its end,
+    /// errors); `None` when there is none now, `Err` when the run must stop.
+    fn next_in<'q>(
+        &mut self,
+        st: &mut Reading,
+        queue: &'q PartitionQueue<SourceContext>,
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> std::result::Result<Option<BorrowedMessage<'q>>, ()> {
+        loop {
+            match queue.poll(Duration::ZERO) {
+                None => return Ok(None),
+                Some(Ok(m)) => return Ok(Some(m)),
+                Some(Err(e)) => {
+                    if !self.event(st, Err(e), tx) {
+                        return Err(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// `static`: the next message of partition `key`, waited for while the partition has not
+    /// caught up with its backlog (up to [`BACKLOG_WAIT`]); `None` at once for one that has,
+    /// or that reached its end. `Err` when the run must stop.
+    fn backlog_next<'q>(
+        &mut self,
+        st: &mut Reading,
+        (key, queue): &'q ((u16, i32), PartitionQueue<SourceContext>),
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> std::result::Result<Option<BorrowedMessage<'q>>, ()> {
+        let since = Instant::now();
+        loop {
+            if st.caught_up.contains(key) || st.done.get(key) == Some(&true) {
+                return Ok(None);
+            }
+            if tx.is_closed() {
+                return Err(());
+            }
+            if since.elapsed() >= BACKLOG_WAIT.max(self.batch_timeout) {
+                if !st.warned_backlog {
+                    st.warned_backlog = true;
+                    tracing::warn!(
+                        "kafka {}/{}: a partition with records still to deliver sent nothing for {}: going on without it, so the order of this run's rows now depends on timing",
+                        self.topics[key.0 as usize],
+                        key.1,
+                        humantime::format_duration(since.elapsed())
+                    );
+                }
+                return Ok(None);
+            }
+            let going_on = match queue.poll(POLL_INTERVAL) {
+                Some(Ok(m)) => return Ok(Some(m)),
+                Some(Err(e)) => self.event(st, Err(e), tx),
+                None => true,
+            };
+            if !going_on {
+                return Err(());
+            }
+            // Chunks cut so far still go out on time while this partition is waited for.
+            if !self.flush_if_due(st, tx) {
+                return Err(());
+            }
+        }
+    }
+
+    /// Whether the next turn may be taken: at once when every partition not at its end has a
+    /// head; else once the wait since `waiting` is over — as long as it takes (up to
+    /// [`BACKLOG_WAIT`], then a warning) while a lagging partition has not caught up with its
+    /// backlog, at most `batch_timeout` once it has.
+    pub(super) fn turn_due(
+        &self,
+        st: &mut Reading,
+        queues: &[((u16, i32), PartitionQueue<SourceContext>)],
+        heads: &[Option<BorrowedMessage<'_>>],
+        waiting: &mut Option<Instant>,
+    ) -> bool {
+        let lagging = |backlog: bool| {
+            queues.iter().zip(heads).any(|((key, _), head)| {
+                head.is_none()
+                    && st.done.get(key) != Some(&true)
+                    && st.caught_up.contains(key) != backlog
+            })
+        };
+        let cap = if lagging(true) {
+            Some(BACKLOG_WAIT.max(self.batch_timeout))
+        } else if lagging(false) {
+            Some(self.batch_timeout)
+        } else {
+            None
+        };
+        match cap {
+            Some(cap) => {
+                let over = waiting.get_or_insert_with(Instant::now).elapsed() >= cap;
+                if over && cap > self.batch_timeout && !st.warned_backlog {
+                    st.warned_backlog = true;
+                    tracing::warn!(
+                        "kafka {}: a partition with records still to deliver sent nothing for {}: going on without it, so the order of this run's rows now depends on timing",
+                        self.topics.join(","),
+                        humantime::format_duration(cap)
+                    );
+                }
+                over
+            }
+            None => {
+                *waiting = None;
+                true
+            }
+        }
+    }
+}

@@ -138,9 +138,11 @@ enum Command {
         #[arg(long)]
         resume: bool,
         /// With --resume, a checkpoint written by another number of workers (a node lost,
-        /// or added) continues at the start of the next epoch on this run's workers; the
-        /// rest of the interrupted epoch is not trained (the summary says how many rows).
-        /// Without it such a checkpoint is refused. Parquet sources only.
+        /// or added) continues on this run's workers: the batches the old workers still owed
+        /// of the interrupted epoch are dealt out to the new ones, each trained once; where
+        /// they cannot be counted ahead (e.g. a shuffle across ranks), the rest of that epoch
+        /// is passed over and the summary says how many rows and why. Without it such a
+        /// checkpoint is refused. Parquet sources only.
         #[arg(long, requires = "resume")]
         elastic: bool,
         /// Override `trainer.allreduce.workers` (local backend).

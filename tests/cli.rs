@@ -371,6 +371,23 @@ fn usage_errors_exit_2() {
         .stdout(contains("validate"));
 }
 
+/// `train --help` says what `--elastic` does today: the rest of the interrupted epoch is dealt
+/// out to the new workers (it used to say that rest was skipped).
+#[cfg(feature = "torch")]
+#[test]
+fn train_help_describes_elastic_resume_as_it_behaves() {
+    let out = sluice().args(["train", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("the batches the old workers still owed of the interrupted epoch are dealt out to the new ones, each trained once"),
+        "{help}"
+    );
+    assert!(!help.contains("is not trained"), "{help}");
+}
+
 use predicates::prelude::PredicateBooleanExt;
 
 #[cfg(unix)]

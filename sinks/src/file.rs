@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use object_store::{ObjectStoreExt, WriteMultipart};
 use sluice_pipeline::storage::{ObjectLocation, StorageConfig, resolve};
 
+use crate::guard::OutputLock;
 use crate::{Error, Result, SinkContext};
 
 /// Bytes produced by an encoder, waiting to be uploaded.
@@ -107,9 +108,22 @@ impl Upload {
         Ok(())
     }
 
-    /// Completes the upload: the object becomes visible.
-    pub(crate) async fn complete(self) -> Result<(String, u64)> {
+    /// Completes the upload: the object becomes visible — once every part is uploaded and
+    /// `lock` is still held, checked last so that no claim lapses unnoticed in between; on
+    /// failure nothing is left.
+    pub(crate) async fn complete(mut self, lock: &Option<OutputLock>) -> Result<(String, u64)> {
         let url = self.location.url.to_string();
+        let ready = match self.writer.wait_for_capacity(0).await {
+            Ok(()) => crate::guard::ensure(lock).await,
+            Err(source) => Err(Error::Storage {
+                url: url.clone(),
+                source,
+            }),
+        };
+        if let Err(e) = ready {
+            self.abort().await;
+            return Err(e);
+        }
         self.writer
             .finish()
             .await

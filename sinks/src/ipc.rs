@@ -113,16 +113,12 @@ impl Sink for IpcSink {
         let bytes = self.buf.take();
         let this = *self;
         let mut upload = this.upload;
-        let put = match upload.put(bytes).await {
-            Ok(()) => guard::ensure(&this.lock).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = put {
+        if let Err(e) = upload.put(bytes).await {
             upload.abort().await;
             guard::release(this.lock).await;
             return Err(e);
         }
-        let done = upload.complete().await;
+        let done = upload.complete(&this.lock).await;
         guard::release(this.lock).await;
         let (url, written) = done?;
         Ok(SinkReport {

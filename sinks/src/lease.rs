@@ -89,6 +89,8 @@ struct Shared {
     store: Arc<dyn ObjectStore>,
     path: Path,
     url: String,
+    /// This run's `Holder::owner`.
+    owner: String,
     body: PutPayload,
     lease: Duration,
     state: Mutex<State>,
@@ -150,6 +152,7 @@ impl Lease {
                 store,
                 path,
                 url: url.to_string(),
+                owner: holder.owner.clone(),
                 body,
                 lease,
                 state: Mutex::new(State {
@@ -192,18 +195,17 @@ impl Lease {
 
     /// Gives the claim up: stops renewing and deletes the lock object if it is still ours.
     pub(crate) async fn release(self) {
-        self.renewer.abort();
+        // Taken before the renewer stops, so no renewal is in flight from here on.
         let state = self.shared.state.lock().await;
-        if state.lost.is_some() {
+        self.renewer.abort();
+        let s = &self.shared;
+        // object_store has no conditional delete: read the holder, then delete. Another run
+        // can take over in between only once this run's lease has lapsed; past half a lease
+        // without a renewal the lock is left to lapse rather than risk deleting its new one.
+        if state.renewed.elapsed() >= s.lease / 2 {
             return;
         }
-        let s = &self.shared;
-        // object_store has no conditional delete: check the version, then delete. Only a run
-        // that took over in between could lose its fresh lock, and only after ours lapsed.
-        let still_ours = match s.store.head(&s.path).await {
-            Ok(meta) => meta.e_tag.is_some() && meta.e_tag == state.version.e_tag,
-            Err(_) => false,
-        };
+        let still_ours = matches!(current(s).await, Some((h, _)) if h.owner == s.owner);
         if still_ours && let Err(e) = s.store.delete(&s.path).await {
             tracing::warn!(
                 "{}: could not remove the lock {} ({e}); it lapses by itself in {}",
@@ -220,6 +222,17 @@ impl Drop for Lease {
         // Without a release (a panic, a dropped future) the lock lapses after one lease.
         self.renewer.abort();
     }
+}
+
+/// The lock's holder and version as the store has them now (`None`: gone or unreadable).
+async fn current(s: &Shared) -> Option<(Holder, UpdateVersion)> {
+    let got = s.store.get(&s.path).await.ok()?;
+    let version = UpdateVersion {
+        e_tag: got.meta.e_tag.clone(),
+        version: got.meta.version.clone(),
+    };
+    let holder = serde_json::from_slice(&got.bytes().await.ok()?).ok()?;
+    Some((holder, version))
 }
 
 fn whole_ms(d: Duration) -> Duration {
@@ -252,13 +265,16 @@ async fn take_over(
     let lease_ms = holder
         .as_ref()
         .map_or(LEASE.as_millis() as u64, |h| h.lease_ms);
-    let age_ms = millis_since_epoch(SystemTime::now()) - meta.last_modified.timestamp_millis();
+    // A lease past i64 (a hand-edited lock) counts as never lapsing.
+    let lease_ms = i64::try_from(lease_ms).unwrap_or(i64::MAX);
+    let age_ms =
+        millis_since_epoch(SystemTime::now()).saturating_sub(meta.last_modified.timestamp_millis());
     let who = holder.as_ref().map_or_else(
         || "a holder Sluice cannot read".to_string(),
         Holder::describe,
     );
-    if age_ms < lease_ms as i64 {
-        let left = Duration::from_millis((lease_ms as i64 - age_ms).max(0) as u64);
+    if age_ms < lease_ms {
+        let left = Duration::from_millis(lease_ms.saturating_sub(age_ms).max(0) as u64);
         return Err(refuse(format!(
             "another run is writing this output ({who}; lock {path}, renewed {} ago): wait for it to finish, or write elsewhere; if that run is gone, its claim lapses in {}",
             humantime::format_duration(Duration::from_millis(age_ms.max(0) as u64)),
@@ -274,7 +290,7 @@ async fn take_over(
             tracing::warn!(
                 "{url}: took over the claim from an earlier run ({who}) whose lease lapsed {} ago: it was killed or lost the store",
                 humantime::format_duration(Duration::from_millis(
-                    (age_ms - lease_ms as i64).max(0) as u64
+                    age_ms.saturating_sub(lease_ms).max(0) as u64
                 ))
             );
             Ok(Some(version_of(r)))
@@ -301,6 +317,15 @@ async fn renew(s: &Shared, state: &mut State) -> bool {
             return true;
         }
         Err(object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }) => {
+            // A renewal that timed out may have landed all the same: the lock then holds this
+            // run's owner under a version this run never saw.
+            if let Some((holder, version)) = current(s).await
+                && holder.owner == s.owner
+            {
+                state.version = version;
+                state.renewed = Instant::now();
+                return true;
+            }
             state.lost = Some(format!(
                 "another run replaced or removed its lock {} after this run's lease lapsed (last renewed {} ago)",
                 s.path,
@@ -428,6 +453,27 @@ mod tests {
         a.release().await;
         assert_eq!(holder_of(&s).await.lease_ms, LEASE.as_millis() as u64);
         b.ensure().await.unwrap();
+    }
+
+    /// A renewal that timed out but landed leaves the lock under a version the run never saw:
+    /// still its own (the owner says so), not lost; and release still removes it.
+    #[tokio::test]
+    async fn a_renewal_that_landed_unseen_is_not_a_lost_claim() {
+        let s = store();
+        let a = Lease::acquire(s.clone(), lock(), "mem://out", Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        a.renewer.abort();
+        let body = s.get(&lock()).await.unwrap().bytes().await.unwrap();
+        s.put(&lock(), PutPayload::from(body)).await.unwrap();
+        a.ensure().await.unwrap();
+        let b = Lease::acquire(s.clone(), lock(), "mem://out", LEASE)
+            .await
+            .unwrap()
+            .unwrap();
+        b.release().await;
+        assert!(s.head(&lock()).await.is_err(), "the lock was not removed");
     }
 
     #[tokio::test]

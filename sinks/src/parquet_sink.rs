@@ -52,8 +52,12 @@ impl Part {
         self.upload.put(bytes).await
     }
 
-    /// Closes the file and makes it visible; on failure nothing is left.
-    async fn complete(mut self, pool: &CpuPool) -> Result<(String, u64)> {
+    /// Closes the file and makes it visible while `lock` is held; on failure nothing is left.
+    async fn complete(
+        mut self,
+        pool: &CpuPool,
+        lock: &Option<OutputLock>,
+    ) -> Result<(String, u64)> {
         let Some(writer) = self.writer.take() else {
             self.upload.abort().await;
             return Err(Error::Internal("parquet writer used after an error".into()));
@@ -73,7 +77,7 @@ impl Part {
             upload.abort().await;
             return Err(e);
         }
-        upload.complete().await
+        upload.complete(lock).await
     }
 }
 
@@ -267,12 +271,8 @@ impl ParquetSink {
         let Some(part) = self.current.take() else {
             return Ok(None);
         };
-        if let Err(e) = guard::ensure(&self.lock).await {
-            part.upload.abort().await;
-            return Err(e);
-        }
         let pool = self.cx.pool.clone();
-        let (url, bytes) = part.complete(&pool).await?;
+        let (url, bytes) = part.complete(&pool, &self.lock).await?;
         self.bytes += bytes;
         self.files += 1;
         if let Some((_, next)) = self.parts.as_mut() {

@@ -114,8 +114,12 @@ pub(super) fn create_consumer(
         defaults.push(("enable.partition.eof", "true".to_string()));
     }
     let mut c = conn.client_config(&defaults);
-    // Not overridable: offsets advance only when the consumer of the stream says so.
+    // Not overridable: offsets advance only when the consumer of the stream says so; and the
+    // ends above are what `until: end` and a `static` reader's turns rely on.
     c.set("enable.auto.offset.store", "false");
+    if config.until == Some(Until::End) || config.assignment == Assignment::Static {
+        c.set("enable.partition.eof", "true");
+    }
     match config.assignment {
         Assignment::Group => c.set("enable.auto.commit", "true"),
         Assignment::Static => c.set("enable.auto.commit", "false"),

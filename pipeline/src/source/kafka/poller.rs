@@ -313,6 +313,7 @@ impl Poller {
             caught_up: HashSet::new(),
             warned_backlog: false,
             partitions: Vec::new(),
+            deadline,
         };
         let queues = std::mem::take(&mut self.queues);
         st.partitions = queues.iter().map(|(k, _)| *k).collect();
@@ -446,7 +447,9 @@ impl Poller {
         match event {
             Ok(m) => self.message(st, &m),
             Err(KafkaError::PartitionEOF(p)) => {
-                // The event names no topic: partition `p` of every topic counts as caught up.
+                // From the consumer's own queue the event names no topic: partition `p` of
+                // every topic counts as caught up (a partition's own queue says which,
+                // `queue_event`).
                 let keys = st.partitions.iter().filter(|k| k.1 == p).copied();
                 st.caught_up.extend(keys.collect::<Vec<_>>());
                 self.reached_end(st, p)
@@ -597,6 +600,8 @@ struct Reading {
     warned_backlog: bool,
     /// `static`: the partitions read.
     partitions: Vec<(u16, i32)>,
+    /// `until: {duration}`: when the run ends.
+    deadline: Option<Instant>,
 }
 
 /// `static`: how long a turn waits at most for a partition that has not yet caught up with its

@@ -23,7 +23,7 @@ impl Poller {
         queues: &'q [((u16, i32), PartitionQueue<SourceContext>)],
         tx: &mpsc::Sender<Result<RawChunk>>,
     ) -> std::result::Result<(), ()> {
-        for (head, (_, queue)) in heads.iter_mut().zip(queues) {
+        for (head, queue) in heads.iter_mut().zip(queues) {
             if head.is_none() {
                 let Ok(next) = self.next_in(st, queue, tx) else {
                     return Err(());
@@ -55,7 +55,7 @@ impl Poller {
                 }
                 let m = match heads[i].take() {
                     Some(m) => m,
-                    None => match self.next_in(st, &queues[i].1, tx) {
+                    None => match self.next_in(st, &queues[i], tx) {
                         Err(()) => return Err(()),
                         // A partition still delivering its backlog: its next record is waited
                         // for, so that a turn takes the same records whatever the fetch timing.
@@ -83,7 +83,7 @@ impl Poller {
     fn next_in<'q>(
         &mut self,
         st: &mut Reading,
-        queue: &'q PartitionQueue<SourceContext>,
+        (key, queue): &'q ((u16, i32), PartitionQueue<SourceContext>),
         tx: &mpsc::Sender<Result<RawChunk>>,
     ) -> std::result::Result<Option<BorrowedMessage<'q>>, ()> {
         loop {
@@ -91,7 +91,7 @@ impl Poller {
                 None => return Ok(None),
                 Some(Ok(m)) => return Ok(Some(m)),
                 Some(Err(e)) => {
-                    if !self.event(st, Err(e), tx) {
+                    if !self.queue_event(st, *key, e, tx) {
                         return Err(());
                     }
                 }
@@ -116,21 +116,16 @@ impl Poller {
             if tx.is_closed() {
                 return Err(());
             }
+            if st.deadline.is_some_and(|d| Instant::now() >= d) || st.left == Some(0) {
+                return Ok(None);
+            }
             if since.elapsed() >= BACKLOG_WAIT.max(self.batch_timeout) {
-                if !st.warned_backlog {
-                    st.warned_backlog = true;
-                    tracing::warn!(
-                        "kafka {}/{}: a partition with records still to deliver sent nothing for {}: going on without it, so the order of this run's rows now depends on timing",
-                        self.topics[key.0 as usize],
-                        key.1,
-                        humantime::format_duration(since.elapsed())
-                    );
-                }
+                self.pass_over(st, &[*key], since.elapsed());
                 return Ok(None);
             }
             let going_on = match queue.poll(POLL_INTERVAL) {
                 Some(Ok(m)) => return Ok(Some(m)),
-                Some(Err(e)) => self.event(st, Err(e), tx),
+                Some(Err(e)) => self.queue_event(st, *key, e, tx),
                 None => true,
             };
             if !going_on {
@@ -171,13 +166,18 @@ impl Poller {
         match cap {
             Some(cap) => {
                 let over = waiting.get_or_insert_with(Instant::now).elapsed() >= cap;
-                if over && cap > self.batch_timeout && !st.warned_backlog {
-                    st.warned_backlog = true;
-                    tracing::warn!(
-                        "kafka {}: a partition with records still to deliver sent nothing for {}: going on without it, so the order of this run's rows now depends on timing",
-                        self.topics.join(","),
-                        humantime::format_duration(cap)
-                    );
+                if over && cap > self.batch_timeout {
+                    let stuck: Vec<(u16, i32)> = queues
+                        .iter()
+                        .zip(heads)
+                        .filter(|((key, _), head)| {
+                            head.is_none()
+                                && st.done.get(key) != Some(&true)
+                                && !st.caught_up.contains(key)
+                        })
+                        .map(|((key, _), _)| *key)
+                        .collect();
+                    self.pass_over(st, &stuck, cap);
                 }
                 over
             }
@@ -186,5 +186,41 @@ impl Poller {
                 true
             }
         }
+    }
+
+    /// Partitions `keys` delivered nothing of their backlog for `waited`: from now on they
+    /// are treated as caught up (waited for at most `batch_timeout`), and the first time this
+    /// happens a warning says the order now depends on timing.
+    fn pass_over(&self, st: &mut Reading, keys: &[(u16, i32)], waited: Duration) {
+        st.caught_up.extend(keys.iter().copied());
+        if !st.warned_backlog && !keys.is_empty() {
+            st.warned_backlog = true;
+            let names: Vec<String> = keys
+                .iter()
+                .map(|(t, p)| format!("{}/{p}", self.topics[*t as usize]))
+                .collect();
+            tracing::warn!(
+                "kafka {}: records still to deliver, but nothing arrived for {}: going on without waiting for them, so the order of this run's rows now depends on timing",
+                names.join(", "),
+                humantime::format_duration(Duration::from_secs(waited.as_secs()))
+            );
+        }
+    }
+
+    /// An event from partition `key`'s own queue: its end is that partition's (the event
+    /// itself names no topic). Returns false when the run must stop.
+    fn queue_event(
+        &mut self,
+        st: &mut Reading,
+        key: (u16, i32),
+        e: rdkafka::error::KafkaError,
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> bool {
+        if let rdkafka::error::KafkaError::PartitionEOF(p) = e {
+            st.caught_up.insert(key);
+            self.reached_end(st, p);
+            return true;
+        }
+        self.event(st, Err(e), tx)
     }
 }

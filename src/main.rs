@@ -39,6 +39,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[macro_use]
 mod output;
 mod inspect;
+mod openmp;
 mod signals;
 
 use inspect::{inspect, validate};
@@ -212,6 +213,9 @@ fn main() -> ExitCode {
         // Colour codes only for a terminal: a log file or a CI log gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // Before any thread or work: may restart the process with OpenMP's threads set to sleep.
+    #[cfg(feature = "torch")]
+    openmp::passive_or_reexec();
     if let Err(e) = signals::configure_from_env() {
         eprintln!("error: {e}");
         return ExitCode::from(2);

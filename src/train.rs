@@ -277,6 +277,10 @@ fn print_summary(config: &Path, r: &TrainReport) {
         r.data_wait_seconds,
         r.allreduce_seconds
     );
+    out!(
+        "  threads  {}",
+        crate::openmp::describe(tch::get_num_threads().max(1) as usize)
+    );
     for n in &r.notes {
         out!("  pipeline {n}");
     }

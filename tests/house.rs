@@ -69,7 +69,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "src",
         &[
-            &["output", "signals", "observe"],
+            &["output", "signals", "observe", "openmp"],
             &["report", "inspect"],
             &["job", "train", "bench"],
         ],

@@ -46,6 +46,41 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
     );
 }
 
+/// libtorch's OpenMP threads sleep when idle unless the user chose otherwise: `sluice train`
+/// restarts itself with `OMP_WAIT_POLICY=PASSIVE` (OpenMP reads it only when loaded) and the
+/// summary says so; a policy the user set is kept and reported.
+#[test]
+fn libtorch_threads_sleep_when_idle_unless_the_user_chose_a_policy() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(
+        t.path().join("job.yaml"),
+        job(3).replace("state/train.ckpt", "a.ckpt"),
+    )
+    .unwrap();
+    let summary = |policy: Option<&str>| {
+        let mut cmd = sluice();
+        cmd.args(["train", "job.yaml"]).current_dir(t.path());
+        cmd.env_remove("OMP_WAIT_POLICY");
+        if let Some(p) = policy {
+            cmd.env("OMP_WAIT_POLICY", p);
+        }
+        let _ = std::fs::remove_file(t.path().join("a.ckpt"));
+        let out = cmd.timeout(Duration::from_secs(120)).output().unwrap();
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let chosen = summary(None);
+    assert!(
+        chosen.contains("its OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE)"),
+        "{chosen}"
+    );
+    let kept = summary(Some("active"));
+    assert!(
+        kept.contains("its OpenMP threads follow your OMP_WAIT_POLICY=ACTIVE"),
+        "{kept}"
+    );
+}
+
 /// Digits with a cross-rank shuffle, SGD with momentum and weight decay, 2 workers, a
 /// checkpoint every 10 steps; `steps` ends the run.
 fn job(steps: u64) -> String {

@@ -11,7 +11,9 @@ use std::time::Duration;
 use arrow::array::{AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema};
 use common::kafka::{self, JSON_SCHEMA, json_record};
-use common::{assert_ok, int64_values, read_parquet, repo, run_in_for, write_parquet};
+use common::{
+    assert_ok, int64_values, read_parquet, repo, run_in_for, spawn_sluice, write_parquet,
+};
 
 fn topic(prefix: &str, partitions: i32) -> String {
     tokio::runtime::Runtime::new()
@@ -189,4 +191,86 @@ fn a_backlog_of_large_records_is_interleaved_the_same_way_every_run() {
         differ, None,
         "a second run read another order from row {differ:?} on"
     );
+}
+
+/// The disaggregated flow end to end: `sluice train` on a topic is started **before** the
+/// preprocessing job that fills it (a declared schema, so nothing waits for a first message),
+/// then `sluice run` publishes the digits through cast + standardize; the trainer trains
+/// every row exactly once (`until: {records}` in rows) and evaluates on a held-out Parquet
+/// split preprocessed the same way (evaluation with a Kafka training source used to be
+/// refused).
+#[cfg(feature = "torch")]
+#[test]
+fn a_trainer_started_before_its_preprocessing_fleet_trains_every_row_once_and_evaluates() {
+    let topic = topic("fleet-train", 2);
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let data = repo().join("data/digits");
+    let stages = "stages:\n  - {type: cast, columns: {pixels: float32}}\n  - {type: standardize, columns: [pixels], mean: 4.9, std: 6.0}\n";
+    // The held-out split, preprocessed like the stream.
+    std::fs::write(
+        dir.join("test.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/test.parquet', columns: [label, pixels]}}\n{stages}sink: {{type: parquet, path: test.parquet}}\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    assert_ok(&run_in_for(
+        dir,
+        &["run", "test.yaml"],
+        Duration::from_secs(120),
+    ));
+    std::fs::write(
+        dir.join("train.yaml"),
+        format!(
+            "source: {{type: kafka, brokers: '{}', topic: {topic}, format: arrow_ipc, schema: {{label: int64, pixels: \"float32[64]\"}}, until: {{records: 1437}}}}
+stages: [{{type: batch, size: 32}}]
+loader:
+  tensors:
+    x: {{column: pixels, dtype: f32}}
+    y: {{column: label, dtype: i64}}
+trainer:
+  model: {{type: mlp, hidden: [64], outputs: 10}}
+  optimizer: {{type: sgd, lr: 0.05, momentum: 0.9}}
+  eval: {{path: test.parquet}}
+  allreduce: {{workers: 1}}
+",
+            kafka::brokers()
+        ),
+    )
+    .unwrap();
+    let mut trainer = spawn_sluice(
+        dir,
+        &["train", "train.yaml", "--summary-json", "train.json"],
+    );
+    std::fs::write(
+        dir.join("publish.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/train.parquet', columns: [label, pixels]}}\n{stages}  - {{type: batch, size: 100}}\nsink: {{type: kafka, brokers: '{}', topic: {topic}, format: arrow_ipc}}\n",
+            data.display(),
+            kafka::brokers()
+        ),
+    )
+    .unwrap();
+    assert_ok(&run_in_for(
+        dir,
+        &["run", "publish.yaml"],
+        Duration::from_secs(120),
+    ));
+    let status = common::wait_for("the trainer", Duration::from_secs(180), || {
+        trainer.try_wait().unwrap()
+    });
+    let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("going on without waiting"), "{log}");
+    eprintln!("{log}");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("train.json")).unwrap()).unwrap();
+    assert_eq!(r["rows_trained"], 1437, "every published row once");
+    assert_eq!(r["steps"], 1437u64.div_ceil(32));
+    let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(eval["rows"], 360, "the whole held-out split");
+    let acc = eval["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.8, "held-out accuracy {acc}");
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
 use sluice_loader::LoaderConfig;
-use sluice_pipeline::config::{ConfigDocument, SourceConfig, StageConfig};
+use sluice_pipeline::config::{ConfigDocument, StageConfig};
 use sluice_pipeline::{ConfigErrors, PipelineConfig};
 
 use crate::TrainError;
@@ -111,11 +111,6 @@ impl TrainJob {
         if t.optimizer.lr() <= 0.0 || !t.optimizer.lr().is_finite() {
             return Err(TrainError::Config(
                 "trainer.optimizer.lr must be a positive number".into(),
-            ));
-        }
-        if t.eval.is_some() && !matches!(self.pipeline.source.value, SourceConfig::Parquet(_)) {
-            return Err(TrainError::Config(
-                "trainer.eval reads held-out Parquet files like the training source; the training source is not Parquet".into(),
             ));
         }
         if t.checkpoint.as_ref().is_some_and(|c| c.every_steps == 0) {

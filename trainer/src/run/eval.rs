@@ -23,12 +23,21 @@ impl Ctx<'_> {
             return Err(TrainError::Internal("no eval section".into()));
         };
         let mut config = job.pipeline.clone();
-        if let SourceConfig::Parquet(p) = &mut config.source.value {
-            p.path = Some(OneOrMany(ev.path.0.clone()));
-            p.manifest = None;
-            p.epochs = 1;
-            // Every held-out row once: the training data's `mix` weighs other files.
-            p.mix = None;
+        match &mut config.source.value {
+            SourceConfig::Parquet(p) => {
+                p.path = Some(OneOrMany(ev.path.0.clone()));
+                p.manifest = None;
+                p.epochs = 1;
+                // Every held-out row once: the training data's `mix` weighs other files.
+                p.mix = None;
+            }
+            // A stream (a preprocessing fleet's topic): the held-out files hold rows as its
+            // messages do, read by a plain Parquet source.
+            source @ SourceConfig::Kafka(_) => {
+                let p = serde_json::from_value(serde_json::json!({ "path": ev.path.0 }))
+                    .map_err(|e| TrainError::Internal(format!("eval source: {e}")))?;
+                *source = SourceConfig::Parquet(p);
+            }
         }
         config.stages = eval_stages(self.frozen);
         config.runtime.rank = Some(0);

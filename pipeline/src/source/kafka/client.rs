@@ -37,8 +37,11 @@ impl ClientContext for SourceContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(error, KafkaError::PartitionEOF(_)) {
-            return; // expected with `until: end`, handled by the poller
+        // Expected with `until: end` and `static` (ends are on), handled by the poller.
+        if matches!(error, KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF)
+        {
+            return;
         }
         self.log.error(&error, reason);
         // "All brokers down" follows the error that says why; keep the cause.

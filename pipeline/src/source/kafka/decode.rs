@@ -168,14 +168,6 @@ pub(crate) fn ipc_schema(value: &[u8]) -> Result<SchemaRef, String> {
 
 /// Whether two schemas carry the same columns (names and types; nullability and metadata
 /// are not compared).
-pub(crate) fn same_columns(a: &Schema, b: &Schema) -> bool {
-    a.fields().len() == b.fields().len()
-        && a.fields()
-            .iter()
-            .zip(b.fields().iter())
-            .all(|(x, y)| x.name() == y.name() && x.data_type().equals_datatype(y.data_type()))
-}
-
 /// Whether a message's columns fit the declared ones: same names in order and the same types,
 /// where a declared nullable field (the only kind `schema:` declares) also takes a non-null
 /// one, at any depth — a `kafka` sink after an `image` stage writes
@@ -248,7 +240,14 @@ fn describe(schema: &Schema) -> String {
 /// each column whose nested nullability differs cast to the declared type (a relabelling:
 /// the values are not converted).
 fn to_declared(b: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
-    if same_columns(&b.schema(), schema) {
+    // Equal types (nested field names included) need only the schema swapped.
+    let equal = b
+        .schema()
+        .fields()
+        .iter()
+        .zip(schema.fields())
+        .all(|(a, d)| a.data_type() == d.data_type());
+    if equal {
         return b.with_schema(schema.clone()).map_err(|e| e.to_string());
     }
     let columns = b

@@ -200,7 +200,8 @@ fn write_train_report(
             .filter_map(|e| Some((e.step as f64, e.accuracy?)))
             .collect(),
         eval_loss: evals.iter().map(|e| (e.step as f64, e.loss)).collect(),
-        data_stall_fraction: (!report.already_complete).then_some(report.data_stall_fraction),
+        // The slowest rank's: the all-reduce waits for it.
+        data_stall_fraction: (!report.already_complete).then_some(report.data_stall_max),
     };
     let r = Report::build(
         "train",
@@ -277,6 +278,23 @@ fn print_summary(config: &Path, r: &TrainReport) {
         r.data_wait_seconds,
         r.allreduce_seconds
     );
+    if r.data_stall_per_rank.len() > 1 {
+        let (slowest, max) = r
+            .data_stall_per_rank
+            .iter()
+            .copied()
+            .enumerate()
+            .fold((0, 0.0), |a, (k, s)| if s > a.1 { (k, s) } else { a });
+        out!(
+            "  data     per rank: {} (the all-reduce waits for the slowest: rank {slowest}, {:.2}%)",
+            r.data_stall_per_rank
+                .iter()
+                .map(|s| format!("{:.2}%", 100.0 * s))
+                .collect::<Vec<_>>()
+                .join(" · "),
+            100.0 * max
+        );
+    }
     out!(
         "  threads  {}",
         crate::openmp::describe(tch::get_num_threads().max(1) as usize)

@@ -32,6 +32,27 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
     assert_eq!(r["rows_trained"], 718 * 2 * 20);
     assert_eq!(r["steps"], 20 * 718u64.div_ceil(64));
     assert_eq!(r["rows_untrained"], 0);
+    // Every rank's stall, and the slowest one's (what the all-reduce waits for).
+    let per_rank: Vec<f64> = r["data_stall_per_rank"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(per_rank.len(), 2);
+    assert!(
+        per_rank.iter().all(|s| (0.0..=1.0).contains(s)),
+        "{per_rank:?}"
+    );
+    assert_eq!(
+        r["data_stall_max"].as_f64().unwrap(),
+        per_rank.iter().copied().fold(0.0, f64::max)
+    );
+    assert_eq!(
+        r["data_stall_fraction"].as_f64().unwrap(),
+        per_rank[0],
+        "rank 0's"
+    );
     let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(eval["rows"], 360, "the whole test split, each row once");
     let acc = eval["accuracy"].as_f64().unwrap();
@@ -41,7 +62,9 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
     assert!((50 << 20..4 << 30).contains(&rss), "peak RSS {rss} bytes");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("eval     accuracy") && stdout.contains("stall"),
+        stdout.contains("eval     accuracy")
+            && stdout.contains("stall")
+            && stdout.contains("data     per rank: "),
         "{stdout}"
     );
 }

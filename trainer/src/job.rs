@@ -214,6 +214,11 @@ pub struct TrainReport {
     pub rows_per_second: f64,
     /// Fraction of the training loop's time spent waiting for data (rank 0).
     pub data_stall_fraction: f64,
+    /// The same fraction for every rank, by rank: the all-reduce waits for the slowest, so a
+    /// rank starved of data shows here while rank 0's figure looks fine.
+    pub data_stall_per_rank: Vec<f64>,
+    /// The largest of `data_stall_per_rank`: what the report's bottleneck analysis uses.
+    pub data_stall_max: f64,
     /// Seconds waiting for data (rank 0; start-up excluded).
     pub data_wait_seconds: f64,
     /// Seconds in collectives (handshakes + gradient all-reduce, rank 0).

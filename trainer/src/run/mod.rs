@@ -225,6 +225,7 @@ pub(crate) fn worker(
     let loop_time = loop_started.elapsed();
     let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
     drop(run.stream);
+    let stalls = gather_stalls(grads.as_ref(), stats.stall_fraction())?;
     let notes = pipeline_notes(&metrics);
     Ok(Some(TrainReport {
         rank,
@@ -239,6 +240,8 @@ pub(crate) fn worker(
         seconds: started.elapsed().as_secs_f64(),
         rows_per_second: run.rows_this_run as f64 / loop_time.as_secs_f64().max(1e-9),
         data_stall_fraction: stats.stall_fraction(),
+        data_stall_max: stalls.iter().copied().fold(0.0, f64::max),
+        data_stall_per_rank: stalls,
         data_wait_seconds: stats.waited().as_secs_f64(),
         allreduce_seconds: run.trainer.collective_time.as_secs_f64(),
         checkpoint: checkpoint_url,
@@ -248,6 +251,19 @@ pub(crate) fn worker(
         elastic,
         total_steps,
     }))
+}
+
+/// Every rank's data-stall fraction, by rank (every rank calls this at the same point).
+fn gather_stalls(grads: &dyn Collective, mine: f64) -> Result<Vec<f64>, TrainError> {
+    let all = grads.all_gather(mine.to_le_bytes().to_vec())?;
+    Ok(all
+        .iter()
+        .map(|b| {
+            b.get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0.0, f64::from_le_bytes)
+        })
+        .collect())
 }
 
 /// Sets this rank's intra-op threads (the cores shared out between ranks: OpenMP's setting

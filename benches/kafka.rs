@@ -7,7 +7,8 @@
 //! (CI) it runs once at a small size as a smoke test.
 //!
 //! Each variant reads the whole topic from the beginning `REPEATS` times; the best time
-//! counts. Sluice runs with `until: {records: N}`, the bare consumer stops at N too.
+//! counts. Sluice runs with `until: {records: N}` in rows (an `arrow_ipc` message counts as its
+//! rows), the bare consumer stops at the messages that hold them.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -199,7 +200,7 @@ async fn sluice_consume(
     brokers: &str,
     topic: &str,
     format: &str,
-    messages: usize,
+    rows: usize,
     shuffle: bool,
 ) -> usize {
     let schema = if format == "json" {
@@ -212,7 +213,7 @@ async fn sluice_consume(
         false => "",
     };
     let yaml = format!(
-        "source:\n  type: kafka\n  brokers: {brokers}\n  topic: {topic}\n  format: {format}\n{schema}  until: {{records: {messages}}}\n{stages}"
+        "source:\n  type: kafka\n  brokers: {brokers}\n  topic: {topic}\n  format: {format}\n{schema}  until: {{records: {rows}}}\n{stages}"
     );
     let mut s = Pipeline::from_yaml(&yaml).unwrap().stream();
     let mut rows = 0;
@@ -279,10 +280,10 @@ fn main() {
         };
         assert_eq!(got, n);
         let (sl_t, got_rows) =
-            best(|| rt.block_on(sluice_consume(&brokers, topic, format, n, false)));
+            best(|| rt.block_on(sluice_consume(&brokers, topic, format, rows, false)));
         assert_eq!(got_rows, rows, "sluice read every row");
         let (sh_t, got_rows) =
-            best(|| rt.block_on(sluice_consume(&brokers, topic, format, n, true)));
+            best(|| rt.block_on(sluice_consume(&brokers, topic, format, rows, true)));
         assert_eq!(got_rows, rows, "sluice read every row, shuffled");
         let line = |label: &str, t: Duration, ratio: f64| {
             let s = t.as_secs_f64();

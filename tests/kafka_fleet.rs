@@ -274,3 +274,55 @@ trainer:
     let acc = eval["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.8, "held-out accuracy {acc}");
 }
+
+/// A broker that dies and stays dead: the run says it is waiting and for how long
+/// (`outage_budget`), then stops with an error naming the budget instead of waiting forever;
+/// the parts written before stay whole.
+#[test]
+fn brokers_gone_past_the_outage_budget_stop_the_run_with_a_clear_error() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let mut broker = kafka::DurableBroker::start(common::s3::bucket("tansu-outage"), dir);
+    let brokers = broker.brokers();
+    let topic = rt.block_on(async {
+        let t = kafka::create_topic_on(&brokers, "outage", 1).await;
+        kafka::produce_on(&brokers, &t, (0..2_000i64).map(|i| (0, json_record(i)))).await;
+        t
+    });
+    std::fs::write(
+        dir.join("job.yaml"),
+        format!(
+            "source: {{type: kafka, brokers: '{brokers}', topic: {topic}, format: json, schema: {JSON_SCHEMA}, batch_rows: 250, until: {{records: 5000}}, outage_budget: 3s}}\nsink: {{type: parquet, path: out, max_rows_per_file: 1000}}\n"
+        ),
+    )
+    .unwrap();
+    let mut run = spawn_sluice(dir, &["run", "job.yaml"]);
+    common::wait_for("the run's first parts", Duration::from_secs(60), || {
+        (common::files_under(&dir.join("out")).len() >= 2).then_some(())
+    });
+    broker.kill();
+    let status = common::wait_for("the run to give up", Duration::from_secs(90), || {
+        run.try_wait().unwrap()
+    });
+    let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(!log.contains("going on without waiting"), "{log}");
+    assert!(
+        log.contains("no broker reachable (")
+            && log.contains("waiting for up to 3s (`outage_budget`)"),
+        "{log}"
+    );
+    assert!(log.contains("(`outage_budget`): "), "{log}");
+    assert!(log.contains("or raise `outage_budget`"), "{log}");
+    let ids: Vec<i64> = common::files_under(&dir.join("out"))
+        .iter()
+        .filter(|f| f.ends_with(".parquet"))
+        .flat_map(|f| int64_values(&read_parquet(&dir.join("out").join(f)), "id"))
+        .collect();
+    assert!(
+        ids.len() >= 1000 && ids.len().is_multiple_of(1000),
+        "{} rows in whole parts",
+        ids.len()
+    );
+}

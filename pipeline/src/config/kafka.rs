@@ -251,6 +251,32 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
+/// `outage_budget`: how long a source waits for unreachable brokers before it gives up —
+/// a duration, or `forever`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutageBudget {
+    /// Fail once the brokers have been unreachable this long.
+    Within(Duration),
+    /// Wait for the brokers however long they are gone (streaming jobs).
+    Forever,
+}
+
+impl<'de> Deserialize<'de> for OutageBudget {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.trim() == "forever" {
+            return Ok(OutageBudget::Forever);
+        }
+        humantime::parse_duration(&s)
+            .map(OutageBudget::Within)
+            .map_err(|e| {
+                de::Error::custom(format!(
+                    "`{s}` is not a duration ({e}) nor `forever`; examples: 30s, 5m, forever"
+                ))
+            })
+    }
+}
+
 /// Where records that cannot be decoded go.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeadLetterConfig {
@@ -388,6 +414,11 @@ pub struct KafkaSourceConfig {
     /// Give up connecting (metadata, topic lookup) after this long. Default: 10s.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
+    /// Once running, how long the brokers may stay unreachable before the run stops with an
+    /// error: a duration or `forever`. Default: 5m for a bounded run (`until` set), forever
+    /// for a stream.
+    #[serde(default)]
+    pub outage_budget: Option<OutageBudget>,
     /// Any librdkafka consumer property (SASL/TLS settings and the like). Secret values are
     /// never printed.
     #[serde(default)]
@@ -395,6 +426,16 @@ pub struct KafkaSourceConfig {
 }
 
 impl KafkaSourceConfig {
+    /// The outage budget in effect: as set, else 5m for a bounded run and forever for a
+    /// stream.
+    pub fn outage_budget(&self) -> OutageBudget {
+        match (self.outage_budget, &self.until) {
+            (Some(b), _) => b,
+            (None, Some(_)) => OutageBudget::Within(Duration::from_secs(300)),
+            (None, None) => OutageBudget::Forever,
+        }
+    }
+
     /// The connection part.
     pub fn connection(&self) -> KafkaConnection {
         KafkaConnection {

@@ -21,7 +21,8 @@ pub use self::image::{
 };
 pub use kafka::{
     Assignment, DeadLetterConfig, DeadLetterFile, DeadLetterKafka, ErrorBudget, HumanDuration,
-    KafkaConnection, KafkaFormat, KafkaSourceConfig, Properties, SchemaSpec, StartPosition, Until,
+    KafkaConnection, KafkaFormat, KafkaSourceConfig, OutageBudget, Properties, SchemaSpec,
+    StartPosition, Until,
 };
 pub use load::{Component, ConfigDocument, Located, component_fields, struct_fields};
 pub use source::{Mix, ParquetSourceConfig, Partitioning, ShardPolicy, SourceConfig};

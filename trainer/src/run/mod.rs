@@ -226,7 +226,6 @@ pub(crate) fn worker(
     let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
     drop(run.stream);
     let stalls = gather_stalls(grads.as_ref(), stats.stall_fraction())?;
-    let notes = pipeline_notes(&metrics);
     Ok(Some(TrainReport {
         rank,
         world_size: world,
@@ -247,7 +246,7 @@ pub(crate) fn worker(
         checkpoint: checkpoint_url,
         interrupted: run.interrupted,
         already_complete: false,
-        notes,
+        notes: pipeline_notes(&metrics),
         elastic,
         total_steps,
     }))

@@ -2,7 +2,7 @@
 //! statistics feeding per-partition lag), and which of its errors are fatal.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -14,18 +14,77 @@ use crate::config::{Assignment, KafkaSourceConfig, StartPosition, Until};
 use crate::error::Result;
 use crate::runtime::metrics::PipelineMetrics;
 
-/// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag.
+/// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag and
+/// tell when lost brokers are back.
 pub(super) struct SourceContext {
     last_error: Mutex<Option<String>>,
+    /// Since when no broker has been reachable (transport errors), and why; cleared by the
+    /// first statistics that show a broker up again.
+    outage: Mutex<Option<(Instant, String)>>,
+    /// Whether `outage` is set: checked for every message without taking the lock.
+    in_outage: std::sync::atomic::AtomicBool,
+    /// Partitions (topic, partition) whose statistics showed everything up to the end
+    /// delivered (or nothing there): caught up with their backlog, as an end-of-partition
+    /// event says too (which librdkafka sometimes reports without its partition).
+    caught_up: Mutex<std::collections::HashSet<(String, i32)>>,
     /// Logs librdkafka's errors, each repeated one once in a while.
     log: crate::kafka_log::KafkaLog,
     metrics: Arc<PipelineMetrics>,
 }
 
+impl SourceContext {
+    /// Whether partition `p` of `topic` was seen caught up with its backlog.
+    pub(super) fn caught_up(&self, topic: &str, p: i32) -> bool {
+        self.caught_up
+            .lock()
+            .is_ok_and(|c| c.contains(&(topic.to_string(), p)))
+    }
+
+    /// Ends an outage, if one is on: a broker is up (statistics) or a message arrived.
+    pub(super) fn end_outage(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.in_outage.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(mut o) = self.outage.lock()
+            && let Some((since, _)) = o.take()
+        {
+            self.in_outage.store(false, Ordering::Relaxed);
+            tracing::warn!(
+                "kafka: brokers reachable again after {}; reading goes on",
+                humantime::format_duration(Duration::from_secs(since.elapsed().as_secs()))
+            );
+        }
+    }
+
+    /// How long the brokers have been unreachable, and the last error, if they are.
+    pub(super) fn outage(&self) -> Option<(Duration, String)> {
+        let o = self.outage.lock().ok()?;
+        o.as_ref()
+            .map(|(since, why)| (since.elapsed(), why.clone()))
+    }
+}
+
 impl ClientContext for SourceContext {
     fn stats(&self, statistics: Statistics) {
+        // A broker up again ends an outage (an idle topic sends no message to say so).
+        let up = |b: &rdkafka::statistics::Broker| {
+            b.state == "UP" && b.source != "internal" && b.source != "logical"
+        };
+        if statistics.brokers.values().any(up) {
+            self.end_outage();
+        }
         for (topic, t) in &statistics.topics {
             for (p, s) in &t.partitions {
+                let delivered = s.hi_offset >= 0
+                    && (s.app_offset >= s.hi_offset
+                        || (s.app_offset < 0 && s.lo_offset >= 0 && s.lo_offset == s.hi_offset));
+                if *p >= 0
+                    && delivered
+                    && let Ok(mut c) = self.caught_up.lock()
+                {
+                    c.insert((topic.clone(), *p));
+                }
                 if *p < 0 || s.consumer_lag < 0 {
                     continue;
                 }
@@ -44,6 +103,18 @@ impl ClientContext for SourceContext {
             return;
         }
         self.log.error(&error, reason);
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure)
+        ) && let Ok(mut o) = self.outage.lock()
+        {
+            match o.as_mut() {
+                Some((_, why)) => *why = format!("{reason} ({error})"),
+                None => *o = Some((Instant::now(), format!("{reason} ({error})"))),
+            }
+            self.in_outage
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         // "All brokers down" follows the error that says why; keep the cause.
         let generic = matches!(
             error.rdkafka_error_code(),
@@ -129,6 +200,9 @@ pub(super) fn create_consumer(
     };
     c.create_with_context(SourceContext {
         last_error: Mutex::new(None),
+        outage: Mutex::new(None),
+        in_outage: Default::default(),
+        caught_up: Mutex::new(Default::default()),
         log: Default::default(),
         metrics,
     })

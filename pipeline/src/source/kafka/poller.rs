@@ -17,7 +17,7 @@ use super::client::{SourceConsumer, SourceContext, create_consumer, is_fatal, re
 use super::decode::{RawChunk, RecordMeta};
 use super::queues::Wake;
 use super::{KafkaSource, Replay, kafka_err};
-use crate::config::{Assignment, KafkaFormat, StartPosition, Until};
+use crate::config::{Assignment, KafkaFormat, OutageBudget, StartPosition, Until};
 use crate::error::Result;
 use crate::runtime::metrics::PipelineMetrics;
 
@@ -45,6 +45,10 @@ pub(super) struct Poller {
     wake: Arc<Wake>,
     brokers: String,
     metrics: Arc<PipelineMetrics>,
+    /// How long the brokers may stay unreachable (`outage_budget`).
+    outage_budget: OutageBudget,
+    /// Whether the current outage was announced.
+    outage_said: bool,
 }
 
 /// Largest chunk handed to the decoder (records are appended until this or `batch_rows`).
@@ -109,6 +113,8 @@ impl KafkaSource {
             wake,
             brokers,
             metrics: self.metrics.clone(),
+            outage_budget: self.config.outage_budget(),
+            outage_said: false,
         })
     }
 }
@@ -341,6 +347,9 @@ impl Poller {
             if deadline.is_some_and(|d| Instant::now() >= d) || st.left == Some(0) {
                 break;
             }
+            if !self.within_outage_budget(&mut st, &tx) {
+                return;
+            }
             self.wake.arm();
             let Ok(mut taken) = self.poll_consumer(&mut st, &consumer, &queues, &tx) else {
                 return;
@@ -474,6 +483,8 @@ impl Poller {
 
     /// Appends a message to the chunk being cut.
     fn message(&mut self, st: &mut Reading, m: &BorrowedMessage<'_>) {
+        // A message is proof the brokers are there.
+        self.consumer.context().end_outage();
         let Some(t) = self.topic_index(m.topic()) else {
             return;
         };

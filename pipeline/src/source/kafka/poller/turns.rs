@@ -4,11 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::Consumer;
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::message::BorrowedMessage;
 use tokio::sync::mpsc;
 
 use super::{BACKLOG_WAIT, POLL_INTERVAL, Poller, Reading};
+use crate::config::OutageBudget;
 use crate::error::Result;
 use crate::source::kafka::client::SourceContext;
 use crate::source::kafka::decode::RawChunk;
@@ -105,15 +107,21 @@ impl Poller {
     fn backlog_next<'q>(
         &mut self,
         st: &mut Reading,
-        (key, queue): &'q ((u16, i32), PartitionQueue<SourceContext>),
+        entry: &'q ((u16, i32), PartitionQueue<SourceContext>),
         tx: &mpsc::Sender<Result<RawChunk>>,
     ) -> std::result::Result<Option<BorrowedMessage<'q>>, ()> {
+        let (key, queue) = entry;
         let since = Instant::now();
+        let consumer = self.consumer.clone();
         loop {
+            // The consumer's own queue carries the callbacks (statistics, broker errors)
+            // that say whether this partition caught up and whether the brokers are there.
+            self.poll_consumer(st, &consumer, std::slice::from_ref(entry), tx)?;
+            self.sync_caught_up(st);
             if st.caught_up.contains(key) || st.done.get(key) == Some(&true) {
                 return Ok(None);
             }
-            if tx.is_closed() {
+            if tx.is_closed() || !self.within_outage_budget(st, tx) {
                 return Err(());
             }
             if st.deadline.is_some_and(|d| Instant::now() >= d) || st.left == Some(0) {
@@ -149,6 +157,7 @@ impl Poller {
         heads: &[Option<BorrowedMessage<'_>>],
         waiting: &mut Option<Instant>,
     ) -> bool {
+        self.sync_caught_up(st);
         let lagging = |backlog: bool| {
             queues.iter().zip(heads).any(|((key, _), head)| {
                 head.is_none()
@@ -222,5 +231,58 @@ impl Poller {
             return true;
         }
         self.event(st, Err(e), tx)
+    }
+
+    /// Adds the partitions librdkafka's statistics show caught up to `st.caught_up`.
+    fn sync_caught_up(&self, st: &mut Reading) {
+        let ctx = self.consumer.context();
+        let seen: Vec<(u16, i32)> = st
+            .partitions
+            .iter()
+            .filter(|k| !st.caught_up.contains(k))
+            .filter(|(t, p)| ctx.caught_up(&self.topics[*t as usize], *p))
+            .copied()
+            .collect();
+        st.caught_up.extend(seen);
+    }
+
+    /// While no broker is reachable: says so once, with the budget, and stops the run once
+    /// the outage outlasts `outage_budget` (false: the error was sent).
+    pub(super) fn within_outage_budget(
+        &mut self,
+        st: &mut Reading,
+        tx: &mpsc::Sender<Result<RawChunk>>,
+    ) -> bool {
+        let Some((down, why)) = self.consumer.context().outage() else {
+            self.outage_said = false;
+            return true;
+        };
+        let budget = match self.outage_budget {
+            OutageBudget::Within(b) => b,
+            OutageBudget::Forever => Duration::MAX,
+        };
+        if !self.outage_said {
+            self.outage_said = true;
+            let until = match self.outage_budget {
+                OutageBudget::Within(b) => format!("for up to {}", humantime::format_duration(b)),
+                OutageBudget::Forever => "as long as it takes".to_string(),
+            };
+            tracing::warn!(
+                "kafka {}: no broker reachable ({why}); waiting {until} (`outage_budget`), then reading goes on where it stopped",
+                self.brokers
+            );
+        }
+        if down < budget {
+            return true;
+        }
+        let _ = self.flush(st, tx);
+        let _ = tx.blocking_send(Err(crate::source::kafka::kafka_err(
+            &self.brokers,
+            format!(
+                "no broker reachable for {} (`outage_budget`): {why}. Check that the brokers are up and reachable, or raise `outage_budget` (`forever` waits as long as it takes); a checkpoint resumes where this run stopped",
+                humantime::format_duration(Duration::from_secs(down.as_secs()))
+            ),
+        )));
+        false
     }
 }

@@ -104,6 +104,46 @@ fn libtorch_threads_sleep_when_idle_unless_the_user_chose_a_policy() {
     );
 }
 
+/// A cosine schedule on one worker, without computed statistics (nothing opened every file
+/// before the run): the run's length is counted from the Parquet footers, as the docs say
+/// (it was refused: "this source does not tell the run's length ahead").
+#[test]
+fn a_cosine_schedule_on_one_worker_counts_the_runs_length() {
+    let t = tempfile::tempdir().unwrap();
+    let data = repo().join("data/digits");
+    std::fs::write(
+        t.path().join("job.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/train.parquet', columns: [label, pixels]}}
+stages: [{{type: cast, columns: {{pixels: float32}}}}, {{type: batch, size: 32}}]
+loader:
+  tensors:
+    x: {{column: pixels, dtype: f32}}
+    y: {{column: label, dtype: i64}}
+trainer:
+  model: {{type: mlp, hidden: [16], outputs: 10}}
+  optimizer: {{type: sgd, lr: 0.01}}
+  schedule: {{decay: cosine}}
+  epochs: 2
+  allreduce: {{workers: 1}}
+",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let out = run_in_for(
+        t.path(),
+        &["train", "job.yaml", "--summary-json", "s.json"],
+        Duration::from_secs(120),
+    );
+    assert_ok(&out);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(t.path().join("s.json")).unwrap()).unwrap();
+    // 1437 rows an epoch in batches of 32: 45 steps, twice.
+    assert_eq!(r["total_steps"], 90);
+    assert_eq!(r["steps"], 90);
+}
+
 /// Digits with a cross-rank shuffle, SGD with momentum and weight decay, 2 workers, a
 /// checkpoint every 10 steps; `steps` ends the run.
 fn job(steps: u64) -> String {

@@ -315,6 +315,18 @@ impl PreparedPipeline {
         self.source.total_rows()
     }
 
+    /// [`PreparedPipeline::source_rows`], reading every remaining Parquet footer first if the
+    /// listing is not complete yet (a one-rank run opens files as it reads them): for a
+    /// schedule that needs the run's length. `None` for a stream.
+    pub async fn count_source_rows(&self) -> Result<Option<u64>> {
+        if let Source::Parquet(p) = &self.source
+            && self.source.total_rows().is_none()
+        {
+            p.open_all().await?;
+        }
+        Ok(self.source.total_rows())
+    }
+
     /// Reports what the consumer has durably taken; see [`Acknowledger`].
     pub fn acknowledger(&self) -> Arc<Acknowledger> {
         self.acker.clone()

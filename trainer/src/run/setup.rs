@@ -77,7 +77,11 @@ pub(super) fn open_data(
     let prepared = handle.block_on(pipeline.prepare())?;
     let schema = prepared.schema().clone();
     let frozen = prepared.frozen_stages();
-    let source_rows = prepared.source_rows();
+    // Cosine decay needs the run's length: count the rows now if the listing is lazy.
+    let source_rows = match tc.schedule.decay {
+        Decay::Cosine => handle.block_on(prepared.count_source_rows())?,
+        _ => prepared.source_rows(),
+    };
     let pool = prepared.pool().clone();
     // Kafka offsets are stored with the consumer group only once a checkpoint covering
     // them is durable (or, without checkpoints, at the end of a complete run).

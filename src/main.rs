@@ -213,9 +213,12 @@ fn main() -> ExitCode {
         // Colour codes only for a terminal: a log file or a CI log gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    // Before any thread or work: may restart the process with OpenMP's threads set to sleep.
+    // Before any thread or work: training may restart the process with OpenMP's threads set
+    // to sleep (only `train` runs libtorch's threads; a restart reloads libtorch, ~0.2 s).
     #[cfg(feature = "torch")]
-    openmp::passive_or_reexec();
+    if matches!(cli.command, Command::Train { .. }) {
+        openmp::passive_or_reexec();
+    }
     if let Err(e) = signals::configure_from_env() {
         eprintln!("error: {e}");
         return ExitCode::from(2);

@@ -5,8 +5,9 @@
 //!
 //! OpenMP reads `OMP_WAIT_POLICY` once, when the runtime library is loaded — libgomp with
 //! libtorch, before `main` runs — so setting it from inside the process is too late. When the
-//! user has not chosen a policy, a `sluice` that links libtorch therefore starts itself again
-//! once, with `OMP_WAIT_POLICY=PASSIVE` in its environment (the same process: `exec`).
+//! user has not chosen a policy, `sluice train` therefore starts itself again once, with
+//! `OMP_WAIT_POLICY=PASSIVE` in its environment (the same process: `exec`); the other
+//! commands run no libtorch threads and are not restarted.
 //! Hand-written because no crate controls a loaded OpenMP runtime.
 
 /// The variable OpenMP reads.

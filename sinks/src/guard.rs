@@ -17,7 +17,7 @@ use object_store::path::Path as ObjectPath;
 use sluice_pipeline::config::SourceConfig;
 use sluice_pipeline::storage::{ObjectLocation, local_file, resolve, spec_names};
 
-use crate::lease::{LEASE, Lease};
+use crate::lease::{Holder, LEASE, Lease};
 use crate::{Error, Result, SinkConfig};
 
 /// Where a sink writes, as far as its source could read it.
@@ -340,17 +340,11 @@ impl LocalLock {
             }
         };
         let mut file = file;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let since = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
         // What the lock says is for the message of a refused run only.
-        let _ = file.set_len(0).and_then(|()| {
-            write!(
-                file,
-                "pid {} on {} since {since}",
-                std::process::id(),
-                host.trim()
-            )
-        });
+        let holder = Holder::ours(LEASE).describe();
+        let _ = file
+            .set_len(0)
+            .and_then(|()| file.write_all(holder.as_bytes()));
         remove_staged(&dir, staged_prefix.as_deref());
         Ok(Some(LocalLock {
             path: lock_path,

@@ -35,9 +35,10 @@ use crate::{Error, Result};
 /// How long a claim lasts without renewal: what a killed run's output stays blocked for.
 pub(crate) const LEASE: Duration = Duration::from_secs(30);
 
-/// What the lock object says: who holds it and for how long a renewal counts.
+/// What the lock object says: who holds it and for how long a renewal counts (the local
+/// lock file says `describe()` of it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Holder {
+pub(crate) struct Holder {
     /// Unique per run: pid, host and start time.
     owner: String,
     pid: u32,
@@ -49,7 +50,8 @@ struct Holder {
 }
 
 impl Holder {
-    fn ours(lease: Duration) -> Holder {
+    /// This run, holding a claim for `lease`.
+    pub(crate) fn ours(lease: Duration) -> Holder {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .unwrap_or_default()
             .trim()
@@ -69,7 +71,8 @@ impl Holder {
         }
     }
 
-    fn describe(&self) -> String {
+    /// `pid … on … since …`: for the message of a refused run.
+    pub(crate) fn describe(&self) -> String {
         format!("pid {} on {} since {}", self.pid, self.host, self.since)
     }
 }

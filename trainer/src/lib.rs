@@ -63,3 +63,9 @@ pub enum TrainError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+impl From<sluice_pipeline::checkpoint::CheckpointFileError> for TrainError {
+    fn from(e: sluice_pipeline::checkpoint::CheckpointFileError) -> TrainError {
+        TrainError::Checkpoint(format!("{}: {}", e.url, e.message))
+    }
+}

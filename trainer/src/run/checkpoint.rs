@@ -74,7 +74,7 @@ impl Ctx<'_> {
         let bytes = encode(&meta, &trainer.state_tensors())?;
         self.handle
             .block_on(file.write(bytes))
-            .map_err(|e| TrainError::Checkpoint(format!("{}: {}", e.url, e.message)))?;
+            .map_err(TrainError::from)?;
         tracing::info!(step = meta.step, url = %file.url(), "checkpoint written");
         Ok(())
     }

@@ -103,10 +103,8 @@ fn fetch_checkpoint(
     handle: &Handle,
 ) -> Result<Vec<u8>, TrainError> {
     let read = file.read_at_start(options.resume, "training from the beginning");
-    match handle.block_on(read) {
-        Ok(bytes) => Ok(bytes.map(|b| b.to_vec()).unwrap_or_default()),
-        Err(e) => Err(TrainError::Checkpoint(format!("{}: {}", e.url, e.message))),
-    }
+    let bytes = handle.block_on(read)?;
+    Ok(bytes.map(|b| b.to_vec()).unwrap_or_default())
 }
 
 /// A finished run goes on when the config now asks for more epochs of a Parquet source

@@ -158,43 +158,32 @@ impl Poller {
         waiting: &mut Option<Instant>,
     ) -> bool {
         self.sync_caught_up(st);
-        let lagging = |backlog: bool| {
-            queues.iter().zip(heads).any(|((key, _), head)| {
-                head.is_none()
-                    && st.done.get(key) != Some(&true)
-                    && st.caught_up.contains(key) != backlog
-            })
-        };
-        let cap = if lagging(true) {
-            Some(BACKLOG_WAIT.max(self.batch_timeout))
-        } else if lagging(false) {
-            Some(self.batch_timeout)
+        // The partitions with nothing to take that are not at their end: those still owing
+        // their backlog (`true`) and those caught up.
+        let lagging: Vec<((u16, i32), bool)> = queues
+            .iter()
+            .zip(heads)
+            .filter(|((key, _), head)| head.is_none() && st.done.get(key) != Some(&true))
+            .map(|((key, _), _)| (*key, !st.caught_up.contains(key)))
+            .collect();
+        let cap = if lagging.iter().any(|(_, backlog)| *backlog) {
+            BACKLOG_WAIT.max(self.batch_timeout)
+        } else if !lagging.is_empty() {
+            self.batch_timeout
         } else {
-            None
+            *waiting = None;
+            return true;
         };
-        match cap {
-            Some(cap) => {
-                let over = waiting.get_or_insert_with(Instant::now).elapsed() >= cap;
-                if over && cap > self.batch_timeout {
-                    let stuck: Vec<(u16, i32)> = queues
-                        .iter()
-                        .zip(heads)
-                        .filter(|((key, _), head)| {
-                            head.is_none()
-                                && st.done.get(key) != Some(&true)
-                                && !st.caught_up.contains(key)
-                        })
-                        .map(|((key, _), _)| *key)
-                        .collect();
-                    self.pass_over(st, &stuck, cap);
-                }
-                over
-            }
-            None => {
-                *waiting = None;
-                true
-            }
+        let over = waiting.get_or_insert_with(Instant::now).elapsed() >= cap;
+        if over && cap > self.batch_timeout {
+            let stuck: Vec<(u16, i32)> = lagging
+                .iter()
+                .filter(|(_, backlog)| *backlog)
+                .map(|(key, _)| *key)
+                .collect();
+            self.pass_over(st, &stuck, cap);
         }
+        over
     }
 
     /// Partitions `keys` delivered nothing of their backlog for `waited`: from now on they

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,13 @@ use common::kafka::{self, JSON_SCHEMA, json_record};
 use common::{
     assert_ok, int64_values, read_parquet, repo, run_in_for, spawn_sluice, write_parquet,
 };
+
+/// Writes `yaml` to `dir/name` and runs `sluice run` on it, bounded by `limit` (a hang fails
+/// the test).
+fn run_config(dir: &Path, name: &str, yaml: String, limit: Duration) -> std::process::Output {
+    std::fs::write(dir.join(name), yaml).unwrap();
+    run_in_for(dir, &["run", name], limit)
+}
 
 fn topic(prefix: &str, partitions: i32) -> String {
     tokio::runtime::Runtime::new()
@@ -44,29 +52,25 @@ fn a_declared_schema_reads_what_the_sink_wrote_with_non_null_lists() {
     )
     .unwrap();
     write_parquet(&dir.join("in.parquet"), &[data], 300);
-    std::fs::write(
-        dir.join("publish.yaml"),
+    assert_ok(&run_config(
+        dir,
+        "publish.yaml",
         format!(
             "source: {{type: parquet, path: in.parquet}}\nstages: [{{type: batch, size: 100}}]\nsink: {{type: kafka, brokers: '{}', topic: {topic}, format: arrow_ipc}}\n",
             kafka::brokers()
         ),
-    )
-    .unwrap();
-    assert_ok(&run_in_for(
-        dir,
-        &["run", "publish.yaml"],
         Duration::from_secs(120),
     ));
     let read = |name: &str, x_type: &str| {
-        std::fs::write(
-            dir.join(name),
+        run_config(
+            dir,
+            name,
             format!(
                 "source: {{type: kafka, brokers: '{}', topic: {topic}, format: arrow_ipc, schema: {{id: int64, x: \"{x_type}\"}}, until: end}}\nsink: {{type: parquet, path: {name}.parquet}}\n",
                 kafka::brokers()
             ),
+            Duration::from_secs(120),
         )
-        .unwrap();
-        run_in_for(dir, &["run", name], Duration::from_secs(120))
     };
     assert_ok(&read("fits.yaml", "float32[4]"));
     let back = read_parquet(&dir.join("fits.yaml.parquet"));
@@ -99,34 +103,30 @@ fn until_records_counts_the_rows_of_arrow_ipc_messages() {
     let dir = t.path();
     let digits = repo().join("data/digits/train.parquet");
     // 1,437 rows as 6 messages: 5 of 250 rows and one of 187.
-    std::fs::write(
-        dir.join("publish.yaml"),
+    assert_ok(&run_config(
+        dir,
+        "publish.yaml",
         format!(
             "source: {{type: parquet, path: '{}', columns: [id]}}\nstages: [{{type: batch, size: 250}}]\nsink: {{type: kafka, brokers: '{}', topic: {topic}, format: arrow_ipc}}\n",
             digits.display(),
             kafka::brokers()
         ),
-    )
-    .unwrap();
-    assert_ok(&run_in_for(
-        dir,
-        &["run", "publish.yaml"],
         Duration::from_secs(120),
     ));
     let expected = int64_values(&read_parquet(&digits), "id");
 
     for n in [1000usize, 1100, 1437] {
         let name = format!("read-{n}.yaml");
-        std::fs::write(
-            dir.join(&name),
+        // Bounded: counting messages, 1,437 "records" never come and the run hangs.
+        let out = run_config(
+            dir,
+            &name,
             format!(
                 "source: {{type: kafka, brokers: '{}', topic: {topic}, format: arrow_ipc, schema: {{id: int64}}, until: {{records: {n}}}}}\nsink: {{type: parquet, path: out-{n}.parquet}}\n",
                 kafka::brokers()
             ),
-        )
-        .unwrap();
-        // Bounded: counting messages, 1,437 "records" never come and the run hangs.
-        let out = run_in_for(dir, &["run", &name], Duration::from_secs(60));
+            Duration::from_secs(60),
+        );
         assert_ok(&out);
         let got = int64_values(&read_parquet(&dir.join(format!("out-{n}.parquet"))), "id");
         assert_eq!(got.len(), n, "until {{records: {n}}}");
@@ -162,15 +162,15 @@ fn a_backlog_of_large_records_is_interleaved_the_same_way_every_run() {
     let dir = t.path();
     let read = |run: usize| {
         let name = format!("run-{run}.yaml");
-        std::fs::write(
-            dir.join(&name),
+        assert_ok(&run_config(
+            dir,
+            &name,
             format!(
                 "source: {{type: kafka, brokers: '{}', topic: {topic}, format: json, schema: {JSON_SCHEMA}, until: end}}\nsink: {{type: parquet, path: out-{run}.parquet}}\n",
                 kafka::brokers()
             ),
-        )
-        .unwrap();
-        assert_ok(&run_in_for(dir, &["run", &name], Duration::from_secs(120)));
+            Duration::from_secs(120),
+        ));
         int64_values(&read_parquet(&dir.join(format!("out-{run}.parquet"))), "id")
     };
     let first = read(0);
@@ -208,17 +208,13 @@ fn a_trainer_started_before_its_preprocessing_fleet_trains_every_row_once_and_ev
     let data = repo().join("data/digits");
     let stages = "stages:\n  - {type: cast, columns: {pixels: float32}}\n  - {type: standardize, columns: [pixels], mean: 4.9, std: 6.0}\n";
     // The held-out split, preprocessed like the stream.
-    std::fs::write(
-        dir.join("test.yaml"),
+    assert_ok(&run_config(
+        dir,
+        "test.yaml",
         format!(
             "source: {{type: parquet, path: '{}/test.parquet', columns: [label, pixels]}}\n{stages}sink: {{type: parquet, path: test.parquet}}\n",
             data.display()
         ),
-    )
-    .unwrap();
-    assert_ok(&run_in_for(
-        dir,
-        &["run", "test.yaml"],
         Duration::from_secs(120),
     ));
     std::fs::write(
@@ -244,18 +240,14 @@ trainer:
         dir,
         &["train", "train.yaml", "--summary-json", "train.json"],
     );
-    std::fs::write(
-        dir.join("publish.yaml"),
+    assert_ok(&run_config(
+        dir,
+        "publish.yaml",
         format!(
             "source: {{type: parquet, path: '{}/train.parquet', columns: [label, pixels]}}\n{stages}  - {{type: batch, size: 100}}\nsink: {{type: kafka, brokers: '{}', topic: {topic}, format: arrow_ipc}}\n",
             data.display(),
             kafka::brokers()
         ),
-    )
-    .unwrap();
-    assert_ok(&run_in_for(
-        dir,
-        &["run", "publish.yaml"],
         Duration::from_secs(120),
     ));
     let status = common::wait_for("the trainer", Duration::from_secs(180), || {

@@ -116,13 +116,7 @@ async fn reads_a_multi_file_dataset_like_local_disk_and_writes_back() {
         .bytes()
         .await
         .unwrap();
-    let back: Vec<RecordBatch> =
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .unwrap()
-            .build()
-            .unwrap()
-            .map(|b| b.unwrap())
-            .collect();
+    let back = read_parquet_from(bytes);
     let schema = reference[0].schema();
     assert_eq!(
         arrow::compute::concat_batches(&schema, &back).unwrap(),

@@ -101,14 +101,7 @@ async fn output_ids(bucket: &str) -> BTreeMap<i64, usize> {
             m.location
         );
         let bytes = store.get(&m.location).await.unwrap().bytes().await.unwrap();
-        let batches: Vec<_> =
-            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
-                .unwrap()
-                .build()
-                .unwrap()
-                .map(|b| b.unwrap())
-                .collect();
-        for id in int64_values(&batches, "id") {
+        for id in int64_values(&read_parquet_from(bytes), "id") {
             *ids.entry(id).or_insert(0) += 1;
         }
     }
@@ -172,27 +165,8 @@ async fn two_runs_started_together_never_mix_their_s3_parts() {
         let (b_code, b_err) = run(dir, "b.yaml");
         let a_code = a.wait().unwrap().code();
         let a_err = std::fs::read_to_string(dir.join("a.yaml.log")).unwrap();
-        for (code, err) in [(a_code, a_err), (b_code, b_err)] {
-            match code {
-                Some(0) => {}
-                Some(1) => {
-                    assert!(err.contains("another run is writing this output"), "{err}");
-                    refusals += 1;
-                }
-                other => panic!("round {round}: exit {other:?}: {err}"),
-            }
-        }
-        assert!(
-            a_code == Some(0) || b_code == Some(0),
-            "round {round}: neither finished"
-        );
-        let ids = output_ids(&bucket).await;
-        assert_eq!(ids.len(), 1437, "round {round}");
-        let epochs: std::collections::BTreeSet<usize> = ids.values().copied().collect();
-        assert!(
-            epochs.len() == 1 && (epochs.contains(&3) || epochs.contains(&2)),
-            "round {round}: the output mixes both runs' parts (ids seen {epochs:?} times)"
-        );
+        refusals += race_outcome(round, [(a_code, a_err), (b_code, b_err)]);
+        assert_one_run(round, &output_ids(&bucket).await, [3, 2]);
     }
     // Which run wins is timing; that a loser is told so is checked whenever one lost.
     eprintln!("{refusals} of 20 rounds had a run refused by the lease");

@@ -260,27 +260,8 @@ fn two_runs_started_together_never_mix_their_parts() {
         let a = a.wait().unwrap();
         let a_err = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
         let b_err = String::from_utf8_lossy(&b.stderr).to_string();
-        for (code, err) in [(a.code(), a_err), (b.status.code(), b_err)] {
-            match code {
-                Some(0) => {}
-                Some(1) => {
-                    assert!(err.contains("another run is writing this output"), "{err}");
-                    refusals += 1;
-                }
-                other => panic!("round {round}: exit {other:?}: {err}"),
-            }
-        }
-        assert!(
-            a.success() || b.status.success(),
-            "round {round}: neither finished"
-        );
-        let ids = output_ids(dir);
-        assert_eq!(ids.len(), 1437, "round {round}");
-        let epochs: std::collections::BTreeSet<usize> = ids.values().copied().collect();
-        assert!(
-            epochs.len() == 1 && (epochs.contains(&6) || epochs.contains(&5)),
-            "round {round}: the output mixes both runs' parts (ids seen {epochs:?} times)"
-        );
+        refusals += race_outcome(round, [(a.code(), a_err), (b.status.code(), b_err)]);
+        assert_one_run(round, &output_ids(dir), [6, 5]);
     }
     // Which run wins is timing; that a loser is told so is checked whenever one lost.
     eprintln!("{refusals} of 20 rounds had a run refused by the lock");

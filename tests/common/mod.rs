@@ -23,13 +23,54 @@ pub fn sluice() -> assert_cmd::Command {
 
 /// Reads every batch of a Parquet file.
 pub fn read_parquet(path: &Path) -> Vec<RecordBatch> {
-    let f = std::fs::File::open(path).unwrap();
-    ParquetRecordBatchReaderBuilder::try_new(f)
+    read_parquet_from(std::fs::File::open(path).unwrap())
+}
+
+/// Reads every batch of Parquet data (a file, or an object's bytes).
+pub fn read_parquet_from<R: parquet::file::reader::ChunkReader + 'static>(
+    data: R,
+) -> Vec<RecordBatch> {
+    ParquetRecordBatchReaderBuilder::try_new(data)
         .unwrap()
         .build()
         .unwrap()
         .map(|b| b.unwrap())
         .collect()
+}
+
+/// Checks one round of two runs raced into one output, given each run's exit code and
+/// stderr: each finished (0) or was refused by the other's claim (1, saying so), and at least
+/// one finished. Returns how many were refused.
+pub fn race_outcome(round: usize, runs: [(Option<i32>, String); 2]) -> usize {
+    let mut refusals = 0;
+    let finished = runs.iter().any(|(code, _)| *code == Some(0));
+    for (code, err) in runs {
+        match code {
+            Some(0) => {}
+            Some(1) => {
+                assert!(err.contains("another run is writing this output"), "{err}");
+                refusals += 1;
+            }
+            other => panic!("round {round}: exit {other:?}: {err}"),
+        }
+    }
+    assert!(finished, "round {round}: neither finished");
+    refusals
+}
+
+/// Asserts an output raced into by two runs of `epochs` epochs over the 1,437 digits is
+/// wholly one of them: every id, each seen as often as one run reads it, never a mix.
+pub fn assert_one_run(
+    round: usize,
+    ids: &std::collections::BTreeMap<i64, usize>,
+    epochs: [usize; 2],
+) {
+    assert_eq!(ids.len(), 1437, "round {round}");
+    let seen: std::collections::BTreeSet<usize> = ids.values().copied().collect();
+    assert!(
+        seen.len() == 1 && epochs.iter().any(|e| seen.contains(e)),
+        "round {round}: the output mixes both runs' parts (ids seen {seen:?} times)"
+    );
 }
 
 /// Writes batches to a Parquet file with `rows_per_group` rows per row group.

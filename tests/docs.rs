@@ -6,8 +6,9 @@ mod common;
 
 use serde::de::DeserializeOwned;
 use sluice::pipeline::config::{
-    Component, RuntimeConfig, SourceConfig, StageConfig, component_fields, struct_fields,
+    Component, RuntimeConfig, SourceConfig, component_fields, struct_fields,
 };
+use sluice::pipeline::stages::StageConfig;
 use sluice::sinks::SinkConfig;
 
 fn section<'a>(doc: &'a str, heading: &str) -> &'a str {

@@ -40,8 +40,10 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             // Runtime plumbing: CPU pool, byte-bounded channels, recycling, metrics, dead
             // letters.
             &["runtime", "dead_letter", "checkpoint"],
-            // Stages.
+            // Stages: each kind's settings, build step and kernel; the registration table.
             &["stage"],
+            // The whole pipeline document (source, stages, runtime).
+            &["pipeline_config"],
             // Sources, and inspecting what they would read.
             &["source", "inspect"],
             // The executor: plans, order rules, resume.

@@ -22,6 +22,7 @@ pub mod exec;
 pub mod inspect;
 #[cfg(feature = "kafka")]
 pub mod kafka_log;
+mod pipeline_config;
 pub mod runtime;
 mod source;
 mod stage;
@@ -30,11 +31,24 @@ pub mod storage;
 pub mod types;
 
 pub use batch::{Batch, Lineage, LineageSpan, Name, Origin};
-pub use config::{ConfigDocument, ConfigError, ConfigErrors, PipelineConfig};
+pub use config::{ConfigDocument, ConfigError, ConfigErrors};
 pub use error::{Error, ReadKind, Result, StageRef, feature_off};
 pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};
+pub use pipeline_config::PipelineConfig;
 pub use source::input_objects;
 pub use state::{Acknowledger, BatchRun, DataStamp, ErrorCounts, PlanStamp, Rescaled, SourceState};
+
+/// The `stages:` list: [`StageConfig`](stages::StageConfig), one variant per kind, and each
+/// kind's settings. (They are defined beside each kind's build step and kernel, in the
+/// private `stage` module; this is their public path.)
+pub mod stages {
+    pub use crate::stage::{
+        BatchConfig, CastConfig, ClipConfig, CutmixConfig, EraseValue, FeatureDropoutConfig,
+        FillNullConfig, FilterConfig, GaussianNoiseConfig, GroupByLength, ImageConfig, ImageFormat,
+        ImageOp, MaskTokensConfig, MixupConfig, NonFinite, OnError, OneHotConfig, PadFill,
+        PaddingMode, RenameConfig, SelectConfig, ShuffleConfig, StageConfig, StandardizeConfig,
+    };
+}
 
 /// The `image` stage's conversion kernel on its own, for `sluice bench`'s floor variant (what
 /// any float32 loader must at least do); not part of the API.

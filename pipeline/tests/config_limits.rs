@@ -3,7 +3,7 @@
 //! and messages that stay short and speak the config's language.
 #![allow(clippy::unwrap_used)]
 
-use sluice_pipeline::config::StageConfig;
+use sluice_pipeline::stages::StageConfig;
 use sluice_pipeline::{ConfigDocument, ConfigError, ConfigErrors, CpuPool, Error, PipelineConfig};
 
 fn load(text: &str) -> Result<PipelineConfig, Vec<ConfigError>> {

@@ -14,7 +14,7 @@ use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema};
 use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
-use sluice_pipeline::config::{StageConfig, StandardizeConfig};
+use sluice_pipeline::stages::{StageConfig, StandardizeConfig};
 use sluice_pipeline::{Batch, Pipeline, PreparedPipeline};
 
 /// Writes `groups` to `dir/name`, one row group each.
@@ -449,7 +449,7 @@ fn standardize_debug_text_is_unchanged_without_non_finite() {
         format!("{:?}", StageConfig::Standardize(c.clone())),
         r#"Standardize(StandardizeConfig { columns: ["x"], mean: None, std: None })"#
     );
-    c.non_finite = Some(sluice_pipeline::config::NonFinite::Skip);
+    c.non_finite = Some(sluice_pipeline::stages::NonFinite::Skip);
     assert!(format!("{c:?}").contains("non_finite: Skip"), "{c:?}");
 }
 

@@ -8,7 +8,8 @@ use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
 use sluice_loader::LoaderConfig;
-use sluice_pipeline::config::{ConfigDocument, StageConfig};
+use sluice_pipeline::config::ConfigDocument;
+use sluice_pipeline::stages::StageConfig;
 use sluice_pipeline::{ConfigErrors, PipelineConfig};
 
 use crate::TrainError;

@@ -1,13 +1,11 @@
 //! The pipeline's config model: typed structs for every component. Field doc comments are the
 //! reference documentation (`docs/config.md` follows them); defaults are stated there.
 
-mod image;
 mod interpolate;
 mod kafka;
 pub mod limits;
 mod load;
 mod source;
-mod stages;
 
 use std::fmt;
 
@@ -15,10 +13,6 @@ use bytesize::ByteSize;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
-// `self::`: the `image` crate is a dependency too, and a bare `image::` would be ambiguous.
-pub use self::image::{
-    EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
-};
 pub use kafka::{
     Assignment, DeadLetterConfig, DeadLetterFile, DeadLetterKafka, ErrorBudget, HumanDuration,
     KafkaConnection, KafkaFormat, KafkaSourceConfig, OutageBudget, Properties, SchemaSpec,
@@ -26,11 +20,6 @@ pub use kafka::{
 };
 pub use load::{Component, ConfigDocument, Located, component_fields, struct_fields};
 pub use source::{Mix, ParquetSourceConfig, Partitioning, ShardPolicy, SourceConfig};
-pub use stages::{
-    BatchConfig, CastConfig, ClipConfig, CutmixConfig, FeatureDropoutConfig, FillNullConfig,
-    FilterConfig, GaussianNoiseConfig, GroupByLength, MaskTokensConfig, MixupConfig, NonFinite,
-    OneHotConfig, RenameConfig, SelectConfig, ShuffleConfig, StageConfig, StandardizeConfig,
-};
 
 pub use crate::error::config::{
     ConfigError, ConfigErrors, MAX_MESSAGE_BYTES, MAX_QUOTED_BYTES, MAX_SHOWN_ERRORS, did_you_mean,
@@ -48,46 +37,6 @@ pub const TOP_LEVEL_SECTIONS: &[&str] = &[
     "trainer",
     "loader",
 ];
-
-/// A whole pipeline: where rows come from and what happens to them.
-#[derive(Debug, Clone)]
-pub struct PipelineConfig {
-    /// Where rows come from.
-    pub source: Located<SourceConfig>,
-    /// Transformations, applied in order.
-    pub stages: Vec<Located<StageConfig>>,
-    /// Threads and buffers.
-    pub runtime: RuntimeConfig,
-}
-
-impl PipelineConfig {
-    /// Reads the pipeline sections of a document, collecting every problem. Sections owned by
-    /// other crates (`sink`) are accepted but not read here.
-    pub fn from_document(doc: &ConfigDocument, errors: &mut Vec<ConfigError>) -> Option<Self> {
-        let present = doc.sections(TOP_LEVEL_SECTIONS, errors);
-        let source = doc.component::<SourceConfig>("source", errors);
-        if source.is_none() && !present.iter().any(|k| k == "source") && errors.is_empty() {
-            errors.push(ConfigError::new(
-                doc.origin(),
-                1,
-                1,
-                "missing required section `source` (for example `source: {type: parquet, path: data/*.parquet}`)"
-                    .to_string(),
-            ));
-        }
-        let stages = doc.component_list::<StageConfig>("stages", errors);
-        let runtime = doc
-            .value::<RuntimeConfig>("runtime", errors)
-            .unwrap_or_default();
-        // Every size setting of the file (its other sections' too), before anything runs.
-        limits::check(doc, errors);
-        Some(PipelineConfig {
-            source: source?,
-            stages,
-            runtime,
-        })
-    }
-}
 
 /// Threads and memory of the pipeline.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

@@ -2,6 +2,8 @@
 //! errors reported for a wrong file.
 
 use super::*;
+use crate::pipeline_config::PipelineConfig;
+use crate::stage::*;
 
 fn load(text: &str) -> Result<PipelineConfig, Vec<ConfigError>> {
     let doc = ConfigDocument::from_str(text, "p.yaml", ".").map_err(|e| match e {

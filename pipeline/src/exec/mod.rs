@@ -36,11 +36,13 @@ use futures::{FutureExt, Stream, StreamExt};
 use self::start::Running;
 use crate::batch::{Batch, Mark};
 use crate::collective::Collective;
-use crate::config::{ConfigDocument, ConfigErrors, Located, PipelineConfig, StageConfig};
+use crate::config::{ConfigDocument, ConfigErrors, Located};
 use crate::error::{Error, Result, StageRef};
+use crate::pipeline_config::PipelineConfig;
 pub use crate::runtime::metrics;
 pub use crate::runtime::{CpuPool, PipelineMetrics, SourceMetrics, StageMetrics};
 use crate::source::Source;
+use crate::stage::StageConfig;
 use crate::stage::{self, BuiltStage};
 use crate::state::{Acknowledger, SourceState};
 

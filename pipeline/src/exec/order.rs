@@ -2,8 +2,9 @@
 //! warning when several ranks could get unequal batch counts.
 
 use super::Pipeline;
-use crate::config::{SourceConfig, StageConfig};
+use crate::config::SourceConfig;
 use crate::error::{Error, Result, StageRef};
+use crate::stage::StageConfig;
 
 impl Pipeline {
     /// Under several ranks, a stage that removes rows before the last stage that cuts

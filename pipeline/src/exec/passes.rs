@@ -6,8 +6,9 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 
 use super::StageSlot;
-use crate::config::{Located, StageConfig};
+use crate::config::Located;
 use crate::error::Result;
+use crate::stage::StageConfig;
 use crate::stage::{self, BuiltStage};
 
 /// Runs every pass over the built stages, in order; `output` is the schema after the last

@@ -9,13 +9,14 @@ use arrow::datatypes::SchemaRef;
 use super::stats::{compute_stats, placeholder_stats, stats_note};
 use super::{Pipeline, PreparedPipeline, StageSlot, passes};
 use crate::batch::Mark;
-use crate::config::{Located, ShuffleConfig, SourceConfig, StageConfig};
+use crate::config::{Located, SourceConfig};
 use crate::error::{Error, Result};
 use crate::runtime::{CpuPool, PipelineMetrics, StageMetrics};
 use crate::source::Source;
 use crate::source::kafka::KafkaSource;
 use crate::source::parquet::ParquetSource;
 use crate::stage;
+use crate::stage::{ShuffleConfig, StageConfig};
 use crate::state::{Acknowledger, PlanSource};
 
 impl Pipeline {
@@ -253,7 +254,7 @@ impl Pipeline {
                     stage_metrics[i].note(note);
                 }
                 frozen.extend(computed.iter().map(|(name, st)| Located {
-                    value: StageConfig::Standardize(crate::config::StandardizeConfig {
+                    value: StageConfig::Standardize(crate::stage::StandardizeConfig {
                         columns: vec![name.clone()],
                         mean: Some(st.mean),
                         std: Some(st.std()),

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::Pipeline;
-use crate::config::{Partitioning, SourceConfig, StageConfig};
+use crate::config::{Partitioning, SourceConfig};
+use crate::stage::StageConfig;
 use crate::state::{ORDER_FORM, PlanStamp, setting_hash};
 
 /// How a stage's or the source's settings are written into the stamp.

@@ -7,11 +7,12 @@ use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
 
 use super::{PreparedPipeline, StageSlot};
-use crate::config::{PipelineConfig, StageConfig};
 use crate::error::{Error, Result, StageRef};
+use crate::pipeline_config::PipelineConfig;
 use crate::runtime::{CpuPool, PipelineMetrics};
 use crate::source::Source;
 use crate::source::parquet::ParquetSource;
+use crate::stage::StageConfig;
 use crate::stage::{BuiltStage, ColumnStats, ComputedStats};
 use crate::state::Acknowledger;
 
@@ -82,7 +83,7 @@ pub(super) async fn compute_stats(
         .iter()
         .map(|n| (n.clone(), ColumnStats::empty()))
         .collect();
-    let skip = c.non_finite.unwrap_or_default() == crate::config::NonFinite::Skip;
+    let skip = c.non_finite.unwrap_or_default() == crate::stage::NonFinite::Skip;
     let mut stream = prepared.stream();
     while let Some(batch) = stream.next().await {
         let batch = batch?;

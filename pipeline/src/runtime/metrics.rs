@@ -149,7 +149,7 @@ pub struct StageMetrics {
     /// rebuilding the window it was emitting): taken in, not emitted again.
     pub rows_replayed: AtomicU64,
     /// How those rows are named in the summary (`filtered out`, …): see
-    /// [`crate::config::StageConfig::removed_as`].
+    /// the stage kind's `removed_as`.
     pub removed_as: &'static str,
     /// Human-readable notes produced while running (computed statistics, …).
     pub notes: Mutex<Vec<String>>,

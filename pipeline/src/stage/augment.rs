@@ -13,12 +13,45 @@ use arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type, S
 use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
 
-use super::{Build, BuildStage, BuiltStage};
+use super::{Build, BuiltStage, StageKind};
 use crate::batch::{Batch, Lineage, Origin};
-use crate::config::{FeatureDropoutConfig, GaussianNoiseConfig};
 use crate::error::{Error, Result, StageRef};
 use crate::state::{FNV_BASIS, fnv1a};
+
+/// `type: gaussian_noise` — adds `std · N(0, 1)` to every value. Each draw is a pure function
+/// of (seed, stage, column, epoch, row identity from lineage): the same row gets the same noise
+/// for any thread count or batching, and new noise each epoch.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GaussianNoiseConfig {
+    /// float32/float64 columns, or fixed-size lists of them (noise per element).
+    pub columns: Vec<String>,
+    /// Standard deviation of the noise; ≥ 0.
+    pub std: f64,
+    /// Seed. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// `type: feature_dropout` — sets each value to 0 with probability `p` (seeded like
+/// `gaussian_noise`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureDropoutConfig {
+    /// float32/float64 columns, or fixed-size lists of them (dropout per element).
+    pub columns: Vec<String>,
+    /// Probability of zeroing a value, in `[0, 1)`.
+    pub p: f64,
+    /// Multiply kept values by `1 / (1 - p)` (inverted dropout), keeping the expected value.
+    /// Default: false.
+    #[serde(default)]
+    pub scale: bool,
+    /// Seed. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
+}
 
 /// What an augmentation does to each value.
 #[derive(Debug, Clone, Copy)]
@@ -318,7 +351,11 @@ impl super::Transform for Augment {
 }
 
 /// `gaussian_noise`: checks `std`, then the columns (see `augment_stage`).
-impl BuildStage for GaussianNoiseConfig {
+impl StageKind for GaussianNoiseConfig {
+    fn keeps_columns(&self) -> bool {
+        true
+    }
+
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         if !(self.std >= 0.0 && self.std.is_finite()) {
             return Err(b.err(format!(
@@ -337,7 +374,11 @@ impl BuildStage for GaussianNoiseConfig {
 }
 
 /// `feature_dropout`: checks `p`, then the columns (see `augment_stage`).
-impl BuildStage for FeatureDropoutConfig {
+impl StageKind for FeatureDropoutConfig {
+    fn keeps_columns(&self) -> bool {
+        true
+    }
+
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         if !(0.0..1.0).contains(&self.p) {
             return Err(b.err(format!("`p` must be in [0, 1), not {}", self.p)));

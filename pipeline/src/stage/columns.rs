@@ -1,15 +1,44 @@
 //! Building the stages that reshape columns, `select`, `rename` and `cast`, against their
 //! input schema (their kernels are in `kernels`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::datatypes::{Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
 
-use super::{Build, BuildStage, BuiltStage, column_index, kernels, owned_fields};
-use crate::config::{CastConfig, RenameConfig, SelectConfig};
+use super::{Build, BuiltStage, StageKind, column_index, kernels, owned_fields};
 use crate::error::Result;
+use crate::types::DataTypeName;
 
-impl BuildStage for SelectConfig {
+/// `type: select`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SelectConfig {
+    /// Columns to keep, in output order.
+    pub columns: Vec<String>,
+}
+
+/// `type: rename`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RenameConfig {
+    /// `old_name: new_name` pairs.
+    pub columns: BTreeMap<String, String>,
+}
+
+/// `type: cast`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CastConfig {
+    /// `column: type` pairs. Types: `bool`, `int8`…`int64`, `uint8`…`uint64`, `float16`,
+    /// `float32`, `float64`, `string`, `large_string`, `binary`, `date32`, `timestamp_ms`,
+    /// `timestamp_us`. For a list column a scalar type applies to its elements. A value that
+    /// cannot be converted stops the run with the column, value and row named.
+    pub columns: BTreeMap<String, DataTypeName>,
+}
+
+impl StageKind for SelectConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let mut indices = Vec::with_capacity(self.columns.len());
         for name in &self.columns {
@@ -34,7 +63,7 @@ impl BuildStage for SelectConfig {
     }
 }
 
-impl BuildStage for RenameConfig {
+impl StageKind for RenameConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let mut fields = owned_fields(b.input);
         for (old, new) in &self.columns {
@@ -61,7 +90,7 @@ impl BuildStage for RenameConfig {
     }
 }
 
-impl BuildStage for CastConfig {
+impl StageKind for CastConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let mut targets = Vec::new();
         let mut fields = owned_fields(b.input);

@@ -578,7 +578,7 @@ mod tests {
 
     #[test]
     fn one_hot_with_smoothing_spreads_epsilon_over_the_classes() {
-        use crate::config::{OneHotConfig, StageConfig};
+        use crate::stage::{OneHotConfig, StageConfig};
         let schema = Arc::new(Schema::new(vec![Field::new("y", DataType::Int32, false)]));
         let data = RecordBatch::try_new(
             schema.clone(),

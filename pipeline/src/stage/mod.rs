@@ -6,14 +6,13 @@ mod augment;
 mod columns;
 mod expr;
 pub(crate) mod image;
-mod image_build;
 mod kernels;
 mod mixup;
 mod normal;
 mod pixels;
 pub(crate) mod rebatch;
+pub(crate) mod registry;
 pub(crate) mod shuffle;
-mod shuffle_build;
 mod stats;
 mod tokens;
 mod values;
@@ -48,10 +47,23 @@ use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 
 use crate::batch::Batch;
-use crate::config::{Literal, StageConfig};
 use crate::error::{Error, Result, StageRef};
+use crate::types::Literal;
 
+// Each kind's settings live with its build step and kernel; `registry` lists the kinds.
+pub use augment::{FeatureDropoutConfig, GaussianNoiseConfig};
+pub use columns::{CastConfig, RenameConfig, SelectConfig};
+pub use image::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
+pub use mixup::{CutmixConfig, MixupConfig};
+pub use rebatch::BatchConfig;
+pub use registry::StageConfig;
+pub(crate) use registry::build;
+pub use shuffle::settings::{GroupByLength, ShuffleConfig};
 pub(crate) use stats::ColumnStats;
+pub use tokens::MaskTokensConfig;
+pub use values::{
+    ClipConfig, FillNullConfig, FilterConfig, NonFinite, OneHotConfig, StandardizeConfig,
+};
 
 /// A stateless, per-batch transformation.
 pub(crate) trait Transform: Send + Sync + fmt::Debug {
@@ -109,7 +121,7 @@ pub(crate) fn no_such_column(name: &str, available: &[&str], note: &str) -> Stri
     format!(
         "column `{name}` does not exist; available columns: {}{note}{}",
         available.join(", "),
-        crate::config::did_you_mean(name, available.iter().copied())
+        crate::error::config::did_you_mean(name, available.iter().copied())
     )
 }
 
@@ -124,11 +136,11 @@ pub(crate) struct BuildContext {
 /// What a stage kind's build step reads besides its own config: the stage, the schema it
 /// receives, statistics computed for it and the build context.
 pub(crate) struct Build<'a> {
-    stage: &'a StageRef,
-    input: &'a SchemaRef,
+    pub(crate) stage: &'a StageRef,
+    pub(crate) input: &'a SchemaRef,
     /// Given for a `standardize` stage without `mean`/`std`.
-    stats: Option<ComputedStats>,
-    ctx: &'a BuildContext,
+    pub(crate) stats: Option<ComputedStats>,
+    pub(crate) ctx: &'a BuildContext,
 }
 
 impl Build<'_> {
@@ -141,46 +153,29 @@ impl Build<'_> {
     }
 }
 
-/// A stage kind's build step: schema checks against the input, then the runtime stage;
-/// implemented by each stage's config next to the stage's kernel.
-pub(crate) trait BuildStage {
-    /// Checks this config against `b`'s input schema; returns the stage and its output schema.
+/// What every stage kind implements, next to its settings and kernel: its build step (schema
+/// checks against the input, then the runtime stage) and what the executor's order rules and
+/// the run summary need to know about it. `registry::stage_table!` requires it of every kind.
+pub(crate) trait StageKind {
+    /// Checks these settings against `b`'s input schema; returns the stage and its output
+    /// schema.
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)>;
-}
 
-/// Builds a stage for `input`, returning it and its output schema. `stats` must be given for
-/// a `standardize` stage without `mean`/`std`.
-pub(crate) fn build(
-    stage: &StageRef,
-    config: &StageConfig,
-    input: &SchemaRef,
-    stats: Option<ComputedStats>,
-    ctx: &BuildContext,
-) -> Result<(BuiltStage, SchemaRef)> {
-    let b = Build {
-        stage,
-        input,
-        stats,
-        ctx,
-    };
-    // The registration table: every kind's config implements `BuildStage`, and this match is
-    // exhaustive, so a stage kind without a build step does not compile.
-    match config {
-        StageConfig::Select(c) => c.build(&b),
-        StageConfig::Rename(c) => c.build(&b),
-        StageConfig::Cast(c) => c.build(&b),
-        StageConfig::Filter(c) => c.build(&b),
-        StageConfig::FillNull(c) => c.build(&b),
-        StageConfig::Standardize(c) => c.build(&b),
-        StageConfig::OneHot(c) => c.build(&b),
-        StageConfig::Clip(c) => c.build(&b),
-        StageConfig::GaussianNoise(c) => c.build(&b),
-        StageConfig::FeatureDropout(c) => c.build(&b),
-        StageConfig::Shuffle(c) => c.build(&b),
-        StageConfig::Image(c) => c.build(&b),
-        StageConfig::MaskTokens(c) => c.build(&b),
-        StageConfig::Mixup(c) => c.build(&b),
-        StageConfig::Batch(c) => c.build(&b),
+    /// Whether the output has the input's columns and types (only nullability may change):
+    /// checking a config can go on past such a stage when it could not be built.
+    fn keeps_columns(&self) -> bool {
+        false
+    }
+
+    /// Whether the stage can remove rows: what the stage-order rules, the plan stamp and the
+    /// equal-counts warning look for.
+    fn removes_rows(&self) -> bool {
+        false
+    }
+
+    /// How the run summary names the rows this stage removes.
+    fn removed_as(&self) -> &'static str {
+        "removed"
     }
 }
 

@@ -9,11 +9,23 @@ use std::collections::VecDeque;
 
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
+use serde::{Deserialize, Serialize};
 
-use super::{Build, BuildStage, BuiltStage};
+use super::{Build, BuiltStage, StageKind};
 use crate::batch::{Batch, Lineage};
-use crate::config::BatchConfig;
 use crate::error::{Error, Result};
+
+/// `type: batch`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Rows per output batch.
+    pub size: usize,
+    /// Drop the short final batch instead of emitting it (the dropped rows are counted in the
+    /// run summary). Default: false.
+    #[serde(default)]
+    pub drop_last: bool,
+}
 
 /// Accumulates rows and cuts batches of exactly `size` rows (zero-copy slices, one concat per
 /// output batch when it spans several inputs).
@@ -152,7 +164,15 @@ fn by_epoch(batch: Batch) -> Vec<(Option<u64>, Batch)> {
 }
 
 /// `batch`: checks `size`; the stage is the rebatcher, the schema passes through.
-impl BuildStage for BatchConfig {
+impl StageKind for BatchConfig {
+    fn keeps_columns(&self) -> bool {
+        true
+    }
+
+    fn removed_as(&self) -> &'static str {
+        "dropped by drop_last"
+    }
+
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         if self.size == 0 {
             return Err(b.err("`size` must be at least 1".into()));

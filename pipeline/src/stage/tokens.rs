@@ -15,12 +15,64 @@ use arrow::array::{
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Int32Type, Int64Type, SchemaRef};
 use chacha20::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use serde::{Deserialize, Serialize};
 
 use super::augment::{Chance, row_ids, words};
-use super::{Build, BuildStage, BuiltStage, Transform};
+use super::{Build, BuiltStage, StageKind, Transform};
 use crate::batch::Batch;
-use crate::config::MaskTokensConfig;
 use crate::error::{Error, Result, StageRef};
+
+/// `type: mask_tokens` — BERT-style masking of integer token sequences: each token (but the
+/// special ones) is selected with probability `p`; a selected token is replaced by
+/// `mask_token` (fraction `mask_replace_prob`), by a random id (`random_replace_prob`) or kept;
+/// a boolean list column (`<column>_mask` by default) marks the selected positions, and
+/// optionally a labels column holds the original ids there (Hugging Face's
+/// `DataCollatorForLanguageModeling`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MaskTokensConfig {
+    /// A `list<int*>` or `fixed_size_list<int*>` column.
+    pub column: String,
+    /// Selection probability, in `[0, 1)`.
+    pub p: f64,
+    /// The replacement token id.
+    pub mask_token: i64,
+    /// Of the selected tokens, the fraction replaced by `mask_token` (BERT: 0.8). Default: 1.
+    #[serde(default = "one")]
+    pub mask_replace_prob: f64,
+    /// Of the selected tokens, the fraction replaced by an id drawn uniformly from
+    /// `[0, vocab_size)` (BERT: 0.1); the rest keep their id. Default: 0.
+    #[serde(default)]
+    pub random_replace_prob: f64,
+    /// Vocabulary size, needed by `random_replace_prob`.
+    #[serde(default)]
+    pub vocab_size: Option<u64>,
+    /// Ids that are never selected (`[CLS]`, `[SEP]`, padding…). Default: none.
+    #[serde(default)]
+    pub special_tokens: Vec<i64>,
+    /// Name of the mask column. Default: `<column>_mask`.
+    #[serde(default)]
+    pub mask_column: Option<String>,
+    /// A labels column to add: the original id at selected positions, `ignore_index`
+    /// elsewhere (same list type as `column`). Default: none.
+    #[serde(default)]
+    pub labels_column: Option<String>,
+    /// The label of positions not selected. Default: -100 (PyTorch cross-entropy's
+    /// `ignore_index`).
+    #[serde(default = "minus_100")]
+    pub ignore_index: i64,
+    /// Seed. Default: 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn minus_100() -> i64 {
+    -100
+}
 
 /// Rebuilds a list column like the input's (offsets, nulls) from new values and their field.
 type Rebuild<'a> = Box<dyn Fn(ArrayRef, Arc<Field>) -> Result<ArrayRef> + 'a>;
@@ -158,7 +210,7 @@ pub(crate) fn build(
 }
 
 /// `mask_tokens`: built by `build`, run on the CPU pool.
-impl BuildStage for MaskTokensConfig {
+impl StageKind for MaskTokensConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let (built, schema) = build(b.stage, self, b.input)?;
         Ok((BuiltStage::Map(Arc::new(built)), schema))

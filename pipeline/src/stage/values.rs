@@ -1,21 +1,139 @@
 //! Building the stages that work on values, `filter`, `fill_null`, `standardize`, `one_hot`
 //! and `clip`, against their input schema (their kernels are in `kernels`).
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::ArrayRef;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
 
 use super::{
-    Build, BuildStage, BuiltStage, ColumnStats, column_index, expr, kernels, literal_array,
+    Build, BuiltStage, ColumnStats, StageKind, column_index, expr, kernels, literal_array,
     owned_fields,
 };
-use crate::config::{
-    ClipConfig, FillNullConfig, FilterConfig, Literal, OneHotConfig, StandardizeConfig,
-};
 use crate::error::{Error, Result};
+use crate::types::Literal;
 
-impl BuildStage for FilterConfig {
+/// `type: filter`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FilterConfig {
+    /// A SQL boolean expression over columns, e.g.
+    /// `label < 5 AND (weight IS NULL OR weight > 0.5)`. Supported: comparisons, `AND`/`OR`/`NOT`, `IS [NOT] NULL`, `[NOT] IN (…)`,
+    /// `[NOT] BETWEEN … AND …`, `+ - * / %`, parentheses, number/string/boolean literals.
+    /// Rows where it is false or NULL are removed (and counted in the run summary).
+    pub predicate: String,
+}
+
+/// `type: fill_null`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FillNullConfig {
+    /// `column: value` pairs; the value is converted to the column's type.
+    pub columns: BTreeMap<String, Literal>,
+}
+
+/// `type: standardize`. A NaN stays NaN and ±inf stays ±inf (`(x - mean) / std`), a null
+/// stays null.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StandardizeConfig {
+    /// Numeric columns (or lists of numbers, standardized element-wise with one mean/std per
+    /// column). Output is float32 (float64 stays float64).
+    pub columns: Vec<String>,
+    /// Mean to subtract. When `mean` and `std` are both absent, each column's mean and
+    /// standard deviation are computed in a first pass over the source (through the stages
+    /// before this one) and reported in the run summary.
+    #[serde(default)]
+    pub mean: Option<f64>,
+    /// Standard deviation to divide by; must be > 0. A computed std of 0 becomes 1.
+    #[serde(default)]
+    pub std: Option<f64>,
+    /// What the first pass computing `mean` and `std` does with a NaN or ±inf value (nulls
+    /// are always left out). Absent means [`NonFinite::Error`]; only allowed when the
+    /// statistics are computed.
+    #[serde(default)]
+    pub non_finite: Option<NonFinite>,
+}
+
+// Written by hand so that `non_finite` appears only when set: the resume stamp hashes a
+// stage's `Debug` text (`Pipeline::order_settings`, for stages before a `shuffle`), and the
+// text of a config without the key must stay what it was before the key existed, or every
+// checkpoint taken by an older Sluice would be refused. (The key moves no row anyway.)
+impl fmt::Debug for StandardizeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("StandardizeConfig");
+        d.field("columns", &self.columns)
+            .field("mean", &self.mean)
+            .field("std", &self.std);
+        if let Some(n) = &self.non_finite {
+            d.field("non_finite", n);
+        }
+        d.finish()
+    }
+}
+
+/// What computing `standardize` statistics does with a NaN or ±inf value.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFinite {
+    /// Stop the run at the first one, naming its row (file, row group, row) — the default:
+    /// a single NaN would otherwise make the mean, and so every output value, NaN.
+    #[default]
+    Error,
+    /// Leave it out of the mean and standard deviation, and report how many were left out
+    /// (and where the first was) in the run summary. The value itself stays NaN or ±inf in
+    /// the output.
+    Skip,
+}
+
+/// `type: one_hot`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OneHotConfig {
+    /// An integer column of class indices in `0..num_classes`.
+    pub column: String,
+    /// Number of classes (vector length).
+    pub num_classes: usize,
+    /// Name of the output column (a fixed-size list of float32). Default: replace `column`.
+    #[serde(default)]
+    pub output: Option<String>,
+    /// Label smoothing ε in `[0, 1)`: the class gets `1 - ε + ε/num_classes`, every other
+    /// entry `ε/num_classes`. Default: 0 (plain one-hot).
+    #[serde(default)]
+    pub smoothing: f64,
+}
+
+/// `type: clip`. As numpy's and torch's `clip`: NaN stays NaN, `-inf`/`+inf` become the
+/// bounds, a null stays null.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClipConfig {
+    /// Numeric columns (or lists of numbers, clipped element-wise).
+    pub columns: Vec<String>,
+    /// Lower bound (optional; a number, not NaN).
+    #[serde(default)]
+    pub min: Option<f64>,
+    /// Upper bound (optional; a number, not NaN).
+    #[serde(default)]
+    pub max: Option<f64>,
+}
+
+impl StageKind for FilterConfig {
+    fn keeps_columns(&self) -> bool {
+        true
+    }
+
+    fn removes_rows(&self) -> bool {
+        true
+    }
+
+    fn removed_as(&self) -> &'static str {
+        "filtered out"
+    }
+
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let predicate = expr::compile(&self.predicate, b.input).map_err(|m| b.err(m))?;
         Ok((
@@ -28,7 +146,11 @@ impl BuildStage for FilterConfig {
     }
 }
 
-impl BuildStage for FillNullConfig {
+impl StageKind for FillNullConfig {
+    fn keeps_columns(&self) -> bool {
+        true
+    }
+
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let mut fills = Vec::new();
         let mut fields = owned_fields(b.input);
@@ -52,7 +174,7 @@ impl BuildStage for FillNullConfig {
     }
 }
 
-impl BuildStage for StandardizeConfig {
+impl StageKind for StandardizeConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let stage = b.stage;
         let mut cols = Vec::new();
@@ -122,7 +244,7 @@ impl BuildStage for StandardizeConfig {
     }
 }
 
-impl BuildStage for OneHotConfig {
+impl StageKind for OneHotConfig {
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         let i = column_index(b.stage, b.input, &self.column)?;
         let from = b.input.field(i).data_type();
@@ -174,7 +296,11 @@ impl BuildStage for OneHotConfig {
     }
 }
 
-impl BuildStage for ClipConfig {
+impl StageKind for ClipConfig {
+    fn keeps_columns(&self) -> bool {
+        true
+    }
+
     fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
         if self.min.is_none() && self.max.is_none() {
             return Err(b.err("give `min`, `max` or both".into()));

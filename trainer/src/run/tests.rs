@@ -4,7 +4,7 @@ use super::resume::resumed_length;
 use super::*;
 use crate::checkpoint::CheckpointMeta;
 use sluice_pipeline::batch::Mark;
-use sluice_pipeline::config::ImageOp;
+use sluice_pipeline::stages::ImageOp;
 use sluice_pipeline::{BatchRun, Pipeline, Rescaled};
 
 /// A run's length after a resume: 10 steps per epoch, 3 epochs.

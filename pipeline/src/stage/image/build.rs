@@ -5,19 +5,37 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, SchemaRef};
 
-use super::{ImageDeadLetter, ImageStage};
-use crate::config::{
-    DeadLetterConfig, EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
+use super::settings::{
+    EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
 };
+use super::{ImageDeadLetter, ImageStage};
+use crate::config::DeadLetterConfig;
 use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result, StageRef};
 use crate::runtime::recycle::F32Pool;
+use crate::stage::{Build, BuiltStage, StageKind};
+
+/// `type: image`: decoding and augmentation run on the CPU pool.
+impl StageKind for ImageConfig {
+    fn build(&self, b: &Build<'_>) -> Result<(BuiltStage, SchemaRef)> {
+        let (built, schema) = build(b.stage, self, b.input, b.ctx)?;
+        Ok((BuiltStage::Map(Arc::new(built)), schema))
+    }
+
+    fn removes_rows(&self) -> bool {
+        self.on_error == OnError::Skip
+    }
+
+    fn removed_as(&self) -> &'static str {
+        "bad images skipped (on_error: skip)"
+    }
+}
 
 /// Free output buffers the stage keeps for reuse (about ten batches of 256 CIFAR images).
 const RETAIN_BYTES: usize = 32 << 20;
 
 /// Checks the config against the input schema; returns the stage and its output schema.
-pub(crate) fn build(
+pub(super) fn build(
     stage: &StageRef,
     c: &ImageConfig,
     input: &SchemaRef,
@@ -27,7 +45,7 @@ pub(crate) fn build(
         stage: stage.clone(),
         message,
     };
-    if c.format != crate::config::ImageFormat::Raw && !cfg!(feature = "image") {
+    if c.format != ImageFormat::Raw && !cfg!(feature = "image") {
         return Err(err(crate::error::feature_off(
             "`format: png | jpeg | auto` (decoding PNG/JPEG images)",
             "image",

@@ -4,10 +4,10 @@
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, UInt8Type};
 
-use super::ImageStage;
-use crate::config::ImageFormat;
+use super::ImageFormat;
 #[cfg(feature = "image")]
-use crate::config::ImageOp;
+use super::ImageOp;
+use super::ImageStage;
 
 /// The bytes of row `r` of an image column (`None`: null).
 pub(super) fn raw_bytes(col: &ArrayRef, r: usize) -> Option<&[u8]> {

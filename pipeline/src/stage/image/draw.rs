@@ -6,7 +6,7 @@ use rand::RngExt;
 use super::ImageStage;
 use super::colour::{Colour, NO_COLOUR};
 use super::geometry::Geometry;
-use crate::config::{ImageOp, PaddingMode};
+use super::{ImageOp, PaddingMode};
 
 impl ImageStage {
     /// Draws the geometry and colour of one row from its stream.

@@ -5,7 +5,7 @@ use rand::RngExt;
 
 use super::ImageStage;
 use super::draw::box_attempt;
-use crate::config::{EraseValue, ImageOp};
+use super::{EraseValue, ImageOp};
 
 /// A `random_erasing` box of the output: rows `top..top + height`, columns
 /// `left..left + width` of every channel are set to `value` (its channel's, or noise).

@@ -2,7 +2,7 @@
 //! antialiased resize weights, and the passes that sample pixels through it.
 
 use super::ImageStage;
-use crate::config::PaddingMode;
+use super::PaddingMode;
 use crate::stage::pixels;
 
 /// Where output pixels come from: a crop window of the (zero-padded) source, resized.

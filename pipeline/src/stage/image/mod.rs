@@ -30,10 +30,10 @@ use rand::SeedableRng;
 use super::Transform;
 use super::augment::row_ids;
 use crate::batch::Batch;
-use crate::config::{ImageFormat, ImageOp, OnError, PaddingMode};
 use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result, StageRef};
 use crate::runtime::recycle::F32Pool;
+pub use settings::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
 
 mod build;
 mod colour;
@@ -42,10 +42,13 @@ mod decode;
 mod draw;
 mod erase;
 mod geometry;
+mod settings;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use build::build;
+#[cfg(test)]
+use build::build;
+
 use colour::NO_COLOUR;
 use decode::raw_bytes;
 use geometry::Resampler;

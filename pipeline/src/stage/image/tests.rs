@@ -4,8 +4,8 @@
 use super::colour::{Adjust, Colour, shift_hue};
 use super::geometry::Geometry;
 use super::*;
+use super::{EraseValue, ImageConfig, PadFill};
 use crate::batch::{Lineage, Name, Origin};
-use crate::config::{EraseValue, ImageConfig, PadFill};
 use arrow::array::{AsArray, BinaryArray, FixedSizeBinaryArray};
 use arrow::datatypes::{Float32Type, Schema};
 

@@ -5,7 +5,7 @@ use arrow::compute::take_record_batch;
 use arrow::datatypes::{DataType, Schema};
 use rand::seq::SliceRandom;
 
-use crate::config::GroupByLength;
+use super::settings::GroupByLength;
 use crate::error::{Error, Result, StageRef};
 
 use super::{Emitter, Origins, RowOrigin, Shuffler, arrow_err, err};

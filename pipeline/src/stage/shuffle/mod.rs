@@ -46,6 +46,7 @@ mod exchange;
 mod group;
 mod kafka;
 mod part;
+pub(crate) mod settings;
 mod spill;
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
-use super::kafka::DeadLetterConfig;
+use crate::config::DeadLetterConfig;
 
 /// `type: image` — decodes an image column (raw HWC `uint8`, PNG, JPEG) and applies seeded
 /// augmentation; the output is a `fixed_size_list<float32>` in CHW order. Every random

@@ -1,8 +1,10 @@
 //! Checkpoints written by an older Sluice resume exactly. The fixtures under
 //! `tests/fixtures/upgrade/` were written by Sluice 0.1.0 at commit 8f7c57f, before the resume
 //! stamp changed its form (see the README there): a shuffled, augmented Parquet `sluice run`
-//! killed mid-epoch, and a two-worker `sluice train` killed mid-run. Each is resumed by
-//! today's binary and must end exactly where an uninterrupted run of today's binary ends.
+//! killed mid-epoch, a two-worker `sluice train` killed mid-run, and a shuffled Kafka `static`
+//! stream killed inside a shuffle window. Each is resumed by today's binary and must end
+//! exactly where an uninterrupted run of today's binary ends (for Kafka: every record once,
+//! the open window finished first).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -32,7 +34,9 @@ fn copy_fixture(name: &str, with_state: bool, edit: impl Fn(&str) -> String) -> 
     }
     let dir = tempfile::tempdir().unwrap();
     let from = fixture(name);
-    copy_dir(&from.join("data"), &dir.path().join("data"));
+    if from.join("data").exists() {
+        copy_dir(&from.join("data"), &dir.path().join("data"));
+    }
     if with_state {
         copy_dir(&from.join("state"), &dir.path().join("state"));
         if from.join("out").exists() {
@@ -197,5 +201,117 @@ fn a_state_without_a_field_added_later_resumes_and_a_changed_field_is_named() {
     assert!(
         got == want,
         "the resumed run differs from an uninterrupted run"
+    );
+}
+
+/// The topic of the `kafka-static` fixture: ids `0..8000` round-robin over 4 partitions (id
+/// `i` in partition `i % 4` at offset `i / 4`), each `{"id": i, "x": sin(0.37·i)}`.
+#[cfg(feature = "kafka")]
+fn kafka_fixture_topic() {
+    let records = (0..8000i64)
+        .map(|i| {
+            let x = (0.37 * i as f64).sin() as f32;
+            (
+                (i % 4) as i32,
+                format!(r#"{{"id": {i}, "x": {x}}}"#).into_bytes(),
+            )
+        })
+        .collect();
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(common::kafka::fixed_topic(
+            &common::kafka::brokers(),
+            "sluice-upgrade-static-0-1-0",
+            4,
+            records,
+        ));
+}
+
+/// A Kafka `static` checkpoint of 0.1.0 — a shuffled, augmented stream killed inside a
+/// shuffle window — resumes exactly: the window is finished with exactly the rows it had not
+/// emitted, then the stream goes on; every record is written once, with the noise an
+/// uninterrupted run of today's binary gives it. (0.1.0 took the partitions' turns by timing,
+/// so the order of later windows is today's, not comparable with 0.1.0's.)
+#[cfg(feature = "kafka")]
+#[test]
+fn a_kafka_static_checkpoint_from_0_1_0_resumes_exactly() {
+    use std::collections::{BTreeMap, BTreeSet};
+    kafka_fixture_topic();
+    let same = |job: &str| job.to_string();
+    let reference = copy_fixture("kafka-static", false, same);
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["run", "job.yaml", "--no-report"],
+        Duration::from_secs(300),
+    ));
+    let want: BTreeMap<i64, u32> = parts_in_order(&reference.path().join("out"))
+        .into_iter()
+        .collect();
+    assert_eq!(want.len(), 8000);
+
+    let resumed = copy_fixture("kafka-static", true, same);
+    let before = parts_in_order(&resumed.path().join("out"));
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(resumed.path().join("state/cp.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["rows_written"], 3250, "{state}");
+    assert_eq!(before.len(), 3250);
+    let out = run_in_for(
+        resumed.path(),
+        &["run", "job.yaml", "--resume", "--no-report"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("3250 rows written before this run"),
+        "{stdout}"
+    );
+    let got = parts_in_order(&resumed.path().join("out"));
+    assert_eq!(
+        &got[..before.len()],
+        &before[..],
+        "0.1.0's parts were changed"
+    );
+
+    // Every record once, with its own noise.
+    let ids: Vec<i64> = got.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.iter().copied().collect::<BTreeSet<_>>().len(), 8000);
+    assert_eq!(ids.len(), 8000);
+    for (id, x) in &got {
+        assert_eq!(
+            want[id], *x,
+            "id {id}: other noise than an uninterrupted run's"
+        );
+    }
+
+    // The open window (records `starts..offset` of each partition, id = offset · 4 +
+    // partition) is finished first: its 750 rows not yet emitted, and no other.
+    let window = &state["source"]["kafka_shuffle"];
+    assert_eq!(
+        (window["rows"].as_u64(), window["emitted"].as_u64()),
+        (Some(2000), Some(1250))
+    );
+    let topic = "sluice-upgrade-static-0-1-0";
+    let mut in_window = BTreeSet::new();
+    for p in 0..4i64 {
+        let key = p.to_string();
+        let from = window["starts"][topic][&key]["offset"].as_i64().unwrap();
+        let to = state["source"]["kafka"][topic][&key]["offset"]
+            .as_i64()
+            .unwrap();
+        in_window.extend((from..to).map(|o| o * 4 + p));
+    }
+    let emitted: BTreeSet<i64> = before[2000..].iter().map(|(id, _)| *id).collect();
+    let finished: BTreeSet<i64> = got[3250..4000].iter().map(|(id, _)| *id).collect();
+    assert_eq!(in_window.len(), 2000);
+    assert!(emitted.is_subset(&in_window));
+    assert_eq!(
+        finished,
+        in_window
+            .difference(&emitted)
+            .copied()
+            .collect::<BTreeSet<_>>(),
+        "the resumed run did not finish 0.1.0's open shuffle window first"
     );
 }

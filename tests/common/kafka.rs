@@ -61,6 +61,51 @@ pub async fn create_topic_on(brokers: &str, prefix: &str, partitions: i32) -> St
     name
 }
 
+/// A topic of a fixed name holding exactly `records` (`(partition, value)`, produced in
+/// order), for fixtures that name their topic: created and filled if missing; if it exists
+/// (a second run against the same broker), it must hold exactly those records at those
+/// offsets, or the test stops saying so.
+pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Vec<(i32, Vec<u8>)>) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let res = admin
+        .create_topics(
+            [&topic],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    match res.into_iter().next().unwrap() {
+        Ok(_) => {
+            let n = records.len();
+            assert_eq!(produce_on(brokers, name, records).await, n);
+        }
+        Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {
+            // Read back, not compared by watermarks: Tansu's are not exact.
+            let read = read_topic(brokers, name, records.len(), Duration::from_secs(60));
+            let mut offsets = vec![0i64; partitions as usize];
+            let mut want = BTreeMap::new();
+            for (p, value) in records {
+                let o = &mut offsets[p as usize];
+                want.insert((p, *o), value);
+                *o += 1;
+            }
+            let have: BTreeMap<(i32, i64), Vec<u8>> = read
+                .into_iter()
+                .map(|r| ((r.partition, r.offset), r.value.unwrap_or_default()))
+                .collect();
+            assert!(
+                have == want,
+                "topic {name} exists on {brokers} with other contents: restart the test broker (scripts/services.sh stop)"
+            );
+        }
+        Err((t, e)) => panic!("creating topic {t}: {e}"),
+    }
+}
+
 /// Creates a topic on the shared test broker.
 pub async fn create_topic(prefix: &str, partitions: i32) -> String {
     create_topic_on(&brokers(), prefix, partitions).await

@@ -281,6 +281,54 @@ async fn server_down_beyond_the_retry_budget_fails_cleanly() {
     assert!(uploads > 0);
 }
 
+/// A store that comes back from an outage without the bucket (an emulator restarted without
+/// its data) answers `NoSuchBucket`: the error says the bucket is gone, not "check that it is
+/// reachable" nor "deleted while being read".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bucket_gone_after_an_outage_is_named() {
+    let bucket = s3::bucket("vanish");
+    let parts = digits_parts(2);
+    upload(&bucket, "d", &parts).await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start();
+    proxy.faults.data_limit.store(4096, Ordering::SeqCst);
+    proxy
+        .faults
+        .drop_data_reads
+        .store(u64::MAX, Ordering::SeqCst);
+    let yaml = format!(
+        "source:\n  type: parquet\n  path: 's3://{bucket}/d/*.parquet'\n  storage: {{retry: {{max_retries: 30, timeout_secs: 120, initial_backoff_secs: 0.05}}}}\n{STAGES}sink: {{type: parquet, path: f.parquet}}\n"
+    );
+    let (path, endpoint) = (dir.path().to_path_buf(), proxy.endpoint.clone());
+    let sluice = std::thread::spawn(move || run(&path, &yaml, &endpoint, &[]));
+    // Down: a data read was broken, and the reader is retrying.
+    wait_for(
+        "a broken data read",
+        std::time::Duration::from_secs(60),
+        || (proxy.faults.broken.load(Ordering::SeqCst) > 0).then_some(()),
+    );
+    let store = s3::store(&bucket);
+    for (name, _) in &parts {
+        store
+            .delete(&ObjectPath::from(format!("d/{name}")))
+            .await
+            .unwrap();
+    }
+    s3::delete_bucket(&bucket);
+    // Back, without the bucket.
+    proxy.faults.drop_data_reads.store(0, Ordering::SeqCst);
+    let (code, text) = sluice.join().unwrap();
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("The bucket does not exist (any more)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("reachable") && !text.contains("deleted or replaced"),
+        "{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_bucket_missing_object_and_bad_credentials_get_one_clear_message() {
     let dir = tempfile::tempdir().unwrap();

@@ -59,6 +59,24 @@ pub fn bucket(prefix: &str) -> String {
     name
 }
 
+/// Deletes an (empty) bucket on the real server, as a store that lost it would answer.
+pub fn delete_bucket(name: &str) {
+    let ep = endpoint();
+    let addr = ep.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "DELETE /{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 204") || answer.starts_with("HTTP/1.1 200"),
+        "cannot delete bucket {name}: {answer}"
+    );
+}
+
 /// An object_store client for `bucket` on the real server (for uploads and checks).
 pub fn store(bucket: &str) -> AmazonS3 {
     AmazonS3Builder::new()

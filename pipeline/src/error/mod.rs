@@ -177,6 +177,9 @@ pub enum ReadKind {
     Local(std::io::ErrorKind),
     /// The object store: the object is not there (any more).
     StoreNotFound,
+    /// The object store: the bucket is not there (any more), e.g. a store that came back from
+    /// an outage without its data.
+    StoreNoBucket,
     /// The object store refused access.
     StoreDenied,
     /// The object store kept failing (after its retries).
@@ -193,6 +196,12 @@ impl ReadKind {
                 _ => io_kind(e).unwrap_or(std::io::ErrorKind::Other),
             };
             return ReadKind::Local(kind);
+        }
+        // S3 answers a missing bucket with a 404 like a missing object; only the code in its
+        // body tells them apart (and a store back from an outage without its data is not
+        // "deleted while being read", nor unreachable).
+        if e.to_string().contains("NoSuchBucket") {
+            return ReadKind::StoreNoBucket;
         }
         match e {
             object_store::Error::NotFound { .. } => ReadKind::StoreNotFound,
@@ -230,6 +239,9 @@ fn read_hint(kind: ReadKind, in_inspect: bool) -> &'static str {
         }
         ReadKind::Local(_) => "The local file could not be read: check the disk and the file",
         ReadKind::StoreNotFound => "The object was deleted or replaced while it was being read",
+        ReadKind::StoreNoBucket => {
+            "The bucket does not exist (any more): check the endpoint and region; a store that came back from an outage without its data must have it restored before the run is resumed"
+        }
         ReadKind::StoreDenied => {
             "Access denied: check the credentials and this principal's permissions on the object"
         }
@@ -277,24 +289,7 @@ pub(crate) mod hint {
 /// a hint about the file system, never one about reachability or credentials.
 fn storage_message(url: &str, e: &object_store::Error) -> String {
     let text = e.to_string();
-    let tag = |name: &str| {
-        let open = format!("<{name}>");
-        let start = text.find(&open)? + open.len();
-        let len = text[start..].find(&format!("</{name}>"))?;
-        Some(text[start..start + len].trim().to_string())
-    };
-    let (code, message) = (tag("Code"), tag("Message"));
-    let mut out = match text.find("<?xml").or_else(|| text.find("<Error>")) {
-        Some(i) => text[..i].trim_end().trim_end_matches(':').to_string(),
-        None => text.clone(),
-    };
-    if let Some(c) = &code {
-        out.push_str(&format!(
-            ": {c}{}",
-            message.map(|m| format!(" ({m})")).unwrap_or_default()
-        ));
-    }
-    let mut out = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (mut out, code) = one_line(&text);
     let hint = if is_local(url) {
         local_hint(e).to_string()
     } else {
@@ -305,6 +300,29 @@ fn storage_message(url: &str, e: &object_store::Error) -> String {
         out.push_str(&hint);
     }
     out
+}
+
+/// A store's error text on one line, and its S3-style code: an XML error body is cut down
+/// to its `Code` and `Message`.
+pub(crate) fn one_line(text: &str) -> (String, Option<String>) {
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let len = text[start..].find(&format!("</{name}>"))?;
+        Some(text[start..start + len].trim().to_string())
+    };
+    let (code, message) = (tag("Code"), tag("Message"));
+    let mut out = match text.find("<?xml").or_else(|| text.find("<Error>")) {
+        Some(i) => text[..i].trim_end().trim_end_matches(':').to_string(),
+        None => text.to_string(),
+    };
+    if let Some(c) = &code {
+        out.push_str(&format!(
+            ": {c}{}",
+            message.map(|m| format!(" ({m})")).unwrap_or_default()
+        ));
+    }
+    (out.split_whitespace().collect::<Vec<_>>().join(" "), code)
 }
 
 /// What to do about a local file system's error, by its kind.

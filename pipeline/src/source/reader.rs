@@ -59,7 +59,8 @@ impl ObjectReader {
                 .await
                 .map_err(|e| {
                     let local = self.url.starts_with("file:");
-                    self.error(&ranges, ReadKind::of_store(local, &e), e)
+                    let (text, _) = crate::error::one_line(&e.to_string());
+                    self.error(&ranges, ReadKind::of_store(local, &e), text)
                 }),
         }
     }

@@ -1,6 +1,7 @@
 //! Peak RSS, measured by the kernel: a shuffle window ten times larger than its memory cap
 //! spills to disk and stays within the cap plus a stated overhead over the same job without
-//! the shuffle; the Parquet source's row groups in flight stay within `prefetch_bytes`.
+//! the shuffle; the Parquet source's row groups in flight stay within `prefetch_bytes`; a JSON
+//! Kafka backlog stays within the Kafka source's byte bounds.
 //!
 //! This is its own test binary on purpose, and its tests take turns (`ONE_AT_A_TIME`): tests
 //! that start `sluice` processes of their own change each other's thread timing on a 2-core
@@ -17,6 +18,8 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type};
+#[cfg(feature = "kafka")]
+use common::kafka;
 use common::*;
 
 const MIB: u64 = 1024 * 1024;
@@ -303,6 +306,83 @@ fn across_ranks_windows_ten_times_their_memory_cap_spill_and_stay_within_it() {
         "the shuffles added {} MiB of RSS; their cap is {cap_mib} MiB each (peaks with: {}; without: {})",
         extra / MIB,
         mib(&shuffled),
+        mib(&baseline)
+    );
+}
+
+/// A backlog of ~2 KB JSON records (40,000 of them, ~92 MB over 4 partitions) read with a
+/// prefetch budget of 4 MiB per partition: the Kafka source adds at most its byte bounds —
+/// the prefetch (4 × 4 MiB), the raw chunks cut for the decoder (at most 8 MiB each: two
+/// queued and one being cut; each of the two decoding threads holds one and the JSON
+/// decoder's tape of about as many bytes) — plus 48 MiB (librdkafka's fetch buffers and
+/// bookkeeping, the decoded batches, allocator slack) over the same rows read from Parquet.
+/// (Before the chunks were bounded in bytes, such a backlog peaked at 0.8–0.9 GB. Measured on
+/// the development machine: +102 MiB, within a bound of 120.)
+#[cfg(feature = "kafka")]
+#[test]
+fn a_json_kafka_backlog_stays_within_its_byte_bounds() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let n = 40_000i64;
+    let value = |i: i64, k: i64| ((i * 256 + k) % 1000) as f32 * 0.001 + 0.123_456;
+    let rb = rows_of_256_floats("id", 0..n, |i| i, value);
+    write_parquet(&dir.path().join("rows.parquet"), &[rb], 5_000);
+    let topic = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let t = kafka::create_topic("memory-json", 4).await;
+        let records = (0..n).map(|i| {
+            let x: Vec<String> = (0..256).map(|k| format!("{:.6}", value(i, k))).collect();
+            let json = format!(r#"{{"id": {i}, "x": [{}]}}"#, x.join(", "));
+            ((i % 4) as i32, json.into_bytes())
+        });
+        assert_eq!(kafka::produce(&t, records).await, n as usize);
+        t
+    });
+    let tail = "stages:\n- {type: select, columns: [id]}\n\
+                sink: {type: parquet, path: out.parquet}\n\
+                runtime: {threads: 2, queue_bytes: 2 MiB}\n";
+    let (_, baseline) = peaks(
+        dir.path(),
+        &format!("source: {{type: parquet, path: rows.parquet, batch_rows: 4000}}\n{tail}"),
+    );
+    let prefetch_kib: u64 = 4096;
+    let (out, kafka) = peaks(
+        dir.path(),
+        &format!(
+            "source:\n  type: kafka\n  brokers: {}\n  topic: {topic}\n  format: json\n  \
+             schema: {{id: int64, x: \"float32[256]\"}}\n  until: end\n  batch_timeout: 5s\n  \
+             properties: {{queued.max.messages.kbytes: {prefetch_kib}, fetch.queue.backoff.ms: 10}}\n{tail}",
+            kafka::brokers()
+        ),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut ids: Vec<i64> = read_parquet(&dir.path().join("out.parquet"))
+        .iter()
+        .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..n).collect::<Vec<_>>(),
+        "every record once:\n{stdout}"
+    );
+    let prefetch = 4 * prefetch_kib * 1024;
+    let chunks = (2 + 1 + 2 * 2) * 8 * MIB;
+    let bound = prefetch + chunks + 48 * MIB;
+    let extra = least(&kafka).saturating_sub(least(&baseline));
+    eprintln!(
+        "peak RSS (MiB) reading ~92 MB of 2 KB JSON records from Kafka: {}; the same rows from \
+         Parquet: {}; Kafka added {:.1} MiB (bound {} MiB)",
+        mib(&kafka),
+        mib(&baseline),
+        extra as f64 / MIB as f64,
+        bound / MIB
+    );
+    assert!(
+        extra < bound,
+        "the Kafka source added {} MiB of RSS; its byte bounds allow {} MiB (peaks: {}; from Parquet: {})",
+        extra / MIB,
+        bound / MIB,
+        mib(&kafka),
         mib(&baseline)
     );
 }

@@ -244,10 +244,10 @@ fn a_kafka_static_checkpoint_from_0_1_0_resumes_exactly() {
         &["run", "job.yaml", "--no-report"],
         Duration::from_secs(300),
     ));
-    let want: BTreeMap<i64, u32> = parts_in_order(&reference.path().join("out"))
-        .into_iter()
-        .collect();
-    assert_eq!(want.len(), 8000);
+    let reference_rows = parts_in_order(&reference.path().join("out"));
+    assert_eq!(reference_rows.len(), 8000);
+    let want: BTreeMap<i64, u32> = reference_rows.into_iter().collect();
+    assert_eq!(want.len(), 8000, "the uninterrupted run wrote an id twice");
 
     let resumed = copy_fixture("kafka-static", true, same);
     let before = parts_in_order(&resumed.path().join("out"));
@@ -305,7 +305,10 @@ fn a_kafka_static_checkpoint_from_0_1_0_resumes_exactly() {
     let emitted: BTreeSet<i64> = before[2000..].iter().map(|(id, _)| *id).collect();
     let finished: BTreeSet<i64> = got[3250..4000].iter().map(|(id, _)| *id).collect();
     assert_eq!(in_window.len(), 2000);
-    assert!(emitted.is_subset(&in_window));
+    assert!(
+        emitted.is_subset(&in_window),
+        "0.1.0's emitted rows lie outside its open window (fixture)"
+    );
     assert_eq!(
         finished,
         in_window

@@ -9,8 +9,9 @@
 //!
 //! Decode and transform work runs on a bounded rayon pool ([`CpuPool`]); stages are connected
 //! by queues bounded in bytes; row order is preserved. Modules are layered (plain data, state,
-//! config, runtime plumbing, stages, sources, the executor: `docs/architecture.md`), and the
-//! heavy components are cargo features (`kafka`, `s3`, `gcs`, `azure`, `http`, `image`).
+//! config, runtime plumbing, stages, the pipeline document, sources, the executor:
+//! `docs/architecture.md`), and the heavy components are cargo features (`kafka`, `s3`,
+//! `gcs`, `azure`, `http`, `image`).
 
 pub mod batch;
 pub mod checkpoint;

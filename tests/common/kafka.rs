@@ -85,7 +85,13 @@ pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Ve
         }
         Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {
             // Read back, not compared by watermarks: Tansu's are not exact.
-            let read = read_topic(brokers, name, records.len(), Duration::from_secs(60));
+            let hint = format!(
+                "topic {name} exists on {brokers} with other contents: restart the test broker (scripts/services.sh stop)"
+            );
+            let read = std::panic::catch_unwind(|| {
+                read_topic(brokers, name, records.len(), Duration::from_secs(60))
+            })
+            .unwrap_or_else(|_| panic!("{hint}"));
             let mut offsets = vec![0i64; partitions as usize];
             let mut want = BTreeMap::new();
             for (p, value) in records {
@@ -97,10 +103,7 @@ pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Ve
                 .into_iter()
                 .map(|r| ((r.partition, r.offset), r.value.unwrap_or_default()))
                 .collect();
-            assert!(
-                have == want,
-                "topic {name} exists on {brokers} with other contents: restart the test broker (scripts/services.sh stop)"
-            );
+            assert!(have == want, "{hint}");
         }
         Err((t, e)) => panic!("creating topic {t}: {e}"),
     }

@@ -59,24 +59,6 @@ pub fn bucket(prefix: &str) -> String {
     name
 }
 
-/// Deletes an (empty) bucket on the real server, as a store that lost it would answer.
-pub fn delete_bucket(name: &str) {
-    let ep = endpoint();
-    let addr = ep.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "DELETE /{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    assert!(
-        answer.starts_with("HTTP/1.1 204") || answer.starts_with("HTTP/1.1 200"),
-        "cannot delete bucket {name}: {answer}"
-    );
-}
-
 /// An object_store client for `bucket` on the real server (for uploads and checks).
 pub fn store(bucket: &str) -> AmazonS3 {
     AmazonS3Builder::new()
@@ -98,6 +80,10 @@ pub struct Faults {
     pub drop_data_reads: AtomicU64,
     /// Every request is answered 503 while set.
     pub down: AtomicBool,
+    /// Every request is answered as S3 answers for a bucket that does not exist (404
+    /// `NoSuchBucket`, the body moto sends) while set: a store back from an outage without
+    /// its data.
+    pub no_bucket: AtomicBool,
     /// Ranges starting below this byte offset count as data reads (footers are at the end).
     pub data_limit: AtomicU64,
     /// Requests seen, by kind.
@@ -223,6 +209,20 @@ fn serve(mut conn: TcpStream, upstream: &str, f: &Faults) {
                 conn,
                 "HTTP/1.1 403 Forbidden\r\nContent-Length: {}\r\nContent-Type: application/xml\r\n\r\n{body}",
                 msg.len()
+            );
+            continue;
+        }
+        if f.no_bucket.load(Ordering::SeqCst) {
+            let msg = "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message></Error>";
+            let body = if request_line.starts_with("HEAD ") {
+                ""
+            } else {
+                msg
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\nContent-Type: application/xml\r\n\r\n{body}",
+                body.len()
             );
             continue;
         }

@@ -1,5 +1,7 @@
-//! The pipeline's config model: typed structs for every component. Field doc comments are the
-//! reference documentation (`docs/config.md` follows them); defaults are stated there.
+//! The pipeline's config model: typed settings of every section and component but the stages
+//! (each stage kind's settings live with its kernel in `stage`, public as `crate::stages`;
+//! the whole document is `crate::PipelineConfig`), and loading YAML. Field doc comments are
+//! the reference documentation (`docs/config.md` follows them); defaults are stated there.
 
 mod interpolate;
 mod kafka;

@@ -42,8 +42,7 @@ use crate::pipeline_config::PipelineConfig;
 pub use crate::runtime::metrics;
 pub use crate::runtime::{CpuPool, PipelineMetrics, SourceMetrics, StageMetrics};
 use crate::source::Source;
-use crate::stage::StageConfig;
-use crate::stage::{self, BuiltStage};
+use crate::stage::{self, BuiltStage, StageConfig};
 use crate::state::{Acknowledger, SourceState};
 
 /// A pipeline description, ready to be checked or run.

@@ -8,8 +8,7 @@ use arrow::datatypes::SchemaRef;
 use super::StageSlot;
 use crate::config::Located;
 use crate::error::Result;
-use crate::stage::StageConfig;
-use crate::stage::{self, BuiltStage};
+use crate::stage::{self, BuiltStage, StageConfig};
 
 /// Runs every pass over the built stages, in order; `output` is the schema after the last
 /// stage. Returns the notes they leave for the run summary (stage index, text), in order.

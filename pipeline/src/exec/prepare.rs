@@ -15,8 +15,7 @@ use crate::runtime::{CpuPool, PipelineMetrics, StageMetrics};
 use crate::source::Source;
 use crate::source::kafka::KafkaSource;
 use crate::source::parquet::ParquetSource;
-use crate::stage;
-use crate::stage::{ShuffleConfig, StageConfig};
+use crate::stage::{self, ShuffleConfig, StageConfig};
 use crate::state::{Acknowledger, PlanSource};
 
 impl Pipeline {

@@ -12,8 +12,7 @@ use crate::pipeline_config::PipelineConfig;
 use crate::runtime::{CpuPool, PipelineMetrics};
 use crate::source::Source;
 use crate::source::parquet::ParquetSource;
-use crate::stage::StageConfig;
-use crate::stage::{BuiltStage, ColumnStats, ComputedStats};
+use crate::stage::{BuiltStage, ColumnStats, ComputedStats, StageConfig};
 use crate::state::Acknowledger;
 
 /// For a `standardize` stage not given its mean and std, statistics to build it with before

@@ -148,8 +148,8 @@ pub struct StageMetrics {
     /// Rows in that a resumed run had delivered before its checkpoint (a `shuffle`
     /// rebuilding the window it was emitting): taken in, not emitted again.
     pub rows_replayed: AtomicU64,
-    /// How those rows are named in the summary (`filtered out`, …): see
-    /// the stage kind's `removed_as`.
+    /// How those rows are named in the summary (`filtered out`, …): each stage kind's
+    /// `removed_as`.
     pub removed_as: &'static str,
     /// Human-readable notes produced while running (computed statistics, …).
     pub notes: Mutex<Vec<String>>,

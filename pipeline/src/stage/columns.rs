@@ -1,5 +1,5 @@
-//! Building the stages that reshape columns, `select`, `rename` and `cast`, against their
-//! input schema (their kernels are in `kernels`).
+//! The stages that reshape columns, `select`, `rename` and `cast`: their settings and their
+//! build steps against the input schema (their kernels are in `kernels`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! Building the stages that work on values, `filter`, `fill_null`, `standardize`, `one_hot`
-//! and `clip`, against their input schema (their kernels are in `kernels`).
+//! The stages that work on values, `filter`, `fill_null`, `standardize`, `one_hot` and
+//! `clip`: their settings and their build steps against the input schema (their kernels are
+//! in `kernels`).
 
 use std::collections::BTreeMap;
 use std::fmt;

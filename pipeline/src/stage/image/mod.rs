@@ -33,7 +33,6 @@ use crate::batch::Batch;
 use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result, StageRef};
 use crate::runtime::recycle::F32Pool;
-pub use settings::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
 
 mod build;
 mod colour;
@@ -48,6 +47,7 @@ mod tests;
 
 #[cfg(test)]
 use build::build;
+pub use settings::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
 
 use colour::NO_COLOUR;
 use decode::raw_bytes;

@@ -4,7 +4,6 @@
 use super::colour::{Adjust, Colour, shift_hue};
 use super::geometry::Geometry;
 use super::*;
-use super::{EraseValue, ImageConfig, PadFill};
 use crate::batch::{Lineage, Name, Origin};
 use arrow::array::{AsArray, BinaryArray, FixedSizeBinaryArray};
 use arrow::datatypes::{Float32Type, Schema};

@@ -5,9 +5,9 @@ use arrow::compute::take_record_batch;
 use arrow::datatypes::{DataType, Schema};
 use rand::seq::SliceRandom;
 
-use super::settings::GroupByLength;
 use crate::error::{Error, Result, StageRef};
 
+use super::settings::GroupByLength;
 use super::{Emitter, Origins, RowOrigin, Shuffler, arrow_err, err};
 
 /// A built `group_by_length` (see [`GroupByLength`]).

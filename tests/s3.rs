@@ -73,6 +73,15 @@ fn run(dir: &Path, yaml: &str, endpoint: &str, extra: &[&str]) -> (i32, String) 
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// A proxy that breaks the first `n` data reads (ranged GETs below byte 4096; footers are
+/// read beyond it) by dropping the connection, as a server killed mid-read.
+fn proxy_dropping_data_reads(n: u64) -> Proxy {
+    let proxy = Proxy::start();
+    proxy.faults.data_limit.store(4096, Ordering::SeqCst);
+    proxy.faults.drop_data_reads.store(n, Ordering::SeqCst);
+    proxy
+}
+
 const STAGES: &str =
     "stages:\n- {type: cast, columns: {pixels: float32}}\n- {type: batch, size: 100}\n";
 
@@ -218,10 +227,8 @@ async fn server_dying_mid_read_is_retried_and_output_is_identical() {
     let dir = tempfile::tempdir().unwrap();
     let reference = local_reference(dir.path(), &parts);
 
-    let proxy = Proxy::start();
-    proxy.faults.data_limit.store(4096, Ordering::SeqCst);
     // The first 5 data reads die with the connection, as if the server was killed mid-read.
-    proxy.faults.drop_data_reads.store(5, Ordering::SeqCst);
+    let proxy = proxy_dropping_data_reads(5);
     let yaml = format!(
         "source:\n  type: parquet\n  path: 's3://{bucket}/d/*.parquet'\n  storage: {{retry: {{max_retries: 10, initial_backoff_secs: 0.05}}}}\n{STAGES}sink: {{type: parquet, path: f.parquet}}\n"
     );
@@ -240,12 +247,7 @@ async fn server_down_beyond_the_retry_budget_fails_cleanly() {
     let bucket = s3::bucket("down");
     upload(&bucket, "d", &digits_parts(2)).await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start();
-    proxy.faults.data_limit.store(4096, Ordering::SeqCst);
-    proxy
-        .faults
-        .drop_data_reads
-        .store(u64::MAX, Ordering::SeqCst);
+    let proxy = proxy_dropping_data_reads(u64::MAX);
     let direct = s3::endpoint();
     let yaml = format!(
         "source:\n  type: parquet\n  path: 's3://{bucket}/d/*.parquet'\n  storage: {{retry: {{max_retries: 2, timeout_secs: 5, initial_backoff_secs: 0.05}}}}\n{STAGES}\
@@ -291,12 +293,7 @@ async fn a_bucket_gone_after_an_outage_is_named() {
     let parts = digits_parts(2);
     upload(&bucket, "d", &parts).await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start();
-    proxy.faults.data_limit.store(4096, Ordering::SeqCst);
-    proxy
-        .faults
-        .drop_data_reads
-        .store(u64::MAX, Ordering::SeqCst);
+    let proxy = proxy_dropping_data_reads(u64::MAX);
     let yaml = format!(
         "source:\n  type: parquet\n  path: 's3://{bucket}/d/*.parquet'\n  storage: {{retry: {{max_retries: 30, timeout_secs: 120, initial_backoff_secs: 0.05}}}}\n{STAGES}sink: {{type: parquet, path: f.parquet}}\n"
     );

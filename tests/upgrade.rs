@@ -48,6 +48,23 @@ fn copy_fixture(name: &str, with_state: bool, edit: impl Fn(&str) -> String) -> 
     dir
 }
 
+/// `sluice run job.yaml --resume` in `dir`, which must succeed saying that `before` rows were
+/// written before it; the part files it leaves, in order.
+fn resume_run(dir: &Path, before: u64) -> Vec<(i64, u32)> {
+    let out = run_in_for(
+        dir,
+        &["run", "job.yaml", "--resume", "--no-report"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("{before} rows written before this run")),
+        "{stdout}"
+    );
+    parts_in_order(&dir.join("out"))
+}
+
 #[test]
 fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
     let two_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 2");
@@ -63,18 +80,7 @@ fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
     assert_eq!(want.len(), 2 * kept);
 
     let resumed = copy_fixture("run-shuffled", true, two_epochs);
-    let out = run_in_for(
-        resumed.path(),
-        &["run", "job.yaml", "--resume", "--no-report"],
-        Duration::from_secs(300),
-    );
-    assert_ok(&out);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("2800 rows written before this run"),
-        "{stdout}"
-    );
-    let got = parts_in_order(&resumed.path().join("out"));
+    let got = resume_run(resumed.path(), 2800);
     assert_eq!(got.len(), want.len());
     assert!(
         got == want,
@@ -256,18 +262,7 @@ fn a_kafka_static_checkpoint_from_0_1_0_resumes_exactly() {
             .unwrap();
     assert_eq!(state["rows_written"], 3250, "{state}");
     assert_eq!(before.len(), 3250);
-    let out = run_in_for(
-        resumed.path(),
-        &["run", "job.yaml", "--resume", "--no-report"],
-        Duration::from_secs(300),
-    );
-    assert_ok(&out);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("3250 rows written before this run"),
-        "{stdout}"
-    );
-    let got = parts_in_order(&resumed.path().join("out"));
+    let got = resume_run(resumed.path(), 3250);
     assert_eq!(
         &got[..before.len()],
         &before[..],

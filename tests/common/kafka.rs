@@ -40,32 +40,13 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// Creates a topic with `partitions` partitions on `brokers` and returns its name.
-pub async fn create_topic_on(brokers: &str, prefix: &str, partitions: i32) -> String {
-    let name = unique(prefix);
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
-    let topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
-    let res = admin
-        .create_topics(
-            [&topic],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .unwrap();
-    for r in res {
-        r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
-    }
-    name
-}
-
-/// A topic of a fixed name holding exactly `records` (`(partition, value)`, produced in
-/// order), for fixtures that name their topic: created and filled if missing; if it exists
-/// (a second run against the same broker), it must hold exactly those records at those
-/// offsets, or the test stops saying so.
-pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Vec<(i32, Vec<u8>)>) {
+/// Asks `brokers` to create the topic `name` with `partitions` partitions: the broker's
+/// answer for it.
+async fn create_named(
+    brokers: &str,
+    name: &str,
+    partitions: i32,
+) -> Result<(), rdkafka::types::RDKafkaErrorCode> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
@@ -78,12 +59,33 @@ pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Ve
         )
         .await
         .unwrap();
-    match res.into_iter().next().unwrap() {
-        Ok(_) => {
+    res.into_iter()
+        .next()
+        .unwrap()
+        .map(|_| ())
+        .map_err(|(_, e)| e)
+}
+
+/// Creates a topic with `partitions` partitions on `brokers` and returns its name.
+pub async fn create_topic_on(brokers: &str, prefix: &str, partitions: i32) -> String {
+    let name = unique(prefix);
+    if let Err(e) = create_named(brokers, &name, partitions).await {
+        panic!("creating topic {name}: {e}");
+    }
+    name
+}
+
+/// A topic of a fixed name holding exactly `records` (`(partition, value)`, produced in
+/// order), for fixtures that name their topic: created and filled if missing; if it exists
+/// (a second run against the same broker), it must hold exactly those records at those
+/// offsets, or the test stops saying so.
+pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Vec<(i32, Vec<u8>)>) {
+    match create_named(brokers, name, partitions).await {
+        Ok(()) => {
             let n = records.len();
             assert_eq!(produce_on(brokers, name, records).await, n);
         }
-        Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {
+        Err(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {
             // Read back, not compared by watermarks: Tansu's are not exact.
             let hint = format!(
                 "topic {name} exists on {brokers} with other contents: restart the test broker (scripts/services.sh stop)"
@@ -105,7 +107,7 @@ pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Ve
                 .collect();
             assert!(have == want, "{hint}");
         }
-        Err((t, e)) => panic!("creating topic {t}: {e}"),
+        Err(e) => panic!("creating topic {name}: {e}"),
     }
 }
 

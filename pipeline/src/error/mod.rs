@@ -188,8 +188,9 @@ pub enum ReadKind {
 
 impl ReadKind {
     /// The kind of a store's error: a local store's by the file system's error kind found in
-    /// its causes, a remote one's by the store's error variant.
-    pub(crate) fn of_store(local: bool, e: &object_store::Error) -> Self {
+    /// its causes, a remote one's by its S3-style `code` (see [`one_line`]) and the store's
+    /// error variant.
+    pub(crate) fn of_store(local: bool, e: &object_store::Error, code: Option<&str>) -> Self {
         if local {
             let kind = match e {
                 object_store::Error::NotFound { .. } => std::io::ErrorKind::NotFound,
@@ -200,7 +201,7 @@ impl ReadKind {
         // S3 answers a missing bucket with a 404 like a missing object; only the code in its
         // body tells them apart (and a store back from an outage without its data is not
         // "deleted while being read", nor unreachable).
-        if e.to_string().contains("NoSuchBucket") {
+        if code == Some("NoSuchBucket") {
             return ReadKind::StoreNoBucket;
         }
         match e {

@@ -59,8 +59,9 @@ impl ObjectReader {
                 .await
                 .map_err(|e| {
                     let local = self.url.starts_with("file:");
-                    let (text, _) = crate::error::one_line(&e.to_string());
-                    self.error(&ranges, ReadKind::of_store(local, &e), text)
+                    let (text, code) = crate::error::one_line(&e.to_string());
+                    let kind = ReadKind::of_store(local, &e, code.as_deref());
+                    self.error(&ranges, kind, text)
                 }),
         }
     }

@@ -159,7 +159,7 @@ fn print_plan(path: &Path, job: &Job, plan: &Plan) {
     }
     if matches!(
         job.pipeline.source.value,
-        sluice::pipeline::config::SourceConfig::Parquet(_)
+        sluice::pipeline::sources::SourceConfig::Parquet(_)
     ) {
         // Judged for several ranks, the case a lost node leaves.
         let world = job.pipeline.runtime.rank_and_world().1.max(2);

@@ -5,9 +5,8 @@
 mod common;
 
 use serde::de::DeserializeOwned;
-use sluice::pipeline::config::{
-    Component, RuntimeConfig, SourceConfig, component_fields, struct_fields,
-};
+use sluice::pipeline::config::{Component, RuntimeConfig, component_fields, struct_fields};
+use sluice::pipeline::sources::SourceConfig;
 use sluice::pipeline::stages::StageConfig;
 use sluice::sinks::SinkConfig;
 

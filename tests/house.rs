@@ -42,10 +42,11 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["runtime", "dead_letter", "checkpoint"],
             // Stages: each kind's settings, build step and kernel; the registration table.
             &["stage"],
+            // Sources (each kind's settings, opening and read loop), and inspecting what they
+            // would read.
+            &["source", "inspect"],
             // The whole pipeline document (source, stages, runtime).
             &["pipeline_config"],
-            // Sources, and inspecting what they would read.
-            &["source", "inspect"],
             // The executor: plans, order rules, resume.
             &["exec"],
         ],
@@ -53,8 +54,11 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "sinks/src",
         &[
-            &["config", "lease", "null"],
+            // Leaves: the output lease, the null sink. (The `sink:` section, `SinkConfig`,
+            // is the crate root's, above every sink.)
+            &["lease", "null"],
             &["file", "guard"],
+            // Each sink kind: its settings, build and writer.
             &["ipc", "kafka", "parquet_sink"],
         ],
     ),

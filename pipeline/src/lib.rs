@@ -39,6 +39,17 @@ pub use pipeline_config::PipelineConfig;
 pub use source::input_objects;
 pub use state::{Acknowledger, BatchRun, DataStamp, ErrorCounts, PlanStamp, Rescaled, SourceState};
 
+/// The `source:` section: [`SourceConfig`](sources::SourceConfig), one variant per kind, and
+/// each kind's settings. (They are defined in each source's folder, in the private `source`
+/// module; this is their public path. Settings several components share, such as the Kafka
+/// connection and dead letters, are in [`config`].)
+pub mod sources {
+    pub use crate::source::{
+        Assignment, KafkaFormat, KafkaSourceConfig, Mix, OutageBudget, ParquetSourceConfig,
+        Partitioning, SchemaSpec, ShardPolicy, SourceConfig, StartPosition, Until,
+    };
+}
+
 /// The `stages:` list: [`StageConfig`](stages::StageConfig), one variant per kind, and each
 /// kind's settings. (They are defined beside each kind's build step and kernel, in the
 /// private `stage` module; this is their public path.)

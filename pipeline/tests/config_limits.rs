@@ -208,7 +208,7 @@ fn lf_crlf_and_cr_line_endings_read_alike() {
     ] {
         shown.push(all(&load(&text).unwrap_err()));
         let config = load(&text.replace("threads: 5000", "threads: 2")).unwrap();
-        let sluice_pipeline::config::SourceConfig::Parquet(p) = &config.source.value else {
+        let sluice_pipeline::sources::SourceConfig::Parquet(p) = &config.source.value else {
             panic!("not parquet")
         };
         assert_eq!(

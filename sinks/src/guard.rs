@@ -14,7 +14,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use object_store::path::Path as ObjectPath;
-use sluice_pipeline::config::SourceConfig;
+use sluice_pipeline::sources::SourceConfig;
 use sluice_pipeline::storage::{ObjectLocation, local_file, resolve, spec_names};
 
 use crate::lease::{Holder, LEASE, Lease};

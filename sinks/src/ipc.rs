@@ -3,12 +3,45 @@
 use arrow::ipc::CompressionType;
 use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use async_trait::async_trait;
+use serde::Deserialize;
+use sluice_pipeline::storage::StorageConfig;
 use sluice_pipeline::{Batch, CpuPool};
 
-use crate::config::{ArrowIpcSinkConfig, IpcCompression};
 use crate::file::{SharedBuf, Upload};
 use crate::guard::{self, OutputLock, check_replaceable};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
+
+/// Arrow IPC buffer compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IpcCompression {
+    /// zstd.
+    #[default]
+    Zstd,
+    /// LZ4 frame.
+    Lz4,
+    /// No compression.
+    None,
+}
+
+/// `type: arrow_ipc` — one Arrow IPC *file* (random-access format, readable by
+/// `pyarrow.ipc.open_file`), written atomically like the Parquet sink.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArrowIpcSinkConfig {
+    /// Output file: path or URL (`file://`, `s3://`, `gs://`, `az://`; relative paths resolve
+    /// against the config file's directory).
+    pub path: String,
+    /// `zstd` (default), `lz4` or `none`.
+    #[serde(default)]
+    pub compression: IpcCompression,
+    /// Replace an existing file. Default: true.
+    #[serde(default = "crate::default_true")]
+    pub overwrite: bool,
+    /// How to reach the object store (options, retry budget), as for sources.
+    #[serde(default)]
+    pub storage: StorageConfig,
+}
 
 pub(crate) struct IpcSink {
     writer: Option<FileWriter<SharedBuf>>,

@@ -8,12 +8,13 @@
 //! A sink is built from its [`SinkConfig`] once the pipeline's output schema is known, takes
 //! batches through [`Sink::write`], and either [`Sink::finish`]es (output becomes visible under
 //! its final name) or [`Sink::abort`]s (nothing is left behind).
+//!
+//! Each sink kind is one module holding its settings, its build step and its writer
+//! (`parquet_sink`, `ipc`, `null`, `kafka/`); [`SinkConfig`], here, registers them.
 
-mod config;
 mod file;
 pub mod guard;
 mod ipc;
-#[cfg(feature = "kafka")]
 mod kafka;
 mod lease;
 mod null;
@@ -21,12 +22,64 @@ mod parquet_sink;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use sluice_pipeline::config::Component;
 use sluice_pipeline::{Batch, CpuPool};
 
-pub use config::{
-    ArrowIpcSinkConfig, IpcCompression, KafkaCompression, KafkaSinkConfig, KafkaSinkFormat,
-    NullSinkConfig, ParquetCompression, ParquetSinkConfig, SinkConfig,
-};
+pub use ipc::{ArrowIpcSinkConfig, IpcCompression};
+pub use kafka::{KafkaCompression, KafkaSinkConfig, KafkaSinkFormat};
+pub use null::NullSinkConfig;
+pub use parquet_sink::{ParquetCompression, ParquetSinkConfig};
+
+/// Where the pipeline's batches go.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkConfig {
+    /// `type: parquet`.
+    Parquet(ParquetSinkConfig),
+    /// `type: arrow_ipc`.
+    ArrowIpc(ArrowIpcSinkConfig),
+    /// `type: null`.
+    Null(NullSinkConfig),
+    /// `type: kafka`.
+    Kafka(KafkaSinkConfig),
+}
+
+impl SinkConfig {
+    /// The `type` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkConfig::Parquet(_) => "parquet",
+            SinkConfig::ArrowIpc(_) => "arrow_ipc",
+            SinkConfig::Null(_) => "null",
+            SinkConfig::Kafka(_) => "kafka",
+        }
+    }
+
+    /// Whether [`crate::Sink::flush`] can make output durable while the run goes on (so a
+    /// checkpoint can cover it).
+    pub fn flushes_while_running(&self) -> bool {
+        match self {
+            SinkConfig::Parquet(p) => p.max_rows_per_file.is_some(),
+            SinkConfig::ArrowIpc(_) => false,
+            SinkConfig::Null(_) | SinkConfig::Kafka(_) => true,
+        }
+    }
+}
+
+impl Component for SinkConfig {
+    const WHAT: &'static str = "sink";
+    const KINDS: &'static [&'static str] = &["parquet", "arrow_ipc", "null", "kafka"];
+    fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
+        match kind {
+            "parquet" => ParquetSinkConfig::deserialize(d).map(SinkConfig::Parquet),
+            "arrow_ipc" => ArrowIpcSinkConfig::deserialize(d).map(SinkConfig::ArrowIpc),
+            "null" => NullSinkConfig::deserialize(d).map(SinkConfig::Null),
+            "kafka" => KafkaSinkConfig::deserialize(d).map(SinkConfig::Kafka),
+            other => Err(de::Error::unknown_variant(other, Self::KINDS)),
+        }
+    }
+}
 
 /// Errors of the sinks crate.
 #[derive(Debug, thiserror::Error)]
@@ -137,4 +190,8 @@ impl SinkConfig {
             }),
         }
     }
+}
+
+fn default_true() -> bool {
+    true
 }

@@ -1,9 +1,15 @@
 //! `type: null`.
 
 use async_trait::async_trait;
+use serde::Deserialize;
 use sluice_pipeline::Batch;
 
 use crate::{Result, Sink, SinkReport};
+
+/// `type: null` — discards batches, counting rows and bytes (for benchmarks).
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NullSinkConfig {}
 
 /// Counts and discards.
 #[derive(Debug, Default)]

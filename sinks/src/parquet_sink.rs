@@ -8,13 +8,68 @@ use object_store::ObjectStoreExt;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
-use sluice_pipeline::storage::{ObjectLocation, resolve};
+use serde::Deserialize;
+use sluice_pipeline::storage::{ObjectLocation, StorageConfig, resolve};
 use sluice_pipeline::{Batch, CpuPool};
 
-use crate::config::{ParquetCompression, ParquetSinkConfig};
 use crate::file::{SharedBuf, Upload};
 use crate::guard::{self, OutputLock, check_parts_dir, check_replaceable};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
+
+/// Parquet column compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ParquetCompression {
+    /// zstd (level from `zstd_level`).
+    #[default]
+    Zstd,
+    /// Snappy.
+    Snappy,
+    /// LZ4 (raw).
+    Lz4,
+    /// No compression.
+    None,
+}
+
+/// `type: parquet` — one Parquet file, written atomically: the data goes to a temporary object
+/// and appears under `path` only when complete. A failed or interrupted run leaves nothing
+/// under `path`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetSinkConfig {
+    /// Output file: path or URL (`file://`, `s3://`, `gs://`, `az://`; relative paths resolve
+    /// against the config file's directory).
+    pub path: String,
+    /// Rows per row group. Default: 65536.
+    #[serde(default = "default_row_group_size")]
+    pub row_group_size: usize,
+    /// `zstd` (default), `snappy`, `lz4` or `none`.
+    #[serde(default)]
+    pub compression: ParquetCompression,
+    /// zstd level, 1–22. Default: 3.
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: i32,
+    /// Replace an existing file (part-file mode: remove the directory's `part-*.parquet`
+    /// first). Default: true.
+    #[serde(default = "crate::default_true")]
+    pub overwrite: bool,
+    /// Write numbered part files `part-00000.parquet`, … under `path` (a directory), each
+    /// closed and made visible at the first batch boundary at or past this many rows (and at
+    /// every checkpoint). Needed for checkpoints and unbounded sources: output is durable
+    /// while the run goes on. Default: one file.
+    #[serde(default)]
+    pub max_rows_per_file: Option<u64>,
+    /// How to reach the object store (options, retry budget), as for sources.
+    #[serde(default)]
+    pub storage: StorageConfig,
+}
+
+fn default_row_group_size() -> usize {
+    65536
+}
+fn default_zstd_level() -> i32 {
+    3
+}
 
 /// One file being written.
 struct Part {

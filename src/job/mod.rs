@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde::Serialize;
-use sluice_pipeline::config::{ConfigDocument, Located, SourceConfig};
+use sluice_pipeline::config::{ConfigDocument, Located};
+use sluice_pipeline::sources::SourceConfig;
 use sluice_pipeline::{
     Acknowledger, ConfigErrors, Pipeline, PipelineConfig, PipelineMetrics, PreparedPipeline,
     SourceState,

@@ -1,13 +1,14 @@
-//! The pipeline's config model: typed settings of every section and component but the stages
-//! (each stage kind's settings live with its kernel in `stage`, public as `crate::stages`;
-//! the whole document is `crate::PipelineConfig`), and loading YAML. Field doc comments are
-//! the reference documentation (`docs/config.md` follows them); defaults are stated there.
+//! The pipeline's config model: loading YAML (located errors, interpolation, size limits),
+//! the `runtime` section, and the settings several components share. Each stage's and
+//! source's own settings live with its build step and kernel (`stage`, `source`; public as
+//! `crate::stages` and `crate::sources`); the whole document is `crate::PipelineConfig`.
+//! Field doc comments are the reference documentation (`docs/config.md` follows them);
+//! defaults are stated there.
 
+mod common;
 mod interpolate;
-mod kafka;
 pub mod limits;
 mod load;
-mod source;
 
 use std::fmt;
 
@@ -15,13 +16,11 @@ use bytesize::ByteSize;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
-pub use kafka::{
-    Assignment, DeadLetterConfig, DeadLetterFile, DeadLetterKafka, ErrorBudget, HumanDuration,
-    KafkaConnection, KafkaFormat, KafkaSourceConfig, OutageBudget, Properties, SchemaSpec,
-    StartPosition, Until,
+pub use common::{
+    DeadLetterConfig, DeadLetterFile, DeadLetterKafka, ErrorBudget, HumanDuration, KafkaConnection,
+    Properties,
 };
 pub use load::{Component, ConfigDocument, Located, component_fields, struct_fields};
-pub use source::{Mix, ParquetSourceConfig, Partitioning, ShardPolicy, SourceConfig};
 
 pub use crate::error::config::{
     ConfigError, ConfigErrors, MAX_MESSAGE_BYTES, MAX_QUOTED_BYTES, MAX_SHOWN_ERRORS, did_you_mean,
@@ -187,6 +186,3 @@ impl Serialize for OneOrMany {
         self.0.serialize(s)
     }
 }
-
-#[cfg(test)]
-mod tests;

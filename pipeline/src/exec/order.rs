@@ -2,8 +2,8 @@
 //! warning when several ranks could get unequal batch counts.
 
 use super::Pipeline;
-use crate::config::SourceConfig;
 use crate::error::{Error, Result, StageRef};
+use crate::source::SourceConfig;
 use crate::stage::StageConfig;
 
 impl Pipeline {
@@ -103,7 +103,7 @@ impl Pipeline {
                         if c.across_ranks {
                             return fail("`across_ranks` needs a Parquet source (ranks exchange equal windows of an epoch; a Kafka stream has neither): shuffle each rank's partitions locally".into());
                         }
-                        if k.assignment == crate::config::Assignment::Group {
+                        if k.assignment == crate::source::Assignment::Group {
                             return fail("a shuffle of a Kafka stream needs `assignment: static` on the source: a resumed run rebuilds the window being emitted by reading its partitions again, and a consumer group may have moved them to another member".into());
                         }
                     }

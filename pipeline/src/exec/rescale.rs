@@ -22,8 +22,8 @@ use futures::{Stream, StreamExt};
 
 use super::{BatchStream, Pipeline, PipelineMetrics};
 use crate::batch::{Batch, Lineage, Mark};
-use crate::config::{ShardPolicy, SourceConfig};
 use crate::error::{Error, Result};
+use crate::source::{ShardPolicy, SourceConfig};
 use crate::stage::StageConfig;
 use crate::state::{BatchRun, PlanStamp, Rescaled, SourceState};
 

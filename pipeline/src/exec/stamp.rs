@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::Pipeline;
-use crate::config::{Partitioning, SourceConfig};
+use crate::source::{Partitioning, SourceConfig};
 use crate::stage::StageConfig;
 use crate::state::{ORDER_FORM, PlanStamp, setting_hash};
 

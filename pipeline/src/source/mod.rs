@@ -1,15 +1,25 @@
-//! Sources: where batches come from.
+//! Sources: where batches come from. Each kind is one folder holding its settings, its
+//! opening (schema checks) and its read loop: `parquet/`, `kafka/` (without the `kafka` cargo
+//! feature, `kafka/off.rs` stands in for the client: the settings are still read, then the
+//! source is refused naming the feature). [`SourceConfig`] is the `source:` section.
 
 #[cfg(feature = "kafka")]
 pub(crate) mod kafka;
 #[cfg(not(feature = "kafka"))]
-#[path = "kafka_off.rs"]
+#[path = "kafka/off.rs"]
 pub(crate) mod kafka;
 mod manifest;
 pub mod parquet;
 pub(crate) mod reader;
 
 use arrow::datatypes::SchemaRef;
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+
+pub use kafka::{
+    Assignment, KafkaFormat, KafkaSourceConfig, OutageBudget, SchemaSpec, StartPosition, Until,
+};
+pub use parquet::{Mix, ParquetSourceConfig, Partitioning, ShardPolicy};
 
 use crate::runtime::CpuPool;
 use crate::runtime::channel::Sender;
@@ -20,7 +30,7 @@ use std::sync::Arc;
 /// opening any of them: for checks that must come before any data is read (a sink refusing
 /// to write over its own inputs).
 pub async fn input_objects(
-    config: &crate::config::ParquetSourceConfig,
+    config: &ParquetSourceConfig,
     base_dir: &std::path::Path,
 ) -> crate::error::Result<Vec<crate::storage::ListedObject>> {
     use futures::TryStreamExt;
@@ -36,6 +46,45 @@ pub async fn input_objects(
             .await
         }
         (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// Where rows come from (`type:` selects the kind).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceConfig {
+    /// Parquet files (`type: parquet`).
+    Parquet(ParquetSourceConfig),
+    /// Kafka topics (`type: kafka`).
+    Kafka(KafkaSourceConfig),
+}
+
+impl SourceConfig {
+    /// The `type` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::Parquet(_) => "parquet",
+            SourceConfig::Kafka(_) => "kafka",
+        }
+    }
+
+    /// Passes over the data: a Parquet source's `epochs` (at least 1); a Kafka stream is one.
+    pub fn epochs(&self) -> u64 {
+        match self {
+            SourceConfig::Parquet(p) => p.epochs.max(1),
+            SourceConfig::Kafka(_) => 1,
+        }
+    }
+}
+
+impl crate::config::Component for SourceConfig {
+    const WHAT: &'static str = "source";
+    const KINDS: &'static [&'static str] = &["parquet", "kafka"];
+    fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
+        match kind {
+            "parquet" => ParquetSourceConfig::deserialize(d).map(SourceConfig::Parquet),
+            "kafka" => KafkaSourceConfig::deserialize(d).map(SourceConfig::Kafka),
+            other => Err(de::Error::unknown_variant(other, Self::KINDS)),
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 use futures::StreamExt;
 use sluice_loader::TensorStream;
 use sluice_pipeline::Pipeline;
-use sluice_pipeline::config::{Located, OneOrMany, SourceConfig};
+use sluice_pipeline::config::{Located, OneOrMany};
+use sluice_pipeline::sources::SourceConfig;
 use sluice_pipeline::stages::{ImageOp, StageConfig};
 use tch::{Kind, Reduction};
 

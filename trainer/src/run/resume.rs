@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use sluice_pipeline::checkpoint::CheckpointFile;
 use sluice_pipeline::collective::Collective;
-use sluice_pipeline::config::SourceConfig;
+use sluice_pipeline::sources::SourceConfig;
 use sluice_pipeline::storage::resolve;
 use sluice_pipeline::{Pipeline, PipelineConfig, SourceState};
 use tch::Tensor;

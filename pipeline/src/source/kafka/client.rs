@@ -10,7 +10,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::statistics::Statistics;
 
 use super::kafka_err;
-use crate::config::{Assignment, KafkaSourceConfig, StartPosition, Until};
+use super::{Assignment, KafkaSourceConfig, StartPosition, Until};
 use crate::error::Result;
 use crate::runtime::metrics::PipelineMetrics;
 

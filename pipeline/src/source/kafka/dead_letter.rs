@@ -12,8 +12,9 @@ use base64::Engine;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use super::KafkaSourceConfig;
 use super::decode::BadRecord;
-use crate::config::{DeadLetterConfig, ErrorBudget, KafkaSourceConfig};
+use crate::config::{DeadLetterConfig, ErrorBudget};
 use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result};
 use crate::state::ErrorCounts;

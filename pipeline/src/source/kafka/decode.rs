@@ -13,8 +13,8 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use arrow::ipc::reader::StreamReader;
 
+use super::KafkaFormat;
 use crate::batch::{Batch, Lineage, LineageSpan, Name, Origin};
-use crate::config::KafkaFormat;
 
 /// One consumed record: where it is in the chunk's buffers and where it came from.
 #[derive(Debug, Clone)]

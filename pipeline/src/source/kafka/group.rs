@@ -7,10 +7,10 @@ use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::Assignment;
 use super::client::{SourceConsumer, SourceContext};
 use super::queues::{Wake, split_queues};
 use super::{KafkaSource, kafka_err};
-use crate::config::Assignment;
 use crate::error::Result;
 use crate::state::{KafkaPositions, OffsetStore};
 

@@ -23,6 +23,7 @@ mod group;
 mod open;
 mod poller;
 mod queues;
+mod settings;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,7 +34,9 @@ use rdkafka::Offset;
 
 use self::client::SourceConsumer;
 use self::open::{OpenArgs, open_blocking};
-use crate::config::{Assignment, KafkaFormat, KafkaSourceConfig, StartPosition};
+pub use self::settings::{
+    Assignment, KafkaFormat, KafkaSourceConfig, OutageBudget, SchemaSpec, StartPosition, Until,
+};
 use crate::error::{Error, Result};
 use crate::runtime::CpuPool;
 use crate::runtime::channel::Sender;

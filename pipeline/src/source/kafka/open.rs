@@ -14,8 +14,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::client::{SourceConsumer, create_consumer, last_error};
 use super::decode::{ipc_schema, raw_schema};
+use super::{Assignment, KafkaFormat, KafkaSourceConfig, StartPosition, Until};
 use super::{KafkaSource, Replay, kafka_err};
-use crate::config::{Assignment, KafkaFormat, KafkaSourceConfig, StartPosition, Until};
 use crate::error::{Error, Result};
 use crate::runtime::metrics::PipelineMetrics;
 use crate::state::{Acknowledger, KafkaPositions, KafkaShuffleState, Position};

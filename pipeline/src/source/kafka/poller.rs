@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 use super::client::{SourceConsumer, SourceContext, create_consumer, is_fatal, recorded_error};
 use super::decode::{RawChunk, RecordMeta};
 use super::queues::Wake;
+use super::{Assignment, KafkaFormat, OutageBudget, StartPosition, Until};
 use super::{KafkaSource, Replay, kafka_err};
-use crate::config::{Assignment, KafkaFormat, OutageBudget, StartPosition, Until};
 use crate::error::Result;
 use crate::runtime::metrics::PipelineMetrics;
 

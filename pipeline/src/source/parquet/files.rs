@@ -11,7 +11,7 @@ use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use super::ParquetFile;
 use super::columns::project;
 use super::partitions::{hive_partitions, typed_partitions};
-use crate::config::{ParquetSourceConfig, Partitioning};
+use super::{ParquetSourceConfig, Partitioning};
 use crate::error::{Error, Result};
 use crate::source::reader::ObjectReader;
 use crate::state::{DataStamp, FNV_BASIS, fnv1a};

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use super::ParquetSourceConfig;
 use super::unit::{Unit, row_groups, take_rows};
 use super::{ParquetFile, ParquetSource};
-use crate::config::ParquetSourceConfig;
 use crate::error::{Error, Result};
 
 /// Domain of the `mix` permutations' generator.
@@ -142,7 +142,7 @@ impl ParquetSource {
 
 /// A `mix` that cannot work whatever the files hold: refused when the source opens.
 pub(super) fn check_mix(
-    mix: &crate::config::Mix,
+    mix: &super::Mix,
     config: &ParquetSourceConfig,
 ) -> std::result::Result<(), String> {
     let Some(paths) = &config.path else {

@@ -12,6 +12,7 @@ mod mix;
 mod partitions;
 mod plan;
 mod read;
+mod settings;
 mod unit;
 
 use std::sync::Arc;
@@ -26,7 +27,6 @@ use self::files::{Files, FilesState, Seen, list_objects, open_file};
 use self::mix::{Mixed, check_mix};
 use self::read::UnitRead;
 use crate::batch::Mark;
-use crate::config::{ParquetSourceConfig, Partitioning, ShardPolicy};
 use crate::error::{Error, Result};
 use crate::runtime::CpuPool;
 use crate::runtime::channel::Sender;
@@ -36,6 +36,7 @@ use crate::storage::ListedObject;
 
 pub(crate) use self::mix::mix_counts;
 pub(crate) use self::partitions::hive_partitions;
+pub use self::settings::{Mix, ParquetSourceConfig, Partitioning, ShardPolicy};
 
 /// One opened file: its location and decoded footer.
 #[derive(Debug)]

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use futures::{FutureExt, StreamExt};
 
 use super::ParquetSource;
+use super::ShardPolicy;
 use super::unit::{Unit, row_groups, rows_before, take_rows};
-use crate::config::ShardPolicy;
 use crate::error::{Error, Result};
 use crate::runtime::metrics::PipelineMetrics;
 
@@ -133,7 +133,7 @@ impl ParquetSource {
     }
 }
 
-/// This rank's share of an epoch's units (see [`crate::config::ShardPolicy`]).
+/// This rank's share of an epoch's units (see [`super::ShardPolicy`]).
 pub(crate) fn shard(all: Vec<Unit>, rank: usize, world: usize, policy: ShardPolicy) -> Vec<Unit> {
     if world <= 1 {
         return all;

@@ -10,8 +10,8 @@ use rdkafka::message::BorrowedMessage;
 use tokio::sync::mpsc;
 
 use super::{BACKLOG_WAIT, POLL_INTERVAL, Poller, Reading};
-use crate::config::OutageBudget;
 use crate::error::Result;
+use crate::source::kafka::OutageBudget;
 use crate::source::kafka::client::SourceContext;
 use crate::source::kafka::decode::RawChunk;
 

@@ -1,54 +1,12 @@
-//! The `source` section: the source kinds, and the Parquet source's settings (files, mixing,
-//! partition columns, sharding between ranks).
+//! The `parquet` source's settings: which files, how many rows per batch and how much is read
+//! ahead, epochs, mixing datasets, partition columns from paths, and sharding between ranks.
 
 use std::collections::BTreeMap;
 
 use bytesize::ByteSize;
-use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 
-use super::OneOrMany;
-use super::kafka::KafkaSourceConfig;
-use super::load::Component;
-
-/// Where rows come from (`type:` selects the kind).
-#[derive(Debug, Clone, PartialEq)]
-pub enum SourceConfig {
-    /// Parquet files (`type: parquet`).
-    Parquet(ParquetSourceConfig),
-    /// Kafka topics (`type: kafka`).
-    Kafka(KafkaSourceConfig),
-}
-
-impl SourceConfig {
-    /// The `type` name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            SourceConfig::Parquet(_) => "parquet",
-            SourceConfig::Kafka(_) => "kafka",
-        }
-    }
-
-    /// Passes over the data: a Parquet source's `epochs` (at least 1); a Kafka stream is one.
-    pub fn epochs(&self) -> u64 {
-        match self {
-            SourceConfig::Parquet(p) => p.epochs.max(1),
-            SourceConfig::Kafka(_) => 1,
-        }
-    }
-}
-
-impl Component for SourceConfig {
-    const WHAT: &'static str = "source";
-    const KINDS: &'static [&'static str] = &["parquet", "kafka"];
-    fn deserialize_kind<'de, D: Deserializer<'de>>(kind: &str, d: D) -> Result<Self, D::Error> {
-        match kind {
-            "parquet" => ParquetSourceConfig::deserialize(d).map(SourceConfig::Parquet),
-            "kafka" => KafkaSourceConfig::deserialize(d).map(SourceConfig::Kafka),
-            other => Err(de::Error::unknown_variant(other, Self::KINDS)),
-        }
-    }
-}
+use crate::config::OneOrMany;
 
 /// `type: parquet` — one or more Parquet files.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -1,13 +1,18 @@
-//! The Kafka source in a Sluice built without the `kafka` cargo feature: a config naming it
-//! is refused when the pipeline is prepared, naming the feature to enable. The type has no
-//! values, so the executor's arms for it compile and can never run.
+//! The Kafka source in a Sluice built without the `kafka` cargo feature: its settings are
+//! read and checked as in any build, then a config naming it is refused when the pipeline is
+//! prepared, naming the feature to enable. The type has no values, so the executor's arms
+//! for it compile and can never run.
+
+#[path = "settings.rs"]
+mod settings;
+
+pub use settings::*;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 
-use crate::config::KafkaSourceConfig;
 use crate::error::{Error, Result};
 use crate::runtime::CpuPool;
 use crate::runtime::channel::Sender;

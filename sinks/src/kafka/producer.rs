@@ -1,4 +1,4 @@
-//! `type: kafka` — publishes batches to a Kafka topic: one Arrow IPC stream (zstd buffers) per
+//! The Kafka sink's producer: publishes batches to a Kafka topic: one Arrow IPC stream (zstd buffers) per
 //! message, or one JSON object per row.
 //!
 //! Delivery is confirmed before offsets advance: the job calls [`Sink::flush`] before it
@@ -19,7 +19,7 @@ use sluice_pipeline::config::KafkaConnection;
 use sluice_pipeline::kafka_log::KafkaLog;
 use sluice_pipeline::{Batch, CpuPool};
 
-use crate::config::{KafkaSinkConfig, KafkaSinkFormat};
+use super::{KafkaSinkConfig, KafkaSinkFormat};
 use crate::{Error, Result, Sink, SinkContext, SinkReport};
 
 pub(crate) struct KafkaSink {
@@ -122,7 +122,7 @@ impl KafkaSink {
 /// The compression of the IPC buffers (`arrow_ipc`) and librdkafka's `compression.type`
 /// (`json`): each format compresses at one level only.
 fn compressions(c: &KafkaSinkConfig) -> Result<(Option<CompressionType>, &'static str)> {
-    use crate::config::KafkaCompression as K;
+    use super::KafkaCompression as K;
     // arrow_ipc compresses the IPC buffers (readers decompress column by column) and sends
     // the messages as they are; compressing twice only costs CPU. json compresses at the
     // Kafka level.

@@ -1,8 +1,11 @@
 //! Tests of reading whole pipeline configs: sections, stage settings, image ops and the
 //! errors reported for a wrong file.
 
-use super::*;
-use crate::pipeline_config::PipelineConfig;
+use bytesize::ByteSize;
+
+use super::PipelineConfig;
+use crate::config::*;
+use crate::source::*;
 use crate::stage::*;
 
 fn load(text: &str) -> Result<PipelineConfig, Vec<ConfigError>> {

@@ -1,10 +1,12 @@
 //! The whole pipeline document: the source, the stages and the runtime, read from a config
-//! file. It sits above the stages (each kind's settings live with its kernel, in `stage`),
-//! while the settings of the other sections live below them, in `config`.
+//! file. It sits above the stages and the sources (each kind's settings live with its build
+//! step, in `stage` and `source`), while the `runtime` section and the settings components
+//! share live below them, in `config`.
 
 use crate::config::{
-    ConfigDocument, ConfigError, Located, RuntimeConfig, SourceConfig, TOP_LEVEL_SECTIONS, limits,
+    ConfigDocument, ConfigError, Located, RuntimeConfig, TOP_LEVEL_SECTIONS, limits,
 };
+use crate::source::SourceConfig;
 use crate::stage::StageConfig;
 
 /// A whole pipeline: where rows come from and what happens to them.
@@ -46,3 +48,6 @@ impl PipelineConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

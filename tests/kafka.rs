@@ -795,6 +795,17 @@ fn broker_killed_and_restarted_mid_run_loses_nothing() {
         },
     );
     broker.kill();
+    // The run says the brokers are gone (and how long it will wait) before they come back…
+    let stderr = dir.path().join("stderr.log");
+    wait_for(
+        "the outage to be announced",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&stderr)
+                .ok()
+                .filter(|log| log.contains("no broker reachable ("))
+        },
+    );
     broker.restart();
     rt.block_on(kafka::produce_on(
         &brokers,
@@ -814,10 +825,8 @@ fn broker_killed_and_restarted_mid_run_loses_nothing() {
     };
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     assert!(status.success(), "{log}");
-    // An outage that was announced is also said to be over.
-    if log.contains("no broker reachable (") {
-        assert!(log.contains("brokers reachable again after"), "{log}");
-    }
+    // …and that they are back.
+    assert!(log.contains("brokers reachable again after"), "{log}");
     let mut ids = part_ids(&out);
     ids.sort_unstable();
     assert_eq!(ids, (0..10_000).collect::<Vec<_>>());

@@ -84,6 +84,12 @@ pub struct Faults {
     /// `NoSuchBucket`, the body moto sends) while set: a store back from an outage without
     /// its data.
     pub no_bucket: AtomicBool,
+    /// Writes (PUT/POST) after this many are held without an answer until the client goes
+    /// away: a store that accepted the connection and never answers.
+    pub stall_writes_after: std::sync::Mutex<Option<u64>>,
+    /// Writes seen, and writes held.
+    pub writes: AtomicU64,
+    pub stalled: AtomicU64,
     /// Ranges starting below this byte offset count as data reads (footers are at the end).
     pub data_limit: AtomicU64,
     /// Requests seen, by kind.
@@ -172,6 +178,20 @@ fn serve(mut conn: TcpStream, upstream: &str, f: &Faults) {
         };
         if let Ok(mut log) = f.log.lock() {
             log.push(kind);
+        }
+        if kind == 'P' {
+            let n = f.writes.fetch_add(1, Ordering::SeqCst);
+            if f.stall_writes_after
+                .lock()
+                .ok()
+                .and_then(|k| *k)
+                .is_some_and(|k| n >= k)
+            {
+                f.stalled.fetch_add(1, Ordering::SeqCst);
+                // Held until the client closes the connection (or its process ends).
+                let _ = conn.read_to_end(&mut Vec::new());
+                return;
+            }
         }
         let is_data_read = request_line.starts_with("GET ")
             && header(&head, "range")

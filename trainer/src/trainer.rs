@@ -99,6 +99,8 @@ pub struct Trainer {
     options: TrainerOptions,
     step: u64,
     stop: bool,
+    /// Whether the last handshake carried some rank's stop request.
+    stop_agreed: bool,
     /// Total time in collectives (handshakes and all-reduce).
     pub collective_time: Duration,
 }
@@ -140,6 +142,7 @@ impl Trainer {
             options,
             step: 0,
             stop: false,
+            stop_agreed: false,
             collective_time: Duration::ZERO,
         };
         trainer.broadcast_params()?;
@@ -207,8 +210,10 @@ impl Trainer {
 
     /// One synchronous data-parallel step on this rank's mean `loss` over `rows` rows:
     /// backward, gradient all-reduce (weighted by rows), optimizer update. Returns `None`
-    /// without updating when some rank has run out of data (it called [`Trainer::finish`]):
-    /// every rank stops at the same step, so unequal data never hangs the all-reduce.
+    /// without updating when some rank takes no more steps (it called [`Trainer::finish`]:
+    /// its data ended, or it was asked to stop while waiting for data; then
+    /// [`Trainer::stop_agreed`] is true): every rank stops at the same step, so unequal data
+    /// never hangs the all-reduce.
     pub fn step(&mut self, loss: &Tensor, rows: usize) -> Result<Option<StepReport>, TrainError> {
         self.step_on(Some(loss), rows)
     }
@@ -280,9 +285,21 @@ impl Trainer {
         }))
     }
 
-    /// This rank has no more data: joins the step the other ranks are in, so they stop too.
-    pub fn finish(&mut self) -> Result<(), TrainError> {
-        self.handshake(false, 0, 0.0).map(|_| ())
+    /// This rank takes no more steps (its data ended, or — after [`Trainer::request_stop`] —
+    /// it was asked to stop while waiting for data): joins the step the other ranks are in,
+    /// so they stop too. Returns whether some rank asked to stop, as
+    /// [`Trainer::stop_agreed`] then says on every rank: the run is then interrupted rather
+    /// than ended, and every rank should checkpoint where it stands.
+    pub fn finish(&mut self) -> Result<bool, TrainError> {
+        self.handshake(false, 0, 0.0).map(|h| h.stop)
+    }
+
+    /// Whether the last step some rank joined carried a stop request — what a rank that got
+    /// `None` from [`Trainer::step`] asks to tell "a rank was asked to stop while it waited
+    /// for data" (checkpoint and exit, the batch in hand left for the resume) from "a rank's
+    /// data ended" (the batch in hand is untrained). The same on every rank.
+    pub fn stop_agreed(&self) -> bool {
+        self.stop_agreed
     }
 
     fn handshake(&mut self, has: bool, rows: u64, loss: f64) -> Result<Handshake, TrainError> {
@@ -314,6 +331,7 @@ impl Trainer {
         if h.rows > 0 {
             h.loss /= h.rows as f64;
         }
+        self.stop_agreed = h.stop;
         Ok(h)
     }
 

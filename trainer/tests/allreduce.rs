@@ -169,7 +169,7 @@ fn ranks_with_unequal_batches_stop_together() {
                                 }
                             }
                             None => {
-                                t.finish().unwrap();
+                                assert!(!t.finish().unwrap());
                                 break;
                             }
                         }
@@ -185,6 +185,47 @@ fn ranks_with_unequal_batches_stop_together() {
         vec![(3, 2), (3, 0)],
         "both stop after 3 steps; rank 0 holds 2 untrained"
     );
+}
+
+/// A rank asked to stop while it waits for data joins the step the others are in with its
+/// stop request: every rank learns that the run stops (not that some rank's data ended), and
+/// no step is taken.
+#[test]
+fn a_rank_stopping_while_it_waits_stops_every_rank_without_a_step() {
+    let group = LocalCollective::group(2);
+    let seen: Vec<(u64, bool)> = std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let batches = data(3, 8);
+                    let rank = c.rank();
+                    let vs = nn::VarStore::new(Device::Cpu);
+                    let m = model(&vs);
+                    let mut t = Trainer::new(&vs, options(Compression::None), Arc::new(c)).unwrap();
+                    // Both ranks take two steps; then rank 1 waits, is asked to stop, and
+                    // leaves; rank 0 offers its third batch.
+                    for (x, y) in batches.iter().take(2) {
+                        let loss = m.forward(x).cross_entropy_for_logits(y);
+                        let rep = t.step(&loss, 8).unwrap().unwrap();
+                        assert!(!rep.stop_requested && !t.stop_agreed());
+                    }
+                    let stopped = if rank == 1 {
+                        t.request_stop();
+                        t.finish().unwrap()
+                    } else {
+                        let (x, y) = &batches[2];
+                        let loss = m.forward(x).cross_entropy_for_logits(y);
+                        assert!(t.step(&loss, 8).unwrap().is_none());
+                        t.stop_agreed()
+                    };
+                    (t.steps(), stopped)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(seen, vec![(2, true), (2, true)]);
 }
 
 #[test]

@@ -21,7 +21,7 @@ use crate::checkpoint::EpochProgress;
 use crate::job::Progress;
 use crate::trainer::StepReport;
 
-/// How often a rank waiting alone for data looks at the stop flag.
+/// How often a rank waiting for data looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// The stream's next item, or `None` once `stop` is set while it is still awaited.
@@ -54,11 +54,7 @@ pub(super) fn train_loop(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), Tra
         if run.options.stop.load(Ordering::Relaxed) {
             run.trainer.request_stop();
         }
-        let Some(next) = next_batch(ctx, run)? else {
-            break;
-        };
-        let Some(batch) = next else {
-            run.trainer.finish()?;
+        let Some(batch) = next_batch(ctx, run)? else {
             break;
         };
         let Some((rep, step_time)) = take_step(ctx, run, &batch)? else {
@@ -74,39 +70,43 @@ pub(super) fn train_loop(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), Tra
     Ok(())
 }
 
-/// The next batch (`Some(None)` at the end of the data), or `None` when a stop came while a
-/// lone rank waited for data: it has then checkpointed what it had and set `run.interrupted`.
-fn next_batch(
-    ctx: &mut Ctx<'_>,
-    run: &mut Run<'_>,
-) -> Result<Option<Option<TensorBatch>>, TrainError> {
-    let handle = ctx.handle;
-    Ok(match run.first.take() {
-        Some(b) => Some(Some(b)),
-        None if ctx.world == 1 => {
-            match handle.block_on(next_or_stop(&mut run.stream, &run.options.stop)) {
-                Some(next) => Some(next.transpose()?),
-                None => {
-                    // Asked to stop while waiting for data (an idle topic): the state after
-                    // the last step is whole, so checkpoint it now rather than at a next step
-                    // that may never come.
-                    checkpoint_step(ctx, run)?;
-                    run.interrupted = true;
-                    None
-                }
-            }
-        }
-        // With several ranks the others wait for this one in the all-reduce, so it waits
-        // too; a stop is agreed at the next step (the command's grace period bounds it).
-        None => Some(handle.block_on(run.stream.next()).transpose()?),
-    })
+/// The next batch, or `None` when this rank takes no more steps: its data ended, or a stop
+/// came while it waited for data (an idle topic, a broker away). Either way it first joins
+/// the step the other ranks are in, so that they stop too, and when a stop was agreed every
+/// rank checkpoints (see [`stopped_between_steps`]).
+fn next_batch(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<Option<TensorBatch>, TrainError> {
+    if let Some(b) = run.first.take() {
+        return Ok(Some(b));
+    }
+    match ctx
+        .handle
+        .block_on(next_or_stop(&mut run.stream, &run.options.stop))
+    {
+        Some(Some(batch)) => return Ok(Some(batch?)),
+        Some(None) => {}
+        None => run.trainer.request_stop(),
+    }
+    if run.trainer.finish()? {
+        stopped_between_steps(ctx, run)?;
+    }
+    Ok(None)
+}
+
+/// Some rank was asked to stop while it waited for data, and every rank learnt it in the
+/// same handshake instead of a step. The state after the last step is whole, so each rank
+/// checkpoints it now rather than at a next step that may never come; a batch a rank holds
+/// is not trained, and the checkpoint's position is before it, so a resume reads it again.
+fn stopped_between_steps(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+    checkpoint_and_log(ctx, run)?;
+    run.interrupted = true;
+    Ok(())
 }
 
 /// Takes the step on `batch` together with the other ranks: its report and the time the step
-/// took after the forward pass; `None` when another rank ran out of data (`batch` is then
-/// counted as untrained).
+/// took after the forward pass; `None` when another rank takes no more steps (its data ended:
+/// `batch` is counted as untrained; or a stop was agreed: every rank has checkpointed).
 fn take_step(
-    ctx: &Ctx<'_>,
+    ctx: &mut Ctx<'_>,
     run: &mut Run<'_>,
     batch: &TensorBatch,
 ) -> Result<Option<(StepReport, Duration)>, TrainError> {
@@ -130,6 +130,10 @@ fn take_step(
         (Instant::now(), run.trainer.step(&loss, batch.rows)?)
     };
     let Some(rep) = stepped else {
+        if run.trainer.stop_agreed() {
+            stopped_between_steps(ctx, run)?;
+            return Ok(None);
+        }
         run.rows_untrained += batch.rows as u64;
         tracing::warn!(
             rank,
@@ -213,13 +217,7 @@ fn after_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>, rep: &StepReport) -> Result<
     if every.is_some_and(|e| rep.step.is_multiple_of(e))
         || (rep.stop_requested && run.location.is_some())
     {
-        checkpoint_step(ctx, run)?;
-        if let Some(log) = &mut run.log {
-            write_line(
-                log,
-                &serde_json::json!({"checkpoint": rep.step, "rows_trained": run.rows_trained}),
-            );
-        }
+        checkpoint_and_log(ctx, run)?;
     }
     if let Some(ev) = &tc.eval
         && ev.every_steps.is_some_and(|e| rep.step.is_multiple_of(e))
@@ -233,6 +231,19 @@ fn after_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>, rep: &StepReport) -> Result<
             loss: rep.loss,
             accuracy: run.evals.last().and_then(|e| e.accuracy),
         });
+    }
+    Ok(())
+}
+
+/// Checkpoints the position after the last step and, when there is a checkpoint, says so
+/// in the step log.
+fn checkpoint_and_log(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+    checkpoint_step(ctx, run)?;
+    if let (Some(log), Some(_)) = (&mut run.log, &run.location) {
+        write_line(
+            log,
+            &serde_json::json!({"checkpoint": run.trainer.steps(), "rows_trained": run.rows_trained}),
+        );
     }
     Ok(())
 }

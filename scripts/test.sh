@@ -7,7 +7,8 @@
 # scripts/python-peers.sh the numpy peer `sluice bench` compares with (numpy, pyarrow; the
 # 2.7 GB torch for the DataLoader peer is opt-in: scripts/python-peers.sh --with-torch),
 # scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
-# the integration tests use, and stops them at the end.
+# the integration tests use, and stops them at the end; scripts/python.sh builds the Python
+# package's wheel, installs it into a venv (maturin, pytest, numpy, pyarrow) and runs its tests.
 #
 #   scripts/test.sh            formatting, clippy (warnings are errors), the minimal build
 #                              (scripts/minimal.sh), every test
@@ -76,5 +77,9 @@ cargo test --workspace --all-targets --locked --no-fail-fast "${FEATURES[@]}"
 
 step "doc tests"
 cargo test --workspace --doc --locked --no-fail-fast "${FEATURES[@]}"
+
+step "Python package (python/: wheel built with maturin into target/services/venv-python, pytest)"
+# After the cargo tests: target/debug/sluice, the Rust side the package is compared with, is built.
+scripts/python.sh
 
 step "all tests passed"

@@ -63,6 +63,8 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         ],
     ),
     ("loader/src", &[&["blob", "convert"]]),
+    // The Python extension: errors and batches below the iterator that makes them.
+    ("python/src", &[&["errors", "batch"], &["pipeline"]]),
     (
         "trainer/src",
         &[

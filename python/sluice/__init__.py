@@ -1,0 +1,142 @@
+"""Sluice from Python: a Sluice pipeline as an iterator of batches.
+
+The pipeline runs in Rust on its own threads (I/O, then decoding and stages on a bounded CPU
+pool) and reads ahead while Python works; each batch arrives as Arrow data without a copy,
+and ``to_numpy()`` keeps it that way wherever the layout allows. ``state_dict()`` /
+``load_state_dict()`` resume a pipeline exactly — in another process, after a crash — with
+the batch after the last one taken::
+
+    import sluice
+    pipe = sluice.Pipeline("configs/quickstart.yaml")
+    for batch in pipe:
+        arrays = batch.to_numpy()          # {"column": numpy array}, zero-copy
+        ...
+        saved = pipe.state_dict()          # JSON-serialisable
+    # later, anywhere:
+    pipe = sluice.Pipeline("configs/quickstart.yaml")
+    pipe.load_state_dict(saved)            # continues with exactly the next batch
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from . import _sluice
+from ._sluice import ConfigError, DataError, ResumeError, SluiceError, __version__
+
+__all__ = [
+    "Batch",
+    "ConfigError",
+    "DataError",
+    "Pipeline",
+    "ResumeError",
+    "SluiceError",
+    "__version__",
+]
+
+
+class Batch:
+    """A batch of rows: Arrow data, and the lineage of every row."""
+
+    __slots__ = ("_raw", "_arrow")
+
+    def __init__(self, raw: _sluice.Batch) -> None:
+        self._raw = raw
+        self._arrow: pa.RecordBatch | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the batch."""
+        return self._raw.num_rows
+
+    def __len__(self) -> int:
+        return self._raw.num_rows
+
+    @property
+    def column_names(self) -> list[str]:
+        """Column names, in order."""
+        return self._raw.column_names
+
+    def to_arrow(self) -> pa.RecordBatch:
+        """The batch as a ``pyarrow.RecordBatch`` over the buffers the pipeline filled
+        (the Arrow C data interface: nothing is copied)."""
+        if self._arrow is None:
+            self._arrow = pa.record_batch(self._raw)
+        return self._arrow
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """Each column as a numpy array, zero-copy where the layout allows: numbers without
+        nulls, and fixed-size lists of them (``float32[784]`` → shape ``(rows, 784)``,
+        nested lists → more dimensions). Other columns (text, nulls, variable-length
+        lists, booleans) are converted with pyarrow's ``to_numpy`` (a copy). Zero-copy
+        arrays are read-only views that keep the batch's memory alive."""
+        data = self.to_arrow()
+        return {name: _to_numpy(data.column(i)) for i, name in enumerate(data.schema.names)}
+
+    def lineage(self) -> list[dict[str, Any]]:
+        """Where the rows came from, in order: runs of consecutive rows, each
+        ``{"origin", "first", "len", "epoch"}`` plus ``url``/``row_group`` (Parquet) or
+        ``topic``/``partition`` (Kafka)."""
+        return self._raw.lineage()
+
+    def __repr__(self) -> str:
+        return f"sluice.Batch({self.num_rows} rows: {', '.join(self.column_names)})"
+
+
+def _to_numpy(column: pa.Array) -> np.ndarray:
+    shape = [len(column)]
+    values = column
+    while pa.types.is_fixed_size_list(values.type) and values.null_count == 0:
+        shape.append(values.type.list_size)
+        values = values.flatten()
+    is_number = pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+    if is_number and values.null_count == 0:
+        return values.to_numpy(zero_copy_only=True).reshape(shape)
+    if len(shape) > 1:
+        return values.to_numpy(zero_copy_only=False).reshape(shape)
+    return column.to_numpy(zero_copy_only=False)
+
+
+class Pipeline:
+    """A Sluice pipeline, iterated as :class:`Batch` objects.
+
+    ``config`` is a path to a pipeline YAML file (relative paths in it resolve against its
+    directory) or the YAML text itself. ``rank``/``world_size`` override ``runtime.rank`` /
+    ``world_size`` and the environment (``RANK``, ``WORLD_SIZE``, …): each rank reads its own
+    share, every rank the same number of batches per epoch.
+
+    Problems raise :class:`ConfigError` (every problem of the file at once, each
+    ``file:line:column: message``), :class:`ResumeError` or :class:`DataError`, with the
+    messages of the ``sluice`` command. Ctrl-C while waiting for a batch raises
+    ``KeyboardInterrupt``.
+    """
+
+    def __init__(
+        self,
+        config: str | os.PathLike[str],
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self._inner = _sluice.Pipeline(os.fspath(config), rank=rank, world_size=world_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        return Batch(next(self._inner))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state just past the last batch returned: a JSON-serialisable dict (save it
+        with ``json``, ``torch.save`` or a trainer's checkpoint)."""
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a :meth:`state_dict` — before the first batch only. A state taken
+        under other files or order-deciding settings is refused with :class:`ResumeError`
+        naming what changed, never continued at other rows."""
+        self._inner.load_state_dict(state)

@@ -1,0 +1,162 @@
+"""The Python package against the `sluice` command on the same configs: the same rows in the
+same order, zero-copy hand-over, exact resume in a new process, and the CLI's errors."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import sluice
+from conftest import REPO, read_parts, run_cli, run_python
+
+
+def table_of(pipe: sluice.Pipeline) -> tuple[pa.Table, int]:
+    batches = [b.to_arrow() for b in pipe]
+    return pa.Table.from_batches(batches), len(batches)
+
+
+@pytest.mark.parametrize(
+    "config, output",
+    [
+        ("configs/quickstart.yaml", "digits-train.parquet"),
+        ("configs/digits-augmented.yaml", "parts"),
+    ],
+)
+def test_python_iterates_the_rows_sluice_run_writes(tmp_path, sluice_bin, config, output):
+    out = run_cli(sluice_bin, "run", config, "--no-report", env={"SLUICE_OUT_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    expected = read_parts(tmp_path / output)
+    got, batches = table_of(sluice.Pipeline(REPO / config))
+    assert got.num_rows == expected.num_rows > 0
+    # Order-sensitive: row i of the run's output is row i of the Python stream, bit for bit.
+    assert got.select(expected.column_names).equals(expected.cast(got.select(expected.column_names).schema))
+    assert batches >= 2
+
+
+def test_numpy_arrays_are_the_pipeline_s_buffers_and_outlive_the_batch():
+    pipe = sluice.Pipeline(REPO / "configs/quickstart.yaml")
+    next(pipe)
+    batch = next(pipe)  # a batch cut from the middle of the stream: its columns have offsets
+    arrays = batch.to_numpy()
+    assert arrays["pixels"].shape == (64, 64) and arrays["pixels"].dtype == np.float32
+    assert arrays["label"].shape == (64,)
+    rust = dict(batch._raw._value_addresses())
+    data = batch.to_arrow()
+    for name in ("pixels", "label", "id"):
+        values = data.column(name)
+        while pa.types.is_fixed_size_list(values.type):
+            values = values.flatten()
+        arrow_at = values.buffers()[1].address
+        # pyarrow holds the very buffer Rust filled, and numpy points into it.
+        assert arrow_at == rust[name], name
+        numpy_at = arrays[name].__array_interface__["data"][0]
+        assert numpy_at == arrow_at + values.offset * arrays[name].itemsize, name
+        assert not arrays[name].flags.writeable
+    copy = {k: v.copy() for k, v in arrays.items()}
+    del batch, data, pipe
+    gc.collect()
+    for name, values in arrays.items():
+        np.testing.assert_array_equal(values, copy[name])
+
+
+RESUME = """
+import json, sys
+import pyarrow as pa
+import sluice
+config, k, state_file, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+pipe = sluice.Pipeline(config)
+if k < 0:
+    pipe.load_state_dict(json.load(open(state_file)))
+    batches = [b.to_arrow() for b in pipe]
+else:
+    batches = [next(pipe).to_arrow() for _ in range(k)]
+    json.dump(pipe.state_dict(), open(state_file, "w"))
+with pa.ipc.new_file(out, batches[0].schema) as w:
+    for b in batches:
+        w.write_batch(b)
+"""
+
+
+def test_a_new_process_resumes_a_shuffled_augmented_stream_exactly(tmp_path):
+    config = str(REPO / "configs/digits-augmented.yaml")
+    state = tmp_path / "state.json"
+    whole, _ = table_of(sluice.Pipeline(config))
+    first = run_python(RESUME, config, "9", str(state), str(tmp_path / "first.arrow"))
+    assert first.returncode == 0, first.stderr
+    saved = json.loads(state.read_text())
+    assert saved["format"] == "sluice.pipeline_state" and saved["state"]["parquet"]
+    rest = run_python(RESUME, config, "-1", str(state), str(tmp_path / "rest.arrow"))
+    assert rest.returncode == 0, rest.stderr
+    parts = [pa.ipc.open_file(tmp_path / f).read_all() for f in ("first.arrow", "rest.arrow")]
+    assert parts[0].num_rows == 9 * 64 and parts[1].num_rows > 0
+    # The 9 batches, then the rest from another process: bitwise the uninterrupted stream.
+    assert pa.concat_tables(parts).equals(whole)
+
+
+def test_a_state_from_other_settings_is_refused_naming_what_changed(tmp_path):
+    text = (REPO / "configs/digits-augmented.yaml").read_text()
+    config = tmp_path / "p.yaml"
+    config.write_text(text.replace("../data", str(REPO / "data")))
+    pipe = sluice.Pipeline(config)
+    for _ in range(3):
+        next(pipe)
+    state = pipe.state_dict()
+    config.write_text(text.replace("../data", str(REPO / "data")).replace("seed: 7\n  - type: image", "seed: 8\n  - type: image"))
+    other = sluice.Pipeline(config)
+    other.load_state_dict(state)
+    with pytest.raises(sluice.ResumeError, match="seed"):
+        next(other)
+    with pytest.raises(sluice.ResumeError, match="not a Sluice pipeline state"):
+        sluice.Pipeline(config).load_state_dict({"epoch": 3})
+
+
+ERRORS = """
+import sys, sluice
+try:
+    for _ in sluice.Pipeline(sys.argv[1]):
+        pass
+except sluice.SluiceError as e:
+    print(type(e).__name__)
+    print(e)
+    sys.exit(3)
+"""
+
+
+def cli_and_python(tmp_path, sluice_bin, yaml: str):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml)
+    cli = run_cli(sluice_bin, "run", str(config), "--no-report")
+    py = run_python(ERRORS, str(config))
+    assert py.returncode == 3, f"not a Sluice exception: {py.returncode}\n{py.stdout}\n{py.stderr}"
+    kind, message = py.stdout.split("\n", 1)
+    return cli, kind, message.strip()
+
+
+def test_a_bad_config_raises_config_error_with_the_cli_s_locations(tmp_path, sluice_bin):
+    cli, kind, message = cli_and_python(
+        tmp_path,
+        sluice_bin,
+        f"source: {{type: parquet, path: '{REPO}/data/digits/train.parquet'}}\nstages:\n  - {{type: clip, columns: [pixels], min: 0, maxx: 3}}\n  - {{type: batchh, size: 8}}\n",
+    )
+    assert kind == "ConfigError"
+    assert cli.returncode == 1
+    for line in message.splitlines():
+        assert line in cli.stderr, f"{line!r} not in the CLI's message:\n{cli.stderr}"
+    assert "bad.yaml:3:" in message and "bad.yaml:4:" in message and "maxx" in message
+
+
+@pytest.mark.parametrize("case", ["missing file", "truncated parquet"])
+def test_bad_data_raises_data_error_with_the_cli_s_message(tmp_path, sluice_bin, case):
+    data = tmp_path / "data.parquet"
+    if case == "truncated parquet":
+        good = (REPO / "data/digits/train.parquet").read_bytes()
+        data.write_bytes(good[: len(good) // 2])  # cut short: no footer
+    cli, kind, message = cli_and_python(tmp_path, sluice_bin, f"source: {{type: parquet, path: '{data}'}}\n")
+    assert kind == "DataError"
+    assert cli.returncode == 1
+    assert message and message in cli.stderr, f"{message!r} not in:\n{cli.stderr}"
+    assert str(data) in message

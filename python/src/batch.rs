@@ -45,18 +45,14 @@ impl PyBatch {
     }
 
     /// The Arrow PyCapsule interface: the batch as a struct array and its schema, zero-copy.
-    /// (`requested_schema` is not supported: the batch has one layout.)
+    /// `requested_schema` is ignored, as the interface allows: the batch has one layout.
     #[pyo3(signature = (requested_schema=None))]
     fn __arrow_c_array__<'py>(
         &self,
         py: Python<'py>,
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)> {
-        if requested_schema.is_some_and(|s| !s.is_none()) {
-            return Err(PyValueError::new_err(
-                "a Sluice batch is exported in its own schema; cast it after import",
-            ));
-        }
+        let _ = requested_schema;
         let array = StructArray::from(self.batch.data.clone());
         let schema = FFI_ArrowSchema::try_from(array.data_type())
             .map_err(|e| PyValueError::new_err(format!("cannot export the schema: {e}")))?;

@@ -40,6 +40,9 @@ pub(crate) struct PyPipeline {
     stream: Mutex<Option<BatchStream>>,
     /// The stream ended (or failed): iteration is over.
     done: bool,
+    /// A panic inside Sluice escaped a wait: the position is unknown, so every later call
+    /// raises (a broken pipeline never goes on as if nothing happened).
+    panicked: bool,
 }
 
 #[pymethods]
@@ -75,6 +78,7 @@ impl PyPipeline {
             pending: Some((Pipeline::from_config(parsed, doc.base_dir()), None)),
             stream: Mutex::new(None),
             done: false,
+            panicked: false,
         })
     }
 
@@ -82,8 +86,13 @@ impl PyPipeline {
         slf
     }
 
-    /// The next batch; `StopIteration` at the end of the data.
+    /// The next batch; `StopIteration` at the end of the data. It holds the pipeline while it
+    /// waits: another Python thread calling it meanwhile (even `state_dict`) gets pyo3's
+    /// "already borrowed" error.
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        if self.panicked {
+            return Err(poisoned());
+        }
         if self.done {
             return Ok(None);
         }
@@ -105,14 +114,20 @@ impl PyPipeline {
             return Ok(None);
         };
         loop {
-            let next = py.detach(|| {
-                runtime.block_on(async {
-                    tokio::select! {
-                        next = stream.next() => Some(next),
-                        () = tokio::time::sleep(SIGNAL_POLL) => None,
-                    }
+            let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                py.detach(|| {
+                    runtime.block_on(async {
+                        tokio::select! {
+                            next = stream.next() => Some(next),
+                            () = tokio::time::sleep(SIGNAL_POLL) => None,
+                        }
+                    })
                 })
-            });
+            }));
+            let Ok(next) = waited else {
+                self.panicked = true;
+                return Err(poisoned());
+            };
             match next {
                 Some(Some(Ok(batch))) => return Ok(Some(PyBatch { batch })),
                 Some(Some(Err(e))) => {
@@ -134,6 +149,9 @@ impl PyPipeline {
     /// the start) — a JSON-serialisable dict. A new `Pipeline` of the same config given it
     /// by `load_state_dict` continues with exactly the next batch.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if self.panicked {
+            return Err(poisoned());
+        }
         let stream = self.stream.lock().map_err(|_| poisoned())?;
         let state = match (stream.as_ref(), &self.pending) {
             (Some(stream), _) => Some(stream.snapshot()),
@@ -208,8 +226,8 @@ impl Drop for PyPipeline {
     }
 }
 
-/// A lock held by a thread that panicked: the stream's position is unknown, so nothing
-/// goes on from it (the house rule: a poisoned lock fails loudly, never as "no position").
+/// A panic inside Sluice (or a lock it poisoned): the stream's position is unknown, so
+/// nothing goes on from it (the house rule: fail loudly, never as "no position").
 fn poisoned() -> PyErr {
     PyRuntimeError::new_err(
         "the pipeline failed inside Sluice earlier (a panic); its position is unknown: make a new Pipeline and resume from the last state_dict()",

@@ -97,7 +97,11 @@ fn next_batch(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<Option<TensorBatch
 /// checkpoints it now rather than at a next step that may never come; a batch a rank holds
 /// is not trained, and the checkpoint's position is before it, so a resume reads it again.
 fn stopped_between_steps(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
-    checkpoint_and_log(ctx, run)?;
+    // Without a checkpoint nothing is written nor acknowledged: a `group` source's offsets
+    // are committed only at the end of a complete run (as a stop at a step does).
+    if run.location.is_some() {
+        checkpoint_and_log(ctx, run)?;
+    }
     run.interrupted = true;
     Ok(())
 }

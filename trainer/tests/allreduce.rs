@@ -51,16 +51,16 @@ fn options(compression: Compression) -> TrainerOptions {
     }
 }
 
-/// Trains on `batches[i]` split into `world` equal parts, rank r taking part r; returns the
-/// parameters of every rank.
-fn train(
+/// Runs `f` on `world` ranks as threads over the `local` collective, each with its model
+/// and its trainer (`compression`), and returns what each rank returned, in rank order.
+fn on_ranks<T: Send>(
     world: usize,
-    steps: usize,
-    rows: i64,
     compression: Compression,
-) -> Vec<Vec<(String, Vec<f32>)>> {
+    f: impl Fn(usize, &nn::Sequential, Trainer) -> T + Sync,
+) -> Vec<T> {
     tch::set_num_threads(1);
     let group = LocalCollective::group(world);
+    let f = &f;
     std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
@@ -71,21 +71,34 @@ fn train(
                     let vs = nn::VarStore::new(Device::Cpu);
                     let m = model(&vs);
                     let coll: Arc<dyn Collective> = Arc::new(c);
-                    let mut t = Trainer::new(&vs, options(compression), coll).unwrap();
-                    let batches = data(steps, rows);
-                    for (x, y) in &batches {
-                        let x = x.chunk(world as i64, 0)[rank].shallow_clone();
-                        let y = y.chunk(world as i64, 0)[rank].shallow_clone();
-                        let loss = m.forward(&x).cross_entropy_for_logits(&y);
-                        let rep = t.step(&loss, x.size()[0] as usize).unwrap().unwrap();
-                        assert_eq!(rep.rows, rows as u64);
-                    }
-                    t.check_replicas().unwrap();
-                    params(&t)
+                    let t = Trainer::new(&vs, options(compression), coll).unwrap();
+                    f(rank, &m, t)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Trains on `batches[i]` split into `world` equal parts, rank r taking part r; returns the
+/// parameters of every rank.
+fn train(
+    world: usize,
+    steps: usize,
+    rows: i64,
+    compression: Compression,
+) -> Vec<Vec<(String, Vec<f32>)>> {
+    on_ranks(world, compression, |rank, m, mut t| {
+        let batches = data(steps, rows);
+        for (x, y) in &batches {
+            let x = x.chunk(world as i64, 0)[rank].shallow_clone();
+            let y = y.chunk(world as i64, 0)[rank].shallow_clone();
+            let loss = m.forward(&x).cross_entropy_for_logits(&y);
+            let rep = t.step(&loss, x.size()[0] as usize).unwrap().unwrap();
+            assert_eq!(rep.rows, rows as u64);
+        }
+        t.check_replicas().unwrap();
+        params(&t)
     })
 }
 
@@ -144,41 +157,28 @@ fn fp16_compression_stays_within_tolerance() {
 
 #[test]
 fn ranks_with_unequal_batches_stop_together() {
-    let group = LocalCollective::group(2);
-    let steps: Vec<(u64, usize)> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .into_iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let batches = data(5, 8);
-                    let rank = c.rank();
-                    let vs = nn::VarStore::new(Device::Cpu);
-                    let m = model(&vs);
-                    let mut t = Trainer::new(&vs, options(Compression::None), Arc::new(c)).unwrap();
-                    // rank 0 has 5 batches, rank 1 only 3
-                    let mine = if rank == 0 { 5 } else { 3 };
-                    let mut untrained = 0;
-                    let mut iter = batches.iter().take(mine);
-                    loop {
-                        match iter.next() {
-                            Some((x, y)) => {
-                                let loss = m.forward(x).cross_entropy_for_logits(y);
-                                if t.step(&loss, 8).unwrap().is_none() {
-                                    untrained += 1;
-                                    break;
-                                }
-                            }
-                            None => {
-                                assert!(!t.finish().unwrap());
-                                break;
-                            }
-                        }
+    let steps: Vec<(u64, usize)> = on_ranks(2, Compression::None, |rank, m, mut t| {
+        let batches = data(5, 8);
+        // rank 0 has 5 batches, rank 1 only 3
+        let mine = if rank == 0 { 5 } else { 3 };
+        let mut untrained = 0;
+        let mut iter = batches.iter().take(mine);
+        loop {
+            match iter.next() {
+                Some((x, y)) => {
+                    let loss = m.forward(x).cross_entropy_for_logits(y);
+                    if t.step(&loss, 8).unwrap().is_none() {
+                        untrained += 1;
+                        break;
                     }
-                    (t.steps(), untrained + iter.count())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+                }
+                None => {
+                    assert!(!t.finish().unwrap());
+                    break;
+                }
+            }
+        }
+        (t.steps(), untrained + iter.count())
     });
     assert_eq!(
         steps,
@@ -192,67 +192,41 @@ fn ranks_with_unequal_batches_stop_together() {
 /// no step is taken.
 #[test]
 fn a_rank_stopping_while_it_waits_stops_every_rank_without_a_step() {
-    let group = LocalCollective::group(2);
-    let seen: Vec<(u64, bool)> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .into_iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let batches = data(3, 8);
-                    let rank = c.rank();
-                    let vs = nn::VarStore::new(Device::Cpu);
-                    let m = model(&vs);
-                    let mut t = Trainer::new(&vs, options(Compression::None), Arc::new(c)).unwrap();
-                    // Both ranks take two steps; then rank 1 waits, is asked to stop, and
-                    // leaves; rank 0 offers its third batch.
-                    for (x, y) in batches.iter().take(2) {
-                        let loss = m.forward(x).cross_entropy_for_logits(y);
-                        let rep = t.step(&loss, 8).unwrap().unwrap();
-                        assert!(!rep.stop_requested && !t.stop_agreed());
-                    }
-                    let stopped = if rank == 1 {
-                        t.request_stop();
-                        t.finish().unwrap()
-                    } else {
-                        let (x, y) = &batches[2];
-                        let loss = m.forward(x).cross_entropy_for_logits(y);
-                        assert!(t.step(&loss, 8).unwrap().is_none());
-                        t.stop_agreed()
-                    };
-                    (t.steps(), stopped)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let seen: Vec<(u64, bool)> = on_ranks(2, Compression::None, |rank, m, mut t| {
+        let batches = data(3, 8);
+        // Both ranks take two steps; then rank 1 waits, is asked to stop, and leaves; rank 0
+        // offers its third batch.
+        for (x, y) in batches.iter().take(2) {
+            let loss = m.forward(x).cross_entropy_for_logits(y);
+            let rep = t.step(&loss, 8).unwrap().unwrap();
+            assert!(!rep.stop_requested && !t.stop_agreed());
+        }
+        let stopped = if rank == 1 {
+            t.request_stop();
+            t.finish().unwrap()
+        } else {
+            let (x, y) = &batches[2];
+            let loss = m.forward(x).cross_entropy_for_logits(y);
+            assert!(t.step(&loss, 8).unwrap().is_none());
+            t.stop_agreed()
+        };
+        (t.steps(), stopped)
     });
     assert_eq!(seen, vec![(2, true), (2, true)]);
 }
 
 #[test]
 fn a_failing_rank_fails_the_others_instead_of_hanging() {
-    let group = LocalCollective::group(2);
-    let results: Vec<bool> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .into_iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let rank = c.rank();
-                    let vs = nn::VarStore::new(Device::Cpu);
-                    let m = model(&vs);
-                    let mut t = Trainer::new(&vs, options(Compression::None), Arc::new(c)).unwrap();
-                    if rank == 1 {
-                        drop(t); // this rank dies
-                        return true;
-                    }
-                    // Through `data`, under the lock: an unlocked draw from libtorch's
-                    // global generator would shift the data of tests running alongside.
-                    let (x, y) = data(1, 4).remove(0);
-                    let loss = m.forward(&x).cross_entropy_for_logits(&y);
-                    t.step(&loss, 4).is_err()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let results: Vec<bool> = on_ranks(2, Compression::None, |rank, m, mut t| {
+        if rank == 1 {
+            drop(t); // this rank dies
+            return true;
+        }
+        // Through `data`, under the lock: an unlocked draw from libtorch's global generator
+        // would shift the data of tests running alongside.
+        let (x, y) = data(1, 4).remove(0);
+        let loss = m.forward(&x).cross_entropy_for_logits(&y);
+        t.step(&loss, 4).is_err()
     });
     assert_eq!(results, vec![true, true]);
 }

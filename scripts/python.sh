@@ -12,7 +12,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 venv="$root/target/services/venv-python"
-want="maturin==1.16.0 pytest numpy pyarrow"
+want="maturin==1.16.0 pytest numpy pyarrow torch==2.13.0 boto3 confluent-kafka"
 stamp="$venv/.sluice-python"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     echo "[python] installing $want into $venv" >&2

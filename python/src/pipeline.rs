@@ -8,16 +8,19 @@
 //! looks at Python's signals every [`SIGNAL_POLL`] so that Ctrl-C stops the loop with
 //! `KeyboardInterrupt`.
 
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
-use pyo3::exceptions::PyRuntimeError;
+use futures::{FutureExt, StreamExt};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_pipeline::config::ConfigDocument;
-use sluice_pipeline::{BatchStream, ConfigErrors, Error, Pipeline, PipelineConfig, SourceState};
+use sluice_pipeline::{Batch, ConfigErrors, Error, Pipeline, PipelineConfig, SourceState};
+use tokio::sync::mpsc;
 
 use crate::batch::PyBatch;
 use crate::errors::{ResumeError, to_py};
@@ -29,38 +32,86 @@ const SIGNAL_POLL: Duration = Duration::from_millis(100);
 const STATE_FORMAT: &str = "sluice.pipeline_state";
 const STATE_VERSION: u64 = 1;
 
+/// Most batches `prefetch` may hold ready: each is a whole batch in memory.
+const MAX_PREFETCH: usize = 64;
+
+/// What the pipeline's task hands to `__next__`.
+enum Fetched {
+    /// A batch and the state just past it.
+    Batch(Batch, SourceState),
+    Error(Error),
+    /// A panic inside Sluice: the position is unknown.
+    Panic,
+}
+
+/// The running pipeline: a task on the I/O runtime drives the stream `prefetch` batches ahead
+/// of Python, each with the state just past it (so `state_dict` is the state after the last
+/// batch *returned*, never after one still waiting in the queue).
+struct Running {
+    rx: mpsc::Receiver<Fetched>,
+    task: tokio::task::JoinHandle<()>,
+}
+
 /// A pipeline, iterated as batches.
 #[pyclass(name = "Pipeline", module = "sluice._sluice")]
 pub(crate) struct PyPipeline {
     runtime: Option<tokio::runtime::Runtime>,
     /// Before the first batch: the pipeline, and the state it resumes from.
-    pending: Option<(Pipeline, Option<SourceState>)>,
-    /// Behind a lock only to make the object shareable between Python threads (pyo3 asks
-    /// it of every class); the methods that use it take `&mut self` anyway.
-    stream: Mutex<Option<BatchStream>>,
+    pending: Mutex<Option<(Pipeline, Option<SourceState>)>>,
+    /// After the first batch. `__next__` holds the lock while it waits (the interpreter lock
+    /// released), so `state_dict` from another thread still answers.
+    running: Mutex<Option<Running>>,
+    /// The state just past the last batch returned; before the first, the one loaded.
+    last: Mutex<Option<SourceState>>,
     /// The stream ended (or failed): iteration is over.
-    done: bool,
-    /// A panic inside Sluice escaped a wait: the position is unknown, so every later call
-    /// raises (a broken pipeline never goes on as if nothing happened).
-    panicked: bool,
+    done: AtomicBool,
+    /// A panic inside Sluice escaped: the position is unknown, so every later call raises (a
+    /// broken pipeline never goes on as if nothing happened).
+    panicked: AtomicBool,
+    prefetch: usize,
+    /// The config's `loader:` section as JSON text (`None`: absent).
+    loader: Option<String>,
 }
 
 #[pymethods]
 impl PyPipeline {
     /// `config`: a path to a pipeline YAML file (relative paths in it resolve against its
     /// directory) or the YAML text itself (relative paths resolve against the current
-    /// directory). `rank`/`world_size` override `runtime.rank`/`world_size` (and the
-    /// environment: `RANK`, `WORLD_SIZE`, …).
+    /// directory). `overrides`: `(path, YAML value)` pairs set on top of it
+    /// (`("stages[0].seed", "3")`). `rank`/`world_size` override `runtime.rank`/`world_size`
+    /// (and the environment: `RANK`, `WORLD_SIZE`, …). `prefetch`: batches made ready ahead of
+    /// Python (bounded; the pipeline's own queues read ahead too); default: the config's
+    /// `loader.prefetch`, else 2.
     #[new]
-    #[pyo3(signature = (config, *, rank=None, world_size=None))]
-    fn new(config: &str, rank: Option<usize>, world_size: Option<usize>) -> PyResult<Self> {
-        let doc = load_document(config).map_err(to_py)?;
+    #[pyo3(signature = (config, *, overrides=Vec::new(), rank=None, world_size=None, prefetch=None))]
+    fn new(
+        config: &str,
+        overrides: Vec<(String, String)>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        prefetch: Option<usize>,
+    ) -> PyResult<Self> {
+        let doc = load_document(config)
+            .and_then(|d| d.with_overrides(&overrides))
+            .map_err(to_py)?;
         let mut errors = Vec::new();
         let parsed = PipelineConfig::from_document(&doc, &mut errors);
+        let loader = doc.value::<serde_json::Value>("loader", &mut errors);
         let mut parsed = match parsed {
             Some(p) if errors.is_empty() => p,
             _ => return Err(to_py(Error::Config(ConfigErrors::sorted(errors)))),
         };
+        let loader = loader.filter(|v| !v.is_null());
+        let section_prefetch = loader
+            .as_ref()
+            .and_then(|l| l.get("prefetch"))
+            .and_then(|p| p.as_u64());
+        let prefetch = prefetch.unwrap_or(section_prefetch.map_or(2, |p| p as usize));
+        if prefetch > MAX_PREFETCH {
+            return Err(PyValueError::new_err(format!(
+                "prefetch={prefetch}: at most {MAX_PREFETCH} batches wait ready (each is a whole batch in memory); 2–4 keep a GPU fed"
+            )));
+        }
         if rank.is_some() {
             parsed.runtime.rank = rank;
         }
@@ -75,10 +126,13 @@ impl PyPipeline {
             .map_err(|e| PyRuntimeError::new_err(format!("cannot start the I/O threads: {e}")))?;
         Ok(PyPipeline {
             runtime: Some(runtime),
-            pending: Some((Pipeline::from_config(parsed, doc.base_dir()), None)),
-            stream: Mutex::new(None),
-            done: false,
-            panicked: false,
+            pending: Mutex::new(Some((Pipeline::from_config(parsed, doc.base_dir()), None))),
+            running: Mutex::new(None),
+            last: Mutex::new(None),
+            done: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            prefetch,
+            loader: loader.map(|v| v.to_string()),
         })
     }
 
@@ -86,56 +140,73 @@ impl PyPipeline {
         slf
     }
 
-    /// The next batch; `StopIteration` at the end of the data. It holds the pipeline while it
-    /// waits: another Python thread calling it meanwhile (even `state_dict`) gets pyo3's
-    /// "already borrowed" error.
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        if self.panicked {
+    /// The next batch; `StopIteration` at the end of the data.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        if self.panicked.load(Ordering::SeqCst) {
             return Err(poisoned());
-        }
-        if self.done {
-            return Ok(None);
         }
         let Some(runtime) = self.runtime.as_ref() else {
             return Ok(None);
         };
-        let stream = self.stream.get_mut().map_err(|_| poisoned())?;
-        if stream.is_none()
-            && let Some((pipeline, resume)) = self.pending.take()
-        {
-            let pipeline = match resume {
-                Some(state) => pipeline.resume_from(state),
-                None => pipeline,
-            };
-            let _in_runtime = runtime.enter();
-            *stream = Some(pipeline.stream());
+        let mut running = match self.running.try_lock() {
+            Ok(r) => r,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(PyRuntimeError::new_err(
+                    "another thread is taking a batch from this pipeline: iterate a pipeline from one thread",
+                ));
+            }
+            Err(std::sync::TryLockError::Poisoned(_)) => return Err(poisoned()),
+        };
+        if self.done.load(Ordering::SeqCst) {
+            return Ok(None);
         }
-        let Some(stream) = stream.as_mut() else {
+        if running.is_none() {
+            let pending = self.pending.lock().map_err(|_| poisoned())?.take();
+            let Some((pipeline, resume)) = pending else {
+                return Ok(None);
+            };
+            *running = Some(self.start(runtime, pipeline, resume));
+        }
+        let Some(run) = running.as_mut() else {
             return Ok(None);
         };
         loop {
-            let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let waited = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 py.detach(|| {
                     runtime.block_on(async {
                         tokio::select! {
-                            next = stream.next() => Some(next),
+                            next = run.rx.recv() => Some(next),
                             () = tokio::time::sleep(SIGNAL_POLL) => None,
                         }
                     })
                 })
             }));
-            let Ok(next) = waited else {
-                self.panicked = true;
-                return Err(poisoned());
+            let next = match waited {
+                Ok(n) => n,
+                Err(_) => Some(Some(Fetched::Panic)),
             };
             match next {
-                Some(Some(Ok(batch))) => return Ok(Some(PyBatch { batch })),
-                Some(Some(Err(e))) => {
-                    self.done = true;
+                Some(Some(Fetched::Batch(batch, state))) => {
+                    *self.last.lock().map_err(|_| poisoned())? = Some(state);
+                    return Ok(Some(PyBatch { batch }));
+                }
+                Some(Some(Fetched::Error(e))) => {
+                    self.done.store(true, Ordering::SeqCst);
                     return Err(to_py(e));
                 }
+                Some(Some(Fetched::Panic)) => {
+                    self.panicked.store(true, Ordering::SeqCst);
+                    return Err(poisoned());
+                }
                 Some(None) => {
-                    self.done = true;
+                    // The task ended without a word: the end of the data, unless it was
+                    // cut short (a panic outside the stream, the runtime going away).
+                    let ended = py.detach(|| runtime.block_on(&mut run.task));
+                    if ended.is_err() {
+                        self.panicked.store(true, Ordering::SeqCst);
+                        return Err(poisoned());
+                    }
+                    self.done.store(true, Ordering::SeqCst);
                     return Ok(None);
                 }
                 // Still waiting: Ctrl-C raises KeyboardInterrupt here, the stream kept as
@@ -145,19 +216,20 @@ impl PyPipeline {
         }
     }
 
+    /// The config's `loader:` section (tensors, device, prefetch) as JSON text, or `None`.
+    #[getter]
+    fn loader_section(&self) -> Option<String> {
+        self.loader.clone()
+    }
+
     /// The state just past the last batch returned (before the first: the state loaded, or
     /// the start) — a JSON-serialisable dict. A new `Pipeline` of the same config given it
     /// by `load_state_dict` continues with exactly the next batch.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        if self.panicked {
+        if self.panicked.load(Ordering::SeqCst) {
             return Err(poisoned());
         }
-        let stream = self.stream.lock().map_err(|_| poisoned())?;
-        let state = match (stream.as_ref(), &self.pending) {
-            (Some(stream), _) => Some(stream.snapshot()),
-            (None, Some((_, resume))) => resume.clone(),
-            (None, None) => None,
-        };
+        let state = self.last.lock().map_err(|_| poisoned())?.clone();
         let state = match state {
             Some(s) => serde_json::to_string(&s)
                 .map_err(|e| PyRuntimeError::new_err(format!("cannot encode the state: {e}")))?,
@@ -175,8 +247,9 @@ impl PyPipeline {
     /// with exactly the batch after it. Only before the first batch. A state taken under
     /// other files or order-deciding settings is refused when iteration starts
     /// (`ResumeError`, naming what changed).
-    fn load_state_dict(&mut self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
-        let Some((_, resume)) = self.pending.as_mut() else {
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut pending = self.pending.lock().map_err(|_| poisoned())?;
+        let Some((_, resume)) = pending.as_mut() else {
             return Err(PyRuntimeError::new_err(
                 "load_state_dict() must come before the first batch: make a new Pipeline to resume",
             ));
@@ -205,7 +278,41 @@ impl PyPipeline {
                     .map_err(|e| ResumeError::new_err(format!("a damaged Sluice state: {e}")))?,
             ),
         };
+        *self.last.lock().map_err(|_| poisoned())? = resume.clone();
         Ok(())
+    }
+}
+
+impl PyPipeline {
+    /// Starts the task that drives the stream `prefetch` batches ahead.
+    fn start(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        pipeline: Pipeline,
+        resume: Option<SourceState>,
+    ) -> Running {
+        let pipeline = match resume {
+            Some(state) => pipeline.resume_from(state),
+            None => pipeline,
+        };
+        let (tx, rx) = mpsc::channel(self.prefetch.max(1));
+        let task = runtime.spawn(async move {
+            let mut stream = pipeline.stream();
+            loop {
+                let next = AssertUnwindSafe(stream.next()).catch_unwind().await;
+                let item = match next {
+                    Ok(None) => return,
+                    Ok(Some(Ok(batch))) => Fetched::Batch(batch, stream.snapshot()),
+                    Ok(Some(Err(e))) => Fetched::Error(e),
+                    Err(_) => Fetched::Panic,
+                };
+                let last = !matches!(item, Fetched::Batch(..));
+                if tx.send(item).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Running { rx, task }
     }
 }
 
@@ -216,10 +323,14 @@ impl Drop for PyPipeline {
             // pipeline never blocks the interpreter.
             {
                 let _in_runtime = runtime.enter();
-                if let Ok(stream) = self.stream.get_mut() {
-                    *stream = None;
+                if let Ok(running) = self.running.get_mut()
+                    && let Some(run) = running.take()
+                {
+                    run.task.abort();
                 }
-                self.pending = None;
+                if let Ok(pending) = self.pending.get_mut() {
+                    *pending = None;
+                }
             }
             runtime.shutdown_background();
         }

@@ -9,6 +9,7 @@ mod common;
 mod interpolate;
 pub mod limits;
 mod load;
+mod overrides;
 
 use std::fmt;
 

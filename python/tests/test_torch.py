@@ -1,0 +1,111 @@
+"""Batches as torch tensors: zero-copy hand-over (DLPack), `sluice.torch.Loader` against the
+pipeline it wraps, exact resume through the loader, overrides, and the uint8 → float helper."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import sluice
+import sluice.torch as st
+from conftest import REPO
+
+
+def test_torch_tensors_are_the_pipeline_s_buffers_and_outlive_the_batch():
+    pipe = sluice.Pipeline(REPO / "configs/quickstart.yaml")
+    next(pipe)
+    batch = next(pipe)
+    tensors = batch.to_torch()
+    assert tensors["pixels"].shape == (64, 64) and tensors["pixels"].dtype == torch.float32
+    assert tensors["label"].dtype == torch.int64
+    rust = dict(batch._raw._value_addresses())
+    data = batch.to_arrow()
+    for name in ("pixels", "label", "id"):
+        values = data.column(name)
+        while pa.types.is_fixed_size_list(values.type):
+            values = values.flatten()
+        # torch's storage starts at the very bytes Rust filled.
+        assert tensors[name].data_ptr() == rust[name] + values.offset * tensors[name].element_size(), name
+    copy = {k: v.clone() for k, v in tensors.items()}
+    del batch, data, pipe
+    gc.collect()
+    for other in sluice.Pipeline(REPO / "configs/digits-augmented.yaml"):
+        other.to_torch()
+    for name, t in tensors.items():
+        assert torch.equal(t, copy[name]), name
+
+
+def test_to_torch_refuses_columns_a_tensor_cannot_hold():
+    text = f"source: {{type: parquet, path: '{REPO}/data/digits/train.parquet'}}\nstages:\n  - {{type: batch, size: 16}}\n"
+    batch = next(sluice.Pipeline(text))
+    assert set(batch.to_torch(["label"])) == {"label"}
+    with pytest.raises(KeyError, match="no column `nope`"):
+        batch.to_torch(["nope"])
+
+
+def test_the_loader_gives_the_pipeline_s_values_as_the_config_s_tensors():
+    config = REPO / "configs/digits-augmented.yaml"
+    expected = [b.to_numpy() for b in sluice.Pipeline(config)]
+    loader = st.Loader(config)  # loader.tensors of the config: x image [1, 8, 8], y label
+    got = list(loader)
+    assert len(got) == len(expected) > 2
+    for t, e in zip(got, expected):
+        assert t["x"].shape == (len(e["image"]), 1, 8, 8) and t["x"].dtype == torch.float32
+        np.testing.assert_array_equal(t["x"].reshape(len(e["image"]), -1).numpy(), e["image"])
+        np.testing.assert_array_equal(t["y"].numpy(), e["label"])
+    assert loader.stats.batches == len(got)
+    assert len(loader.stats.waits) == len(got) and loader.stats.wait_s >= max(loader.stats.waits)
+    assert 0.0 <= loader.stats.ready <= 1.0
+    assert loader.last_batch is not None and loader.last_batch.lineage()
+
+
+def test_the_loader_resumes_with_exactly_the_next_batch():
+    config = REPO / "configs/digits-augmented.yaml"
+    specs = {"x": {"column": "image", "shape": [1, 8, 8]}, "y": "label", "id": {"column": "id", "dtype": "i64"}}
+    whole = [b for b in st.Loader(config, batch_tensors=specs, prefetch=4)]
+    first = st.Loader(config, batch_tensors=specs, prefetch=4)
+    for _ in range(7):
+        next(first)
+    state = first.state_dict()
+    del first  # its prefetched batches are not part of the state
+    rest = st.Loader(config, batch_tensors=specs)
+    rest.load_state_dict(state)
+    tail = list(rest)
+    assert len(tail) == len(whole) - 7
+    for a, b in zip(tail, whole[7:]):
+        for k in specs:
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_overrides_change_settings_and_bad_ones_are_named():
+    config = REPO / "configs/digits-augmented.yaml"
+    base = next(sluice.Pipeline(config)).to_numpy()["id"]
+    same = next(sluice.Pipeline(config, overrides={"stages[0].seed": 7})).to_numpy()["id"]
+    other = next(sluice.Pipeline(config, overrides={"stages[0].seed": 8})).to_numpy()["id"]
+    np.testing.assert_array_equal(base, same)
+    assert not np.array_equal(base, other)
+    small = next(sluice.Pipeline(config, overrides={"stages[4].size": 10}))
+    assert small.num_rows == 10
+    with pytest.raises(sluice.ConfigError, match=r"override stages\[9\]\.seed: `stages\[9\]`: the list has 6 entries"):
+        sluice.Pipeline(config, overrides={"stages[9].seed": 1})
+    with pytest.raises(sluice.ConfigError, match="unknown field `sed`"):
+        sluice.Pipeline(config, overrides={"stages[0].sed": 1})
+
+
+def test_normalize_on_the_device_equals_the_image_stage_s_normalize():
+    mean, std = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
+    images = torch.randint(0, 256, (4, 3, 5, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    got = st.normalize(images, mean, std)
+    want = (images.double() / 255 - torch.tensor(mean, dtype=torch.float64).view(1, 3, 1, 1)) / torch.tensor(
+        std, dtype=torch.float64
+    ).view(1, 3, 1, 1)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    with pytest.raises(TypeError, match="uint8 images"):
+        st.normalize(images.float(), mean, std)
+    with pytest.raises(ValueError, match="one mean and one std per channel"):
+        st.normalize(images, mean[:2], std[:2])

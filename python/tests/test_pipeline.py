@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import gc
 import json
+import struct
+import zlib
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import sluice
@@ -119,6 +122,16 @@ def test_a_state_from_other_settings_is_refused_naming_what_changed(tmp_path):
         sluice.Pipeline(config).load_state_dict({"epoch": 3})
 
 
+def grey_png(level: int) -> bytes:
+    """A 1×1 8-bit grey PNG."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes([0, level]))) + chunk(b"IEND", b"")
+
+
 ERRORS = """
 import sys, sluice
 try:
@@ -154,14 +167,22 @@ def test_a_bad_config_raises_config_error_with_the_cli_s_locations(tmp_path, slu
     assert "bad.yaml:3:" in message and "bad.yaml:4:" in message and "maxx" in message
 
 
-@pytest.mark.parametrize("case", ["missing file", "truncated parquet"])
+@pytest.mark.parametrize("case", ["missing file", "truncated parquet", "undecodable image"])
 def test_bad_data_raises_data_error_with_the_cli_s_message(tmp_path, sluice_bin, case):
     data = tmp_path / "data.parquet"
+    stages = ""
     if case == "truncated parquet":
         good = (REPO / "data/digits/train.parquet").read_bytes()
         data.write_bytes(good[: len(good) // 2])  # cut short: no footer
-    cli, kind, message = cli_and_python(tmp_path, sluice_bin, f"source: {{type: parquet, path: '{data}'}}\n")
+    if case == "undecodable image":
+        # Row 2 is not a PNG (the others are: 1×1 grey pixels).
+        png = grey_png(7)
+        pq.write_table(pa.table({"img": [png, png, b"not an image", png]}), data)
+        stages = "stages:\n  - {type: image, column: img, format: png, shape: [1, 1, 1]}\n"
+    cli, kind, message = cli_and_python(tmp_path, sluice_bin, f"source: {{type: parquet, path: '{data}'}}\n{stages}")
     assert kind == "DataError"
     assert cli.returncode == 1
     assert message and message in cli.stderr, f"{message!r} not in:\n{cli.stderr}"
     assert str(data) in message
+    if case == "undecodable image":
+        assert "row 2" in message, message

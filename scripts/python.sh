@@ -5,9 +5,13 @@
 #
 #   scripts/python.sh            build the wheel (dev profile), install it, run python/tests
 #   scripts/python.sh --build    build and install only; prints the venv's python
+#   scripts/python.sh --test     run python/tests with what is installed
+#   SLUICE_WHEEL_PROFILE=release scripts/python.sh --build   an optimised wheel (benchmarks)
 #
-# The venv is target/services/venv-python (maturin, pytest, numpy, pyarrow from PyPI; kept
-# between runs, re-made when the list below changes). The wheel goes to target/wheels.
+# The venv is target/services/venv-python (from PyPI: maturin, pytest, numpy, pyarrow, torch —
+# the CUDA build, ~4.7 GB, ~40 s to install on a fast link —, boto3 and confluent-kafka for the
+# tests against the S3 server and the Kafka broker; kept between runs, re-made when the list
+# below changes). The wheel goes to target/wheels.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -25,11 +29,14 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     rm -rf "$tmp"
     echo "$want" > "$stamp"
 fi
+if [[ "${1:-}" == --test ]]; then
+    SLUICE_BIN="${SLUICE_BIN:-$root/target/debug/sluice}" exec "$venv/bin/python" -m pytest -q python/tests
+fi
 # The dev profile shares the test suite's compiled dependencies; the wheel is abi3 (≥ 3.10).
 rm -rf target/wheels
 # `--auditwheel skip`: a wheel for this machine, linked to its OpenSSL (librdkafka's TLS),
 # not a manylinux wheel bundling it.
-"$venv/bin/maturin" build --quiet --profile dev --auditwheel skip -m python/Cargo.toml -o target/wheels >&2
+"$venv/bin/maturin" build --quiet --profile "${SLUICE_WHEEL_PROFILE:-dev}" --auditwheel skip -m python/Cargo.toml -o target/wheels >&2
 "$venv/bin/pip" install --disable-pip-version-check --quiet --force-reinstall --no-deps target/wheels/sluice-*.whl >&2
 if [[ "${1:-}" == --build ]]; then
     echo "$venv/bin/python"

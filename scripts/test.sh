@@ -4,11 +4,12 @@
 # is built from source and needs OpenSSL headers, installed here with apt-get if missing),
 # scripts/libtorch.sh installs a CPU libtorch for tch (from PyPI wheels), scripts/mpi.sh
 # OpenMPI (apt-get) for the `mpi` backend,
-# scripts/python-peers.sh the numpy peer `sluice bench` compares with (numpy, pyarrow; the
-# 2.7 GB torch for the DataLoader peer is opt-in: scripts/python-peers.sh --with-torch),
+# scripts/python.sh builds the Python package's wheel and installs it into a venv with torch,
+# numpy, pyarrow (also the Python peers `sluice bench` compares with), pytest, boto3 and
+# confluent-kafka (~5 GB, kept in target/services: torch from PyPI is the CUDA build),
 # scripts/services.sh installs and starts the S3 server (moto) and the Kafka broker (Tansu)
-# the integration tests use, and stops them at the end; scripts/python.sh builds the Python
-# package's wheel, installs it into a venv (maturin, pytest, numpy, pyarrow) and runs its tests.
+# the integration tests use, and stops them at the end; after the cargo tests the Python
+# package's own tests run (pytest) against the same servers.
 #
 #   scripts/test.sh            formatting, clippy (warnings are errors), the minimal build
 #                              (scripts/minimal.sh), every test
@@ -42,10 +43,10 @@ step "OpenMPI (the mpi all-reduce backend; tests/train_mpi.rs runs mpirun -np 2)
 # shellcheck source=scripts/mpi.sh
 source scripts/mpi.sh
 FEATURES=(--features mpi)
-step "Python peers for the bench test (numpy, pyarrow in target/services/venv-peers)"
-# A sourced script sees this script's arguments as its own: "" asks for the light peers.
-# shellcheck source=scripts/python-peers.sh
-source scripts/python-peers.sh ""
+step "Python package (python/: wheel built with maturin, installed with torch into target/services/venv-python)"
+# Before the cargo tests: its venv is also the bench test's Python (numpy, torch, sluice).
+SLUICE_BENCH_PYTHON="$(scripts/python.sh --build)"
+export SLUICE_BENCH_PYTHON
 echo "SLUICE_BENCH_PYTHON=$SLUICE_BENCH_PYTHON"
 
 # Two cores: one intra-op thread per process keeps concurrent tests from oversubscribing.
@@ -78,8 +79,8 @@ cargo test --workspace --all-targets --locked --no-fail-fast "${FEATURES[@]}"
 step "doc tests"
 cargo test --workspace --doc --locked --no-fail-fast "${FEATURES[@]}"
 
-step "Python package (python/: wheel built with maturin into target/services/venv-python, pytest)"
+step "Python package tests (pytest, against the same servers)"
 # After the cargo tests: target/debug/sluice, the Rust side the package is compared with, is built.
-scripts/python.sh
+scripts/python.sh --test
 
 step "all tests passed"

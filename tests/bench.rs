@@ -1,10 +1,9 @@
-//! `sluice bench` in a reduced size: the table is complete — Sluice, the raw decode and numpy
-//! each delivered every row — with ratios and a bottleneck. The Python peers come from
-//! scripts/python-peers.sh (scripts/test.sh sets SLUICE_BENCH_PYTHON). The PyTorch
-//! DataLoader row is checked like the others when that Python has torch
-//! (`scripts/python-peers.sh --with-torch`, 2.7 GB, so not in the default suite); without
-//! torch the row must say it was skipped and how to install it. The full size is
-//! `sluice bench images` / `sluice bench tabular`.
+//! `sluice bench` in a reduced size: the table is complete — Sluice, Sluice from Python, the
+//! raw decode, numpy and the PyTorch DataLoader each delivered every row — with ratios, CPU
+//! time and a bottleneck. The Python is the Python package's venv (scripts/test.sh sets
+//! SLUICE_BENCH_PYTHON to it: numpy, torch and the `sluice` package). With a Python without
+//! torch (scripts/python-peers.sh), the torch rows must say they were skipped and how to
+//! install what they need. The full size is `sluice bench images` / `sluice bench tabular`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -22,10 +21,10 @@ fn python() -> String {
     })
 }
 
-/// Whether `py` can import torch: decided here, independently of the bench's own check.
-fn has_torch(py: &str) -> bool {
+/// Whether `py` can import `modules`: decided here, independently of the bench's own check.
+fn imports(py: &str, modules: &str) -> bool {
     std::process::Command::new(py)
-        .args(["-c", "import torch"])
+        .args(["-c", &format!("import {modules}")])
         .output()
         .unwrap()
         .status
@@ -35,7 +34,8 @@ fn has_torch(py: &str) -> bool {
 fn bench(workload: &str, rows: usize) {
     let dir = tempfile::tempdir().unwrap();
     let py = python();
-    let torch = has_torch(&py);
+    let torch = imports(&py, "torch");
+    let package = torch && imports(&py, "sluice");
     let rows_s = rows.to_string();
     let out = run_in_for(
         dir.path(),
@@ -62,7 +62,10 @@ fn bench(workload: &str, rows: usize) {
         .iter()
         .map(|v| v["variant"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["raw", "sluice", "floor", "dataloader", "numpy"]);
+    assert_eq!(
+        names,
+        ["raw", "sluice", "python", "floor", "dataloader", "numpy"]
+    );
     let table = String::from_utf8_lossy(&out.stdout);
     for v in variants {
         let name = v["variant"].as_str().unwrap();
@@ -81,6 +84,14 @@ fn bench(workload: &str, rows: usize) {
             );
             continue;
         }
+        if name == "python" && !package {
+            let why = v["skipped"].as_str().unwrap();
+            assert!(
+                why.contains("cannot import") && why.contains("scripts/python"),
+                "{why}"
+            );
+            continue;
+        }
         assert!(v["skipped"].is_null(), "{name} skipped: {}", v["skipped"]);
         assert_eq!(v["measured"]["rows"], rows, "{name}: every row once");
         assert!(v["samples_per_second"].as_f64().unwrap() > 0.0, "{name}");
@@ -90,6 +101,15 @@ fn bench(workload: &str, rows: usize) {
             "{name}"
         );
         assert!(v["vs_raw"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(v["cpu_seconds_per_1k"].as_f64().unwrap() > 0.0, "{name}");
+    }
+    if package {
+        assert!(r["python_vs_sluice"].as_f64().unwrap() > 0.0);
+        assert!(r["python_vs_dataloader"].as_f64().unwrap() > 0.0);
+        assert!(
+            table.contains("Sluice from Python vs Sluice in Rust"),
+            "{table}"
+        );
     }
     if torch {
         assert!(r["sluice_vs_dataloader"].as_f64().unwrap() > 0.0);
@@ -99,7 +119,12 @@ fn bench(workload: &str, rows: usize) {
     }
     assert!(!r["bottleneck"]["element"].as_str().unwrap().is_empty());
     assert!(!r["bottleneck"]["suggestion"].as_str().unwrap().is_empty());
-    for name in names.iter().filter(|n| torch || **n != "dataloader") {
+    let ran = |n: &str| match n {
+        "dataloader" => torch,
+        "python" => package,
+        _ => true,
+    };
+    for name in names.iter().filter(|n| ran(n)) {
         assert!(
             table
                 .lines()

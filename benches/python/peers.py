@@ -5,12 +5,15 @@ the way PyTorch users write it.
   decoded column in memory (as torchvision's CIFAR10 does), per-sample transforms in torch
   (torchvision-style: pad + random crop, horizontal flip, normalize; or standardize + Gaussian
   noise), `shuffle=True`, `num_workers=2`, default collate into batches.
+- `python`: the `sluice` variant's own pipeline through the Python package
+  (`sluice.torch.Loader`), batches taken as torch tensors in a Python loop.
 - `numpy`: one process, row groups read with pyarrow, a 10k-row (images) / 100k-row (tabular)
   shuffle buffer, the transforms vectorised over whole batches in numpy, `torch.from_numpy`
   (zero-copy) when torch is installed, else the contiguous numpy batch itself.
 
-Prints one JSON line: rows, seconds, peak RSS (MiB; main process plus the largest worker
-times the number of workers — an upper estimate of the sum).
+Prints one JSON line: rows, seconds, CPU seconds (the process and its workers), peak RSS
+(MiB; main process plus the largest worker times the number of workers — an upper estimate
+of the sum).
 
 Run by `sluice bench`; never needed by Sluice itself.
 """
@@ -155,11 +158,32 @@ def numpy_variant(data, workload, batch, buffer_rows):
     return rows
 
 
+def cpu_seconds():
+    """User + system CPU time of this process and its finished children (DataLoader workers
+    are joined, hence counted, when their iterator ends)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def sluice_from_python(config, workload):
+    """The `sluice` variant's pipeline through the Python package, as a training loop takes
+    it: named torch tensors per batch (zero-copy over the pipeline's buffers)."""
+    import sluice.torch
+
+    shape = {"images": {"x": {"column": "image", "shape": [3, 32, 32]}, "y": "label"},
+             "tabular": {"x": "x", "y": "label"}}[workload]
+    rows = 0
+    for batch in sluice.torch.Loader(config, batch_tensors=shape, device="cpu"):
+        rows += batch["x"].shape[0]
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--workload", choices=["images", "tabular"], required=True)
-    p.add_argument("--variant", choices=["dataloader", "numpy"], required=True)
+    p.add_argument("--variant", choices=["dataloader", "numpy", "python"], required=True)
+    p.add_argument("--config", help="the Sluice pipeline (the python variant)")
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--buffer-rows", type=int, required=True)
     a = p.parse_args()
@@ -168,16 +192,21 @@ def main():
     elif a.variant == "dataloader":
         raise SystemExit("torch is not installed (scripts/python-peers.sh --with-torch)")
     start = time.perf_counter()
-    if a.variant == "dataloader":
+    cpu_start = cpu_seconds()
+    if a.variant == "python":
+        rows = sluice_from_python(a.config, a.workload)
+        workers = 0
+    elif a.variant == "dataloader":
         rows = dataloader(a.data, a.workload, a.batch)
         workers = 2
     else:
         rows = numpy_variant(a.data, a.workload, a.batch, a.buffer_rows)
         workers = 0
     seconds = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu_start
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
-    print(json.dumps({"rows": rows, "seconds": seconds, "peak_rss_mib": own + workers * child}))
+    print(json.dumps({"rows": rows, "seconds": seconds, "peak_rss_mib": own + workers * child, "cpu_seconds": cpu}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,198 @@
+//! `sluice bench-child`: one Sluice variant measured in its own process (its peak RSS and CPU
+//! time are its own), printed as one JSON line for the parent.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use sluice::observe::Observed;
+use sluice::pipeline::Pipeline;
+use sluice::report::{Bottleneck, Report};
+
+use super::workload::{Workload, yaml};
+
+/// What one variant measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Measured {
+    pub(super) rows: usize,
+    pub(super) seconds: f64,
+    pub(super) peak_rss_mib: f64,
+    /// User + system CPU seconds of the process (and its reaped children).
+    #[serde(default)]
+    pub(super) cpu_seconds: Option<f64>,
+    #[serde(default)]
+    pub(super) bottleneck: Option<Bottleneck>,
+}
+
+/// This process's CPU time so far (`/proc/self/stat`: user + system ticks of all its
+/// threads), in seconds.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name in parentheses: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // In USER_HZ ticks, which Linux fixes at 100 per second for userspace (the kernel's
+    // own HZ is converted); read here rather than through `sysconf`, which needs `unsafe`.
+    Some(ticks as f64 / 100.0)
+}
+
+fn peak_rss_mib() -> f64 {
+    sluice::peak_rss_bytes().map_or(f64::NAN, sluice::mib)
+}
+
+/// `sluice bench-child`: runs one Sluice variant in this process and prints a JSON line.
+pub(crate) async fn child(
+    data: &Path,
+    workload: Workload,
+    variant: &str,
+    threads: usize,
+) -> ExitCode {
+    let result = async {
+        let pipeline = Pipeline::from_yaml(&yaml(data, workload, variant, threads))?;
+        let prepared = pipeline.prepare().await?;
+        let observed = Arc::new(Observed::default());
+        observed.add_pipeline(0, prepared.metrics());
+        let start = Instant::now();
+        let cpu_start = cpu_seconds();
+        let rows = consume(prepared, workload, variant).await?;
+        let seconds = start.elapsed().as_secs_f64();
+        let cpu = cpu_seconds().zip(cpu_start).map(|(end, start)| end - start);
+        let report = Report::build(
+            "bench",
+            Path::new(workload.name()),
+            &observed,
+            &[],
+            &[],
+            None,
+            serde_json::Value::Null,
+        );
+        Ok::<_, anyhow::Error>(Measured {
+            rows,
+            seconds,
+            peak_rss_mib: peak_rss_mib(),
+            cpu_seconds: cpu,
+            bottleneck: Some(report.bottleneck),
+        })
+    }
+    .await;
+    match result {
+        Ok(m) => {
+            out!("{}", serde_json::to_string(&m).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Drains the stream: the full variant into tensors (with `torch`), like a training loop.
+async fn consume(
+    prepared: sluice::pipeline::PreparedPipeline,
+    workload: Workload,
+    variant: &str,
+) -> anyhow::Result<usize> {
+    let mut rows = 0usize;
+    if variant == "floor" {
+        let pool = prepared.pool().clone();
+        let mut s = prepared.stream();
+        let mut buffers = [Vec::new(), Vec::new()];
+        while let Some(b) = s.next().await {
+            let b = b?;
+            rows += b.num_rows();
+            buffers = floor(&pool, &b.data, workload, buffers).await?;
+        }
+        return Ok(rows);
+    }
+    #[cfg(feature = "torch")]
+    if variant != "raw" {
+        let loader: sluice::loader::LoaderConfig = serde_json::from_value(match workload {
+            Workload::Images => serde_json::json!({"device": "cpu", "tensors": {
+                "x": {"column": "image", "dtype": "f32", "shape": [3, 32, 32]},
+                "y": {"column": "label", "dtype": "i64"}}}),
+            Workload::Tabular => serde_json::json!({"device": "cpu", "tensors": {
+                "x": {"column": "x", "dtype": "f32"},
+                "y": {"column": "label", "dtype": "i64"}}}),
+        })?;
+        let pool = prepared.pool().clone();
+        let mut s = sluice::loader::TensorStream::new(prepared.stream(), pool, &loader)?;
+        while let Some(b) = s.next().await {
+            rows += b?.rows;
+        }
+        return Ok(rows);
+    }
+    let _ = (workload, variant);
+    let mut s = prepared.stream();
+    while let Some(b) = s.next().await {
+        rows += b?.num_rows();
+    }
+    Ok(rows)
+}
+
+/// The floor variant's work on one decoded batch: what any loader handing out float32 must at
+/// least do — one `v · scale + bias` write per value (images: the `image` stage's kernel, HWC
+/// `u8` to CHW `f32`; tabular: the features), into reused buffers, the rows split between two
+/// tasks on the pool. No shuffle, no crop or flip, no noise, no tensors.
+async fn floor(
+    pool: &sluice::pipeline::CpuPool,
+    data: &arrow::array::RecordBatch,
+    workload: Workload,
+    [mut a, mut b]: [Vec<f32>; 2],
+) -> anyhow::Result<[Vec<f32>; 2]> {
+    use arrow::array::{Array, AsArray};
+    let n = data.num_rows();
+    let half = n / 2;
+    let convert = |mut out: Vec<f32>,
+                   from: usize,
+                   to: usize|
+     -> Box<dyn FnOnce() -> Vec<f32> + Send> {
+        match workload {
+            Workload::Images => {
+                let col = data
+                    .column_by_name("image")
+                    .map(|c| c.as_fixed_size_binary().clone());
+                Box::new(move || {
+                    let Some(col) = col else { return out };
+                    out.resize((to - from) * 3072, 0.0);
+                    let scale = [
+                        1.0 / (255.0 * 0.2470),
+                        1.0 / (255.0 * 0.2435),
+                        1.0 / (255.0 * 0.2616),
+                    ];
+                    let bias = [-0.4914 / 0.2470, -0.4822 / 0.2435, -0.4465 / 0.2616];
+                    for (i, dst) in (from..to).zip(out.chunks_exact_mut(3072)) {
+                        sluice::pipeline::bench_rgb_to_chw(col.value(i), 32, 32, scale, bias, dst);
+                    }
+                    out
+                })
+            }
+            Workload::Tabular => {
+                let col = data
+                    .column_by_name("x")
+                    .map(|c| c.as_fixed_size_list().clone());
+                Box::new(move || {
+                    let Some(col) = col else { return out };
+                    let values = col.values().as_primitive::<arrow::datatypes::Float32Type>();
+                    let width = col.value_length() as usize;
+                    let start = (col.offset() + from) * width;
+                    let v = &values.values()[start..start + (to - from) * width];
+                    out.resize(v.len(), 0.0);
+                    for (o, x) in out.iter_mut().zip(v) {
+                        *o = x * (1.0 / 0.29) + (-0.5 / 0.29);
+                    }
+                    out
+                })
+            }
+        }
+    };
+    let (first, second) = (
+        convert(std::mem::take(&mut a), 0, half),
+        convert(std::mem::take(&mut b), half, n),
+    );
+    let (a, b) = futures::join!(pool.run(first), pool.run(second));
+    Ok([a?, b?])
+}

@@ -1,0 +1,406 @@
+//! `sluice bench images|tabular`: a standard workload end to end, in the same run as the raw
+//! Parquet decode of the same files (the ceiling) and, when a Python with the packages is
+//! found, the same Sluice pipeline consumed from Python as torch tensors (the `sluice`
+//! package), a vectorised numpy loader (numpy, pyarrow) and the idiomatic PyTorch
+//! `DataLoader` (torch) on identical data and work.
+//!
+//! Each variant runs in a child process (this binary, `sluice bench-child`, or the Python
+//! script) so that its peak RSS and CPU time are its own; the best of `--repeat` runs counts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use serde::Serialize;
+use sluice::report::Bottleneck;
+
+mod child;
+mod workload;
+
+use child::Measured;
+pub(crate) use child::child;
+pub(crate) use workload::Workload;
+use workload::{generate, yaml};
+
+/// Options of `sluice bench`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// The workload.
+    #[arg(value_enum)]
+    workload: Workload,
+    /// Rows to generate [default: 200000 images, 2000000 tabular].
+    #[arg(long)]
+    rows: Option<usize>,
+    /// Runs per variant; the best counts.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Sluice's CPU threads (`runtime.threads`).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Python for the peers: numpy + pyarrow for the numpy peer, torch too for the DataLoader
+    /// [default: $SLUICE_BENCH_PYTHON, else python3]. A peer whose packages are missing is
+    /// skipped with the reason; `none` skips both.
+    #[arg(long)]
+    python: Option<String>,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Keep the generated dataset in DIR (reused when it already holds this workload's
+    /// files for the same row count) instead of a temporary directory.
+    #[arg(long)]
+    data: Option<PathBuf>,
+}
+
+/// One row of the table.
+#[derive(Debug, Serialize)]
+struct Row {
+    variant: &'static str,
+    description: &'static str,
+    measured: Option<Measured>,
+    /// Why it did not run.
+    skipped: Option<String>,
+    samples_per_second: Option<f64>,
+    mb_per_second: Option<f64>,
+    /// CPU time (user + system, all its threads and worker processes) per 1,000 samples.
+    cpu_seconds_per_1k: Option<f64>,
+    /// Throughput relative to the raw decode.
+    vs_raw: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    workload: Workload,
+    rows: usize,
+    threads: usize,
+    cores: usize,
+    variants: Vec<Row>,
+    /// Sluice ÷ DataLoader throughput.
+    sluice_vs_dataloader: Option<f64>,
+    /// Sluice from Python ÷ Sluice in Rust throughput.
+    python_vs_sluice: Option<f64>,
+    /// Sluice from Python ÷ DataLoader throughput.
+    python_vs_dataloader: Option<f64>,
+    bottleneck: Option<Bottleneck>,
+}
+
+/// The Python the peers run with, and why a peer cannot run there (`None`: it can).
+#[derive(Debug)]
+struct Peers {
+    python: String,
+    numpy: Option<String>,
+    dataloader: Option<String>,
+    /// The `sluice` Python package (and torch) for the "Sluice from Python" variant.
+    sluice: Option<String>,
+}
+
+impl Peers {
+    fn find(args: &BenchArgs) -> Self {
+        let python = match args.python.as_deref() {
+            Some(p) => p.to_string(),
+            None => std::env::var("SLUICE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into()),
+        };
+        if python == "none" {
+            let why = Some("--python none".to_string());
+            return Self {
+                python,
+                numpy: why.clone(),
+                dataloader: why.clone(),
+                sluice: why,
+            };
+        }
+        let imports = |modules: &str| {
+            Command::new(&python)
+                .args(["-c", &format!("import {modules}")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        };
+        let numpy = (!imports("numpy, pyarrow")).then(|| {
+            format!("{python} cannot import numpy and pyarrow (scripts/python-peers.sh installs them; pass --python)")
+        });
+        let dataloader = if numpy.is_some() {
+            numpy.clone()
+        } else {
+            (!imports("torch")).then(|| {
+                format!("{python} cannot import torch (scripts/python-peers.sh --with-torch installs it, ~2.7 GB; pass --python)")
+            })
+        };
+        let sluice = if dataloader.is_some() {
+            dataloader.clone()
+        } else {
+            (!imports("sluice")).then(|| {
+                format!("{python} cannot import sluice (scripts/python.sh --build installs the package into target/services/venv-python; pass --python)")
+            })
+        };
+        Self {
+            python,
+            numpy,
+            dataloader,
+            sluice,
+        }
+    }
+
+    /// Why `variant` (a Python peer) cannot run, if it cannot.
+    fn missing(&self, variant: &str) -> Option<&String> {
+        match variant {
+            "numpy" => self.numpy.as_ref(),
+            "dataloader" => self.dataloader.as_ref(),
+            "python" => self.sluice.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+fn run_child(mut cmd: Command) -> Result<Measured, String> {
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line).map_err(|e| format!("{e}: {line}"))
+}
+
+/// The variants, in table order, each with what it does.
+fn variants(w: Workload) -> [(&'static str, &'static str); 6] {
+    let desc = match w {
+        Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
+        Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
+    };
+    [
+        ("raw", "raw Parquet decode (the ceiling)"),
+        ("sluice", desc),
+        (
+            "python",
+            "the same, from Python: batches → torch tensors (DLPack)",
+        ),
+        (
+            "floor",
+            "decode + one float32 write per value, nothing else",
+        ),
+        (
+            "dataloader",
+            "PyTorch DataLoader, num_workers=2, per-sample",
+        ),
+        ("numpy", "numpy, vectorised per batch, 1 process"),
+    ]
+}
+
+/// Runs each variant `--repeat` times (a peer that cannot run, a failed run or a wrong row
+/// count skips it) and makes the table's rows, each from the variant's fastest run.
+fn measure_variants(
+    args: &BenchArgs,
+    rows: usize,
+    peers: &Peers,
+    script: &Path,
+    exe: &Path,
+    data: &Path,
+    config: &Path,
+) -> Vec<Row> {
+    let w = args.workload;
+    let mut table = Vec::new();
+    for (variant, description) in variants(w) {
+        let python_variant = matches!(variant, "dataloader" | "numpy" | "python");
+        let mut best: Option<Measured> = None;
+        let mut skipped = None;
+        if let Some(why) = peers.missing(variant) {
+            skipped = Some(why.clone());
+        }
+        for _ in 0..args.repeat.max(1) {
+            if skipped.is_some() {
+                break;
+            }
+            let cmd = if python_variant {
+                let mut c = Command::new(&peers.python);
+                c.arg(script)
+                    .args(["--data", &data.display().to_string()])
+                    .args(["--workload", w.name(), "--variant", variant])
+                    .args(["--batch", &w.batch().to_string()])
+                    .args(["--buffer-rows", &w.buffer_rows().to_string()])
+                    .args(["--config", &config.display().to_string()]);
+                c
+            } else {
+                let mut c = Command::new(exe);
+                c.arg("bench-child")
+                    .arg(data)
+                    .args([w.name(), variant, &args.threads.to_string()]);
+                c
+            };
+            match run_child(cmd) {
+                Ok(m) if m.rows != rows => {
+                    skipped = Some(format!("delivered {} rows, not {rows}", m.rows));
+                }
+                Ok(m) => {
+                    if best.as_ref().is_none_or(|b| m.seconds < b.seconds) {
+                        best = Some(m);
+                    }
+                }
+                Err(e) => skipped = Some(format!("failed: {e}")),
+            }
+        }
+        if skipped.is_some() {
+            best = None;
+        }
+        let rate = best.as_ref().map(|m| m.rows as f64 / m.seconds.max(1e-9));
+        let cpu = best
+            .as_ref()
+            .and_then(|m| Some(m.cpu_seconds? * 1000.0 / m.rows.max(1) as f64));
+        table.push(Row {
+            variant,
+            description,
+            measured: best,
+            skipped,
+            samples_per_second: rate,
+            mb_per_second: rate.map(|r| r * w.row_bytes() as f64 / 1e6),
+            cpu_seconds_per_1k: cpu,
+            vs_raw: None,
+        });
+    }
+    table
+}
+
+/// Prints the results table: a header, then each variant's numbers or why it was skipped.
+fn print_table(table: &[Row]) {
+    out!(
+        "{:<11} {:<58} {:>11} {:>9} {:>9} {:>10} {:>7}",
+        "variant",
+        "work",
+        "samples/s",
+        "MB/s",
+        "CPU s/1k",
+        "peak RSS",
+        "vs raw"
+    );
+    for r in table {
+        match (&r.measured, &r.skipped) {
+            (Some(m), _) => out!(
+                "{:<11} {:<58} {:>11.0} {:>9.1} {:>9.4} {:>6.0} MiB {:>6.2}×",
+                r.variant,
+                r.description,
+                r.samples_per_second.unwrap_or(0.0),
+                r.mb_per_second.unwrap_or(0.0),
+                r.cpu_seconds_per_1k.unwrap_or(f64::NAN),
+                m.peak_rss_mib,
+                r.vs_raw.unwrap_or(f64::NAN)
+            ),
+            (None, why) => out!(
+                "{:<11} {:<58} skipped: {}",
+                r.variant,
+                r.description,
+                why.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+}
+
+/// `sluice bench`.
+pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
+    let w = args.workload;
+    let rows = args.rows.unwrap_or(w.default_rows());
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: cannot create a temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let data = args.data.clone().unwrap_or_else(|| dir.path().join("data"));
+    let stamp = data.join(".sluice-bench");
+    let wanted = format!("{} {rows}", w.name());
+    let generated = if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        Ok(())
+    } else {
+        std::fs::create_dir_all(&data)
+            .and_then(|()| generate(&data, w, rows))
+            .and_then(|()| std::fs::write(&stamp, &wanted))
+    };
+    if let Err(e) = generated {
+        eprintln!("error: generating the dataset in {}: {e}", data.display());
+        return ExitCode::FAILURE;
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sluice"));
+    let peers = Peers::find(args);
+    let script = dir.path().join("peers.py");
+    // The "Sluice from Python" variant runs the `sluice` variant's own pipeline.
+    let config = dir.path().join("sluice.yaml");
+    let written = std::fs::write(&script, include_str!("../../benches/python/peers.py"))
+        .and_then(|()| std::fs::write(&config, yaml(&data, w, "sluice", args.threads)));
+    if let Err(e) = written {
+        eprintln!(
+            "error: cannot write the bench's files in {}: {e}",
+            dir.path().display()
+        );
+        return ExitCode::FAILURE;
+    }
+    out!(
+        "sluice bench {}: {rows} rows ({:.0} MB), {} Sluice threads, {} cores, best of {}",
+        w.name(),
+        (rows * w.row_bytes()) as f64 / 1e6,
+        args.threads,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        args.repeat.max(1)
+    );
+    let mut table = measure_variants(args, rows, &peers, &script, &exe, &data, &config);
+    let raw = table[0].samples_per_second;
+    for r in &mut table {
+        r.vs_raw = match (r.samples_per_second, raw) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+    }
+    print_table(&table);
+    let ratio = |a: &str, b: &str| {
+        let rate = |v: &str| table.iter().find(|r| r.variant == v)?.samples_per_second;
+        match (rate(a), rate(b)) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        }
+    };
+    let sluice_vs_dl = ratio("sluice", "dataloader");
+    let python_vs_sluice = ratio("python", "sluice");
+    let python_vs_dl = ratio("python", "dataloader");
+    if let Some(x) = sluice_vs_dl {
+        out!("sluice vs PyTorch DataLoader: {x:.1}×");
+    }
+    if let Some(x) = python_vs_sluice {
+        out!("Sluice from Python vs Sluice in Rust: {x:.2}×");
+    }
+    if let Some(x) = python_vs_dl {
+        out!("Sluice from Python vs PyTorch DataLoader: {x:.1}×");
+    }
+    let bottleneck = table[1]
+        .measured
+        .as_ref()
+        .and_then(|m| m.bottleneck.clone());
+    if let Some(b) = &bottleneck {
+        out!("bottleneck: {} — {}", b.element, b.evidence);
+        out!("  knob: {}", b.suggestion);
+    }
+    let results = Results {
+        workload: w,
+        rows,
+        threads: args.threads,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        variants: table,
+        sluice_vs_dataloader: sluice_vs_dl,
+        python_vs_sluice,
+        python_vs_dataloader: python_vs_dl,
+        bottleneck,
+    };
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    // A peer may be missing (no Python with torch); a variant that ran and failed is an error.
+    let failed = results
+        .variants
+        .iter()
+        .any(|r| r.measured.is_none() && peers.missing(r.variant).is_none());
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,185 @@
+//! The standard workloads: their generated Parquet files and each variant's pipeline.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{
+    FixedSizeBinaryArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+};
+use arrow::datatypes::{DataType, Field};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+
+/// The standard workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Workload {
+    /// 200k × 32×32×3 uint8 images: shuffle 10k, random crop (pad 4), flip, normalize,
+    /// batches of 256 float32 [3, 32, 32].
+    Images,
+    /// 2M × 128 float32: shuffle 100k, standardize, Gaussian noise, batches of 1024.
+    Tabular,
+}
+
+impl Workload {
+    pub(super) fn default_rows(self) -> usize {
+        match self {
+            Workload::Images => 200_000,
+            Workload::Tabular => 2_000_000,
+        }
+    }
+    pub(super) fn row_bytes(self) -> usize {
+        match self {
+            Workload::Images => 3072,
+            Workload::Tabular => 512,
+        }
+    }
+    pub(super) fn batch(self) -> usize {
+        match self {
+            Workload::Images => 256,
+            Workload::Tabular => 1024,
+        }
+    }
+    pub(super) fn buffer_rows(self) -> usize {
+        match self {
+            Workload::Images => 10_000,
+            Workload::Tabular => 100_000,
+        }
+    }
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Workload::Images => "images",
+            Workload::Tabular => "tabular",
+        }
+    }
+}
+
+const FILES: usize = 20;
+const GROUPS: usize = 10;
+
+/// Writes `rows` rows (split into 20 files × 10 row groups, uncompressed PLAIN: random
+/// pixels and floats do not compress) with a deterministic generator.
+pub(super) fn generate(dir: &Path, workload: Workload, rows: usize) -> std::io::Result<()> {
+    let per_group = rows.div_ceil(FILES * GROUPS);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let props = WriterProperties::builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .set_dictionary_enabled(false)
+        .set_encoding(Encoding::PLAIN)
+        .build();
+    let mut id = 0usize;
+    for f in 0..FILES {
+        let file = std::fs::File::create(dir.join(format!("train-{f:03}.parquet")))?;
+        let mut writer: Option<ArrowWriter<std::fs::File>> = None;
+        let mut file = Some(file);
+        for _ in 0..GROUPS {
+            let n = per_group.min(rows - id.min(rows));
+            if n == 0 {
+                break;
+            }
+            let features: arrow::array::ArrayRef = match workload {
+                Workload::Images => {
+                    let mut bytes = vec![0u8; n * 3072];
+                    for chunk in bytes.chunks_mut(8) {
+                        let b = next().to_le_bytes();
+                        chunk.copy_from_slice(&b[..chunk.len()]);
+                    }
+                    Arc::new(
+                        FixedSizeBinaryArray::try_from_iter(bytes.chunks(3072))
+                            .map_err(std::io::Error::other)?,
+                    )
+                }
+                Workload::Tabular => {
+                    let values = Float32Array::from_iter_values(
+                        (0..n * 128).map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32),
+                    );
+                    Arc::new(
+                        FixedSizeListArray::try_new(
+                            Arc::new(Field::new("item", DataType::Float32, false)),
+                            128,
+                            Arc::new(values),
+                            None,
+                        )
+                        .map_err(std::io::Error::other)?,
+                    )
+                }
+            };
+            let labels = Int64Array::from_iter_values((id..id + n).map(|i| (i % 10) as i64));
+            id += n;
+            let name = match workload {
+                Workload::Images => "image",
+                Workload::Tabular => "x",
+            };
+            let rb =
+                RecordBatch::try_from_iter([(name, features), ("label", Arc::new(labels) as _)])
+                    .map_err(std::io::Error::other)?;
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(
+                    ArrowWriter::try_new(
+                        file.take().ok_or_else(|| std::io::Error::other("file"))?,
+                        rb.schema(),
+                        Some(props.clone()),
+                    )
+                    .map_err(std::io::Error::other)?,
+                ),
+            };
+            w.write(&rb).map_err(std::io::Error::other)?;
+            w.flush().map_err(std::io::Error::other)?;
+        }
+        if let Some(w) = writer {
+            w.close().map_err(std::io::Error::other)?;
+        }
+    }
+    Ok(())
+}
+
+/// The pipeline of a variant (`raw`: the source alone).
+pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize) -> String {
+    // Row groups read ahead. Images: 2 — Sluice as fast as with 4 (0.221–0.241 s for 200k
+    // either way) at 25 MiB less peak RSS (225–262 MiB vs 260–285), and the raw decode faster
+    // (0.065 s vs 0.082: less in flight stays in cache), so the ceiling it is compared with
+    // is the higher one. Tabular: 4 — with 2 both slow down (Sluice 1.75 M rows/s vs 2.0,
+    // raw 4.1 vs 5.9–6.5).
+    let prefetch = match workload {
+        Workload::Images => 2,
+        Workload::Tabular => 4,
+    };
+    let source = format!(
+        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 1024, prefetch: {prefetch}}}\n",
+        dir.display()
+    );
+    let stages = match (workload, variant) {
+        (_, "raw" | "floor") => String::new(),
+        // `batch` before `image`: the rows are cut into batches of 256 while they are still
+        // 3 KiB of uint8 each, and every float32 batch is written once, already final (after
+        // `image` a batch that straddles two shuffle outputs would be concatenated: 12 KiB
+        // per row copied again).
+        (Workload::Images, _) => "stages:\n\
+            - {type: shuffle, buffer_rows: 10000, seed: 1, batch_rows: 1024}\n\
+            - {type: batch, size: 256}\n\
+            - type: image\n  column: image\n  shape: [32, 32, 3]\n  seed: 2\n  ops:\n\
+            \x20   - random_crop: {size: [32, 32], padding: 4}\n\
+            \x20   - horizontal_flip: {p: 0.5}\n\
+            \x20   - normalize: {mean: [0.4914, 0.4822, 0.4465], std: [0.2470, 0.2435, 0.2616]}\n"
+            .to_string(),
+        (Workload::Tabular, _) => "stages:\n\
+            - {type: shuffle, buffer_rows: 100000, seed: 1, batch_rows: 4096}\n\
+            - {type: standardize, columns: [x], mean: 0.5, std: 0.29}\n\
+            - {type: gaussian_noise, columns: [x], std: 0.1, seed: 3}\n\
+            - {type: batch, size: 1024}\n"
+            .to_string(),
+    };
+    // 4 MiB queues: as fast as 8 or 32 MiB here (measured: images 685-705 k/s with 4 MiB,
+    // 550-652 k/s with 8; tabular 1.33 M/s with both) and less peak RSS (images 289-291 MiB
+    // vs 316-322, tabular 322 vs 384).
+    format!("{source}{stages}runtime: {{threads: {threads}, queue_bytes: 4 MiB}}\n")
+}

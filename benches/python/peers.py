@@ -175,6 +175,7 @@ def sluice_from_python(config, workload):
     rows = 0
     for batch in sluice.torch.Loader(config, batch_tensors=shape, device="cpu"):
         rows += batch["x"].shape[0]
+        del batch  # like the Rust row's loop, which drops each batch before the next
     return rows
 
 

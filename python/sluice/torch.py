@@ -126,7 +126,8 @@ class Loader:
 
     On the CPU, tensors are the pipeline's own memory (no copy) unless a ``dtype`` or ``shape``
     asks for a conversion the layout cannot give as a view. ``stats`` says how long the loop
-    waited for data; ``last_batch`` is the last :class:`sluice.Batch` (its lineage).
+    waited for data; ``last_batch`` is the last :class:`sluice.Batch` (its lineage), until the
+    next is asked for.
     """
 
     def __init__(
@@ -157,6 +158,8 @@ class Loader:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
+        # The last batch's memory stays alive only through the tensors the caller holds.
+        self.last_batch = None
         start = time.perf_counter()
         batch = next(self.pipeline)  # StopIteration ends the loop
         waited = time.perf_counter() - start
@@ -209,13 +212,15 @@ def normalize(
     """uint8 images ``[batch, C, H, W]`` (the ``image`` stage with ``dtype: uint8``) as
     normalized floats, computed where the tensor is — on the GPU after the copy, so a quarter
     of the bytes cross PCIe and the float work runs on the device: ``(x / 255 - mean) / std``,
-    per channel, the same values as the stage's own ``normalize``."""
+    per channel, bit for bit the values of the stage's own ``normalize``."""
     if images.dtype != torch.uint8 or images.dim() != 4:
         raise TypeError(f"normalize takes uint8 images [batch, C, H, W], not {images.dtype} {list(images.shape)}")
     channels = images.shape[1]
     if len(mean) != channels or len(std) != channels:
         raise ValueError(f"normalize: give one mean and one std per channel ({channels})")
-    m = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-    sd = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-    scale = 1.0 / (255.0 * sd)
-    return (images.to(torch.float32) * scale - m / sd).to(dtype)
+    # The stage's own arithmetic: scale and bias worked out in double precision, rounded to
+    # float32, then one multiply and one add per value in float32 — bitwise its output.
+    scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=torch.float32, device=images.device)
+    bias = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32, device=images.device)
+    x = images.to(torch.float32) * scale.view(1, -1, 1, 1)
+    return (x + bias.view(1, -1, 1, 1)).to(dtype)

@@ -96,6 +96,39 @@ def test_overrides_change_settings_and_bad_ones_are_named():
         sluice.Pipeline(config, overrides={"stages[0].sed": 1})
 
 
+IMAGES = """
+source: {{type: parquet, path: '{repo}/data/digits/train.parquet', columns: [id, pixels]}}
+stages:
+  - {{type: shuffle, buffer_rows: 256, seed: 4}}
+  - {{type: batch, size: 50}}
+  - type: image
+    column: pixels
+    shape: [8, 8, 1]
+    seed: 9
+    {dtype}
+    ops:
+      - random_crop: {{size: [8, 8], padding: 2}}
+      - horizontal_flip: {{p: 0.5}}
+{normalize}
+"""
+
+
+def test_uint8_images_normalized_by_the_helper_equal_the_stage_s_floats():
+    mean, std = [0.0191], [0.0236]
+    floats = IMAGES.format(repo=REPO, dtype="", normalize=f"      - normalize: {{mean: {mean}, std: {std}}}")
+    pixels = IMAGES.format(repo=REPO, dtype="dtype: uint8", normalize="")
+    specs = {"x": {"column": "pixels", "shape": [1, 8, 8]}, "id": "id"}
+    want = list(st.Loader(floats, batch_tensors=specs))
+    got = list(st.Loader(pixels, batch_tensors=specs))
+    assert len(got) == len(want) == 29
+    for g, w in zip(got, want):
+        assert g["x"].dtype == torch.uint8 and w["x"].dtype == torch.float32
+        assert torch.equal(g["id"], w["id"])
+        assert torch.equal(st.normalize(g["x"], mean, std), w["x"])  # bit for bit
+    with pytest.raises(sluice.SluiceError, match="dtype: uint8"):
+        next(sluice.Pipeline(IMAGES.format(repo=REPO, dtype="dtype: uint8", normalize=f"      - normalize: {{mean: {mean}, std: {std}}}")))
+
+
 def test_normalize_on_the_device_equals_the_image_stage_s_normalize():
     mean, std = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
     images = torch.randint(0, 256, (4, 3, 5, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, SchemaRef};
 
 use super::settings::{
-    EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
+    EraseValue, ImageConfig, ImageDtype, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
 };
 use super::{ImageDeadLetter, ImageStage};
 use crate::config::DeadLetterConfig;
@@ -56,11 +56,26 @@ pub(super) fn build(
     let ch = c.shape[2];
     let Settled {
         out_hw,
-        scale,
-        bias,
+        mut scale,
+        mut bias,
         fill,
         ..
     } = check_ops(c).map_err(err)?;
+    if c.dtype == ImageDtype::Uint8 {
+        if let Some(op) = c
+            .ops
+            .iter()
+            .find(|o| matches!(o, ImageOp::Normalize { .. } | ImageOp::RandomErasing { .. }))
+        {
+            return Err(err(format!(
+                "`{}` works on normalized floats, and `dtype: uint8` hands out 0–255 pixels: remove it and normalize on the device (sluice.torch.normalize gives the same values), or leave out `dtype`",
+                op.name()
+            )));
+        }
+        // Pixel values through the float pass, rounded to bytes at the end.
+        scale = vec![1.0; ch];
+        bias = vec![0.0; ch];
+    }
     let dead_letter = open_dead_letter(stage, c, ctx)?;
     let (schema, output, replace) = output_schema(c, input, i, ch, out_hw).map_err(err)?;
     Ok((
@@ -70,6 +85,7 @@ pub(super) fn build(
             output,
             replace,
             format: c.format,
+            dtype: c.dtype,
             shape: c.shape,
             out_hw,
             ops: c.ops.clone(),
@@ -474,8 +490,12 @@ fn output_schema(
     out_hw: [usize; 2],
 ) -> std::result::Result<(SchemaRef, usize, bool), String> {
     let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
+    let element = match c.dtype {
+        ImageDtype::Float32 => DataType::Float32,
+        ImageDtype::Uint8 => DataType::UInt8,
+    };
     let out_type = DataType::FixedSizeList(
-        Arc::new(Field::new_list_field(DataType::Float32, false)),
+        Arc::new(Field::new_list_field(element, false)),
         (ch * out_hw[0] * out_hw[1]) as i32,
     );
     let mut fields = crate::stage::owned_fields(input);

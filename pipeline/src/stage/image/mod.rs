@@ -21,7 +21,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch};
+use arrow::array::{
+    ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch, UInt8Array,
+};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, SchemaRef};
 use chacha20::ChaCha8Rng;
@@ -47,7 +49,9 @@ mod tests;
 
 #[cfg(test)]
 use build::build;
-pub use settings::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
+pub use settings::{
+    EraseValue, ImageConfig, ImageDtype, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
+};
 
 use colour::NO_COLOUR;
 use decode::raw_bytes;
@@ -62,6 +66,7 @@ pub(crate) struct ImageStage {
     /// Replace the input column (else append).
     replace: bool,
     format: ImageFormat,
+    dtype: ImageDtype,
     shape: [usize; 3],
     out_hw: [usize; 2],
     ops: Vec<ImageOp>,
@@ -166,9 +171,23 @@ impl Transform for ImageStage {
                 rows: batch.lineage.describe_row(*r as u64),
             });
         }
-        let field = Arc::new(Field::new_list_field(DataType::Float32, false));
-        let values = Float32Array::new(self.buffers.into_buffer(out), None);
-        let list = FixedSizeListArray::try_new(field, width as i32, Arc::new(values), None)
+        let (field, values): (_, ArrayRef) = match self.dtype {
+            ImageDtype::Float32 => (
+                Field::new_list_field(DataType::Float32, false),
+                Arc::new(Float32Array::new(self.buffers.into_buffer(out), None)),
+            ),
+            // The float pass with scale 1 and bias 0 left pixel values (whole numbers after
+            // integer crops and flips), rounded here; the float buffer goes back to the pool.
+            ImageDtype::Uint8 => {
+                let bytes: Vec<u8> = out.iter().map(|v| v.round() as u8).collect();
+                drop(self.buffers.into_buffer(out));
+                (
+                    Field::new_list_field(DataType::UInt8, false),
+                    Arc::new(UInt8Array::from(bytes)),
+                )
+            }
+        };
+        let list = FixedSizeListArray::try_new(Arc::new(field), width as i32, values, None)
             .map_err(|e| Error::Arrow {
                 context: self.stage.to_string(),
                 source: e,

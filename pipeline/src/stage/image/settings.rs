@@ -31,6 +31,12 @@ pub struct ImageConfig {
     /// Seed. Default: 0.
     #[serde(default)]
     pub seed: u64,
+    /// Output element type. `float32` (default): CHW floats (`normalize` applied, else
+    /// 0–1). `uint8`: CHW pixels 0–255 after the geometry and colour ops — a quarter of the
+    /// bytes to move to a GPU, normalized there (`sluice.torch.normalize`, the same values as
+    /// `normalize` here); `normalize` and `random_erasing` are refused with it.
+    #[serde(default)]
+    pub dtype: ImageDtype,
     /// What to do with an undecodable image or wrong byte length. Default: `fail`.
     #[serde(default)]
     pub on_error: OnError,
@@ -39,6 +45,17 @@ pub struct ImageConfig {
     /// change which rows come out: not part of the resume stamp.)
     #[serde(default, skip_serializing)]
     pub dead_letter: Option<DeadLetterConfig>,
+}
+
+/// The `image` stage's output element type.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageDtype {
+    /// Normalized (or 0–1) float32.
+    #[default]
+    Float32,
+    /// Pixels 0–255 (rounded after resizing or colour ops).
+    Uint8,
 }
 
 /// How image bytes are stored.

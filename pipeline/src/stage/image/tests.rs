@@ -80,6 +80,7 @@ fn config(
         shape,
         ops,
         seed: 7,
+        dtype: ImageDtype::Float32,
         on_error,
         dead_letter: None,
     }
@@ -1400,4 +1401,73 @@ fn dead_letter_needs_skip_and_a_file() {
     });
     let e = with(OnError::Skip, kafka);
     assert!(e.contains("writes its dead letters to files"), "{e}");
+}
+
+#[test]
+fn uint8_output_normalized_afterwards_equals_the_float_output() {
+    let shape = [8, 8, 3];
+    let input = batch(shape, 6, |r, y, x, c| {
+        (r * 37 + y * 11 + x * 5 + c * 80) as u8
+    });
+    let (mean, std) = (vec![0.4914, 0.4822, 0.4465], vec![0.2470, 0.2435, 0.2616]);
+    let geometry = vec![
+        ImageOp::RandomCrop {
+            size: [8, 8],
+            padding: 2,
+            padding_mode: PaddingMode::Constant,
+            pad_if_needed: false,
+            fill: PadFill::default(),
+        },
+        ImageOp::HorizontalFlip { p: 0.5 },
+    ];
+    let mut ops = geometry.clone();
+    ops.push(ImageOp::Normalize {
+        mean: mean.clone(),
+        std: std.clone(),
+    });
+    let floats = build_stage(shape, &input, ops, OnError::Fail, ImageFormat::Raw)
+        .apply(input.clone())
+        .unwrap();
+    let mut c = config(shape, geometry, OnError::Fail, ImageFormat::Raw);
+    c.dtype = ImageDtype::Uint8;
+    let (st, schema) = try_build(c, &input).unwrap();
+    let bytes = st.apply(input).unwrap();
+    assert_eq!(
+        schema.field(0).data_type(),
+        &DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::UInt8, false)), 192)
+    );
+    for r in 0..6 {
+        let b = bytes.data.column(0).as_fixed_size_list().value(r);
+        let b = b.as_primitive::<arrow::datatypes::UInt8Type>().values();
+        let f = row(&floats, r);
+        // What sluice.torch.normalize computes on the device: the same f32 scale and bias.
+        for (i, (p, want)) in b.iter().zip(&f).enumerate() {
+            let k = i / 64;
+            let scale = (1.0 / (255.0 * std[k])) as f32;
+            let bias = (-mean[k] / std[k]) as f32;
+            assert_eq!(
+                (*p as f32 * scale + bias).to_bits(),
+                want.to_bits(),
+                "row {r} value {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn uint8_output_refuses_float_ops() {
+    let input = batch([4, 4, 1], 1, |_, _, _, _| 0);
+    let mut c = config(
+        [4, 4, 1],
+        vec![identity(1)],
+        OnError::Fail,
+        ImageFormat::Raw,
+    );
+    c.dtype = ImageDtype::Uint8;
+    let e = try_build(c, &input).unwrap_err().to_string();
+    assert!(
+        e.contains("`normalize` works on normalized floats")
+            && e.contains("sluice.torch.normalize"),
+        "{e}"
+    );
 }

@@ -37,8 +37,9 @@ const MAX_PREFETCH: usize = 64;
 
 /// What the pipeline's task hands to `__next__`.
 enum Fetched {
-    /// A batch and the state just past it.
-    Batch(Batch, SourceState),
+    /// A batch and the state just past it (boxed: one allocation per batch keeps the
+    /// channel's slots small).
+    Batch(Box<(Batch, SourceState)>),
     Error(Error),
     /// A panic inside Sluice: the position is unknown.
     Panic,
@@ -186,7 +187,8 @@ impl PyPipeline {
                 Err(_) => Some(Some(Fetched::Panic)),
             };
             match next {
-                Some(Some(Fetched::Batch(batch, state))) => {
+                Some(Some(Fetched::Batch(fetched))) => {
+                    let (batch, state) = *fetched;
                     *self.last.lock().map_err(|_| poisoned())? = Some(state);
                     return Ok(Some(PyBatch { batch }));
                 }
@@ -302,7 +304,7 @@ impl PyPipeline {
                 let next = AssertUnwindSafe(stream.next()).catch_unwind().await;
                 let item = match next {
                     Ok(None) => return,
-                    Ok(Some(Ok(batch))) => Fetched::Batch(batch, stream.snapshot()),
+                    Ok(Some(Ok(batch))) => Fetched::Batch(Box::new((batch, stream.snapshot()))),
                     Ok(Some(Err(e))) => Fetched::Error(e),
                     Err(_) => Fetched::Panic,
                 };

@@ -51,7 +51,10 @@ def test_the_loader_gives_the_pipeline_s_values_as_the_config_s_tensors():
     config = REPO / "configs/digits-augmented.yaml"
     expected = [b.to_numpy() for b in sluice.Pipeline(config)]
     loader = st.Loader(config)  # loader.tensors of the config: x image [1, 8, 8], y label
-    got = list(loader)
+    got, lineages = [], []
+    for t in loader:
+        got.append(t)
+        lineages.append(loader.last_batch.lineage())  # the batch t came from, until the next
     assert len(got) == len(expected) > 2
     for t, e in zip(got, expected):
         assert t["x"].shape == (len(e["image"]), 1, 8, 8) and t["x"].dtype == torch.float32
@@ -60,7 +63,8 @@ def test_the_loader_gives_the_pipeline_s_values_as_the_config_s_tensors():
     assert loader.stats.batches == len(got)
     assert len(loader.stats.waits) == len(got) and loader.stats.wait_s >= max(loader.stats.waits)
     assert 0.0 <= loader.stats.ready <= 1.0
-    assert loader.last_batch is not None and loader.last_batch.lineage()
+    assert [sum(s["len"] for s in lin) for lin in lineages] == [len(t["y"]) for t in got]
+    assert loader.last_batch is None  # its memory lives on only in the tensors handed out
 
 
 def test_the_loader_resumes_with_exactly_the_next_batch():

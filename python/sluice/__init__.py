@@ -84,8 +84,10 @@ class Batch:
     def to_torch(self, columns: Sequence[str] | None = None) -> dict[str, _torch.Tensor]:
         """Each column (or those in ``columns``) as a CPU ``torch.Tensor`` over the batch's own
         memory (DLPack: nothing is copied): numbers without nulls, and fixed-size lists of
-        them (``float32[3072]`` → shape ``(rows, 3072)``). Booleans are copied (Arrow packs
-        them in bits). Other columns (text, nulls, variable-length lists) raise
+        them (``float32[3072]`` → shape ``(rows, 3072)``). DLPack has no read-only flag: the
+        tensors are writable, and an in-place op (``x.sub_()``) changes the batch's own memory
+        — which nothing else reads once the batch is handed out. Booleans are copied (Arrow
+        packs them in bits). Other columns (text, nulls, variable-length lists) raise
         ``TypeError``: leave them out with ``columns``. Torch is imported here, so the rest
         of Sluice works without it."""
         import torch

@@ -20,6 +20,7 @@ exactly, the protocol of torchdata's ``StatefulDataLoader``::
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from dataclasses import dataclass, field
@@ -61,7 +62,13 @@ class TensorSpec:
             return spec
         if isinstance(spec, str):
             return TensorSpec(spec)
-        unknown = set(spec) - {"column", "dtype", "shape", "pad", "nulls"}
+        rust_only = {"pad", "nulls"} & set(spec)
+        if rust_only:
+            raise ValueError(
+                f"tensor `{name}`: {', '.join(sorted(rust_only))} (variable-length lists, null masks) "
+                "are the Rust loader's; from Python, give a column of numbers or fixed-size lists without nulls"
+            )
+        unknown = set(spec) - {"column", "dtype", "shape"}
         if unknown or "column" not in spec:
             raise ValueError(
                 f"tensor `{name}`: give a column name or {{column, dtype, shape}}"
@@ -79,14 +86,15 @@ class TensorSpec:
 @dataclass
 class LoaderStats:
     """What the loop waited for data: ``batches`` taken, ``wait_s`` in total, ``last_wait_s``
-    for the last batch (the data stall of that step), and ``ready`` — the share of batches that
-    were already waiting when asked for (≥ 0.99: the loader is ahead of the model)."""
+    for the last batch (the data stall of that step), ``waits`` for the last 10,000 batches,
+    and ``ready`` — the share of batches that were already waiting when asked for (≥ 0.99: the
+    loader is ahead of the model)."""
 
     batches: int = 0
     wait_s: float = 0.0
     last_wait_s: float = 0.0
     ready_batches: int = 0
-    waits: list[float] = field(default_factory=list, repr=False)
+    waits: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=10_000), repr=False)
 
     @property
     def ready(self) -> float:
@@ -153,6 +161,7 @@ class Loader:
         self.non_blocking = non_blocking
         self.stats = LoaderStats()
         self.last_batch: Batch | None = None
+        self._retry: Batch | None = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
@@ -160,17 +169,30 @@ class Loader:
     def __next__(self) -> dict[str, torch.Tensor]:
         # The last batch's memory stays alive only through the tensors the caller holds.
         self.last_batch = None
-        start = time.perf_counter()
-        batch = next(self.pipeline)  # StopIteration ends the loop
-        waited = time.perf_counter() - start
-        s = self.stats
-        s.batches += 1
-        s.wait_s += waited
-        s.last_wait_s = waited
-        s.ready_batches += waited < _READY_S
-        s.waits.append(waited)
+        batch = self._retry
+        if batch is None:
+            start = time.perf_counter()
+            batch = next(self.pipeline)  # StopIteration ends the loop
+            waited = time.perf_counter() - start
+            s = self.stats
+            s.batches += 1
+            s.wait_s += waited
+            s.last_wait_s = waited
+            s.ready_batches += waited < _READY_S
+            s.waits.append(waited)
+        else:
+            self._retry = None
+            self.pipeline._inner._forward()
+        try:
+            tensors = self._tensors(batch)
+        except BaseException:
+            # Not handed over (Ctrl-C, out of GPU memory during the copy): the next call
+            # tries this batch again, and a state_dict() taken meanwhile is the one before it.
+            self._retry = batch
+            self.pipeline._inner._rewind()
+            raise
         self.last_batch = batch
-        return self._tensors(batch)
+        return tensors
 
     def _tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
         specs = self._specs
@@ -212,12 +234,17 @@ def normalize(
     """uint8 images ``[batch, C, H, W]`` (the ``image`` stage with ``dtype: uint8``) as
     normalized floats, computed where the tensor is — on the GPU after the copy, so a quarter
     of the bytes cross PCIe and the float work runs on the device: ``(x / 255 - mean) / std``,
-    per channel, bit for bit the values of the stage's own ``normalize``."""
+    per channel, in the stage's own arithmetic. After crops, padding and flips the result is
+    bit for bit what the stage's ``normalize`` gives; after a resize or colour op the uint8
+    image was rounded to whole pixel values, so it differs by at most half a level
+    (0.5 / (255 · std))."""
     if images.dtype != torch.uint8 or images.dim() != 4:
         raise TypeError(f"normalize takes uint8 images [batch, C, H, W], not {images.dtype} {list(images.shape)}")
     channels = images.shape[1]
     if len(mean) != channels or len(std) != channels:
         raise ValueError(f"normalize: give one mean and one std per channel ({channels})")
+    if not all(s > 0 and s != float("inf") for s in std):
+        raise ValueError(f"normalize: every std must be positive and finite, not {list(std)}")
     # The stage's own arithmetic: scale and bias worked out in double precision, rounded to
     # float32, then one multiply and one add per value in float32 — bitwise its output.
     scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=torch.float32, device=images.device)

@@ -64,8 +64,17 @@ pub(crate) struct PyPipeline {
     running: Mutex<Option<Running>>,
     /// The state just past the last batch returned; before the first, the one loaded.
     last: Mutex<Option<SourceState>>,
-    /// The stream ended (or failed): iteration is over.
+    /// The state before the last batch returned (what `_rewind` goes back to), and the one
+    /// past it while rewound (what `_forward` restores).
+    before_last: Mutex<Option<SourceState>>,
+    rewound: Mutex<Option<Option<SourceState>>>,
+    /// The stream ended: iteration is over.
     done: AtomicBool,
+    /// The stream failed: every later call raises the same error (a loop that catches it
+    /// never sees a short epoch as the end of the data).
+    failed: Mutex<Option<PyErr>>,
+    /// The process that made the pipeline: its threads do not survive a fork.
+    pid: u32,
     /// A panic inside Sluice escaped: the position is unknown, so every later call raises (a
     /// broken pipeline never goes on as if nothing happened).
     panicked: AtomicBool,
@@ -103,14 +112,19 @@ impl PyPipeline {
             _ => return Err(to_py(Error::Config(ConfigErrors::sorted(errors)))),
         };
         let loader = loader.filter(|v| !v.is_null());
-        let section_prefetch = loader
-            .as_ref()
-            .and_then(|l| l.get("prefetch"))
-            .and_then(|p| p.as_u64());
-        let prefetch = prefetch.unwrap_or(section_prefetch.map_or(2, |p| p as usize));
-        if prefetch > MAX_PREFETCH {
+        let section_prefetch = match loader.as_ref().and_then(|l| l.get("prefetch")) {
+            None => None,
+            Some(p) => Some(p.as_u64().ok_or_else(|| {
+                crate::errors::ConfigError::new_err(format!(
+                    "{}: loader.prefetch is {p}; give a whole number of batches, 1–{MAX_PREFETCH}",
+                    doc.origin()
+                ))
+            })? as usize),
+        };
+        let prefetch = prefetch.or(section_prefetch).unwrap_or(2);
+        if !(1..=MAX_PREFETCH).contains(&prefetch) {
             return Err(PyValueError::new_err(format!(
-                "prefetch={prefetch}: at most {MAX_PREFETCH} batches wait ready (each is a whole batch in memory); 2–4 keep a GPU fed"
+                "prefetch={prefetch}: give 1–{MAX_PREFETCH} batches to keep ready (each is a whole batch in memory; 2–4 keep a GPU fed)"
             )));
         }
         if rank.is_some() {
@@ -130,7 +144,11 @@ impl PyPipeline {
             pending: Mutex::new(Some((Pipeline::from_config(parsed, doc.base_dir()), None))),
             running: Mutex::new(None),
             last: Mutex::new(None),
+            before_last: Mutex::new(None),
+            rewound: Mutex::new(None),
             done: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            pid: std::process::id(),
             panicked: AtomicBool::new(false),
             prefetch,
             loader: loader.map(|v| v.to_string()),
@@ -145,6 +163,14 @@ impl PyPipeline {
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
         if self.panicked.load(Ordering::SeqCst) {
             return Err(poisoned());
+        }
+        if std::process::id() != self.pid {
+            return Err(PyRuntimeError::new_err(
+                "this Pipeline was made in another process (this one is a fork of it): its threads did not come along; make the Pipeline in the process that iterates it (e.g. in a DataLoader worker, not before the workers start)",
+            ));
+        }
+        if let Some(e) = self.failed.lock().map_err(|_| poisoned())?.as_ref() {
+            return Err(e.clone_ref(py));
         }
         let Some(runtime) = self.runtime.as_ref() else {
             return Ok(None);
@@ -189,12 +215,15 @@ impl PyPipeline {
             match next {
                 Some(Some(Fetched::Batch(fetched))) => {
                     let (batch, state) = *fetched;
-                    *self.last.lock().map_err(|_| poisoned())? = Some(state);
+                    let before = self.last.lock().map_err(|_| poisoned())?.replace(state);
+                    *self.before_last.lock().map_err(|_| poisoned())? = before;
+                    *self.rewound.lock().map_err(|_| poisoned())? = None;
                     return Ok(Some(PyBatch { batch }));
                 }
                 Some(Some(Fetched::Error(e))) => {
-                    self.done.store(true, Ordering::SeqCst);
-                    return Err(to_py(e));
+                    let e = to_py(e);
+                    *self.failed.lock().map_err(|_| poisoned())? = Some(e.clone_ref(py));
+                    return Err(e);
                 }
                 Some(Some(Fetched::Panic)) => {
                     self.panicked.store(true, Ordering::SeqCst);
@@ -216,6 +245,27 @@ impl PyPipeline {
                 None => py.check_signals()?,
             }
         }
+    }
+
+    /// Takes back the last batch returned: `state_dict` is the state before it until
+    /// `_forward`. For a caller that failed to hand the batch on (a conversion or a copy to
+    /// the GPU raised) and will try it again.
+    fn _rewind(&self) -> PyResult<()> {
+        let mut rewound = self.rewound.lock().map_err(|_| poisoned())?;
+        if rewound.is_none() {
+            let mut last = self.last.lock().map_err(|_| poisoned())?;
+            let before = self.before_last.lock().map_err(|_| poisoned())?.clone();
+            *rewound = Some(std::mem::replace(&mut *last, before));
+        }
+        Ok(())
+    }
+
+    /// The batch taken back by `_rewind` was handed on after all.
+    fn _forward(&self) -> PyResult<()> {
+        if let Some(after) = self.rewound.lock().map_err(|_| poisoned())?.take() {
+            *self.last.lock().map_err(|_| poisoned())? = after;
+        }
+        Ok(())
     }
 
     /// The config's `loader:` section (tensors, device, prefetch) as JSON text, or `None`.
@@ -297,7 +347,7 @@ impl PyPipeline {
             Some(state) => pipeline.resume_from(state),
             None => pipeline,
         };
-        let (tx, rx) = mpsc::channel(self.prefetch.max(1));
+        let (tx, rx) = mpsc::channel(self.prefetch);
         let task = runtime.spawn(async move {
             let mut stream = pipeline.stream();
             loop {

@@ -9,6 +9,7 @@ held-out accuracy of the trained model (the same on every rank: DDP keeps them e
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -24,6 +25,10 @@ MEAN, STD = 4.88, 6.02  # of the digits' pixel values (0..16)
 def main() -> None:
     config, test_path, out = sys.argv[1:4]
     dist.init_process_group("gloo")
+    # From here on rank and world size come only from torch.distributed (the pipeline would
+    # read RANK / WORLD_SIZE itself): the Loader must take them from there.
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))

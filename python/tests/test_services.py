@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 
 import boto3
@@ -88,6 +89,10 @@ def test_ctrl_c_stops_a_wait_for_records_that_never_come(tmp_path):
     script.write_text(INTERRUPT)
     child = subprocess.Popen([sys.executable, str(script), str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     answers = []
+    # A wait Ctrl-C cannot stop would block readline() forever: the watchdog ends the child,
+    # readline() returns "" and the test fails.
+    watchdog = threading.Timer(120, child.kill)
+    watchdog.start()
     try:
         for _ in range(50):
             assert child.stdout.readline().strip() == "waiting"
@@ -97,6 +102,7 @@ def test_ctrl_c_stops_a_wait_for_records_that_never_come(tmp_path):
                 break
         out, err = child.communicate(timeout=60)
     finally:
+        watchdog.cancel()
         child.kill()
     assert answers[-1] == "interrupted", f"{answers}\n{err}"
     assert child.returncode == 0, f"{answers}\n{out}\n{err}"

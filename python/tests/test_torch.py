@@ -146,3 +146,85 @@ def test_normalize_on_the_device_equals_the_image_stage_s_normalize():
         st.normalize(images.float(), mean, std)
     with pytest.raises(ValueError, match="one mean and one std per channel"):
         st.normalize(images, mean[:2], std[:2])
+
+
+def test_sliced_and_nested_fixed_size_lists_keep_their_rows():
+    values = pa.array(np.arange(60, dtype=np.float32))
+    inner = pa.FixedSizeListArray.from_arrays(values, 3)  # 20 rows of 3
+    nested = pa.FixedSizeListArray.from_arrays(inner, 2)  # 10 rows of 2×3
+    for column, shape in ((inner.slice(5, 4), (4, 3)), (nested.slice(2, 3), (3, 2, 3))):
+        want = np.array(column.to_pylist(), dtype=np.float32)
+        t = sluice._to_torch(torch, column, "c")
+        n = sluice._to_numpy(column)
+        assert tuple(t.shape) == tuple(n.shape) == shape
+        np.testing.assert_array_equal(t.numpy(), want)
+        np.testing.assert_array_equal(n, want)
+        # Still the array's memory: the first value is where the sliced rows begin.
+        assert t.data_ptr() == values.buffers()[1].address + int(want.flat[0]) * 4
+
+
+def test_a_failed_pipeline_keeps_failing_instead_of_ending(tmp_path):
+    data = tmp_path / "d.parquet"
+    good = (REPO / "data/digits/train.parquet").read_bytes()
+    data.write_bytes(good[: len(good) // 2])
+    pipe = sluice.Pipeline(f"source: {{type: parquet, path: '{data}'}}\n")
+    with pytest.raises(sluice.DataError) as first:
+        next(pipe)
+    for _ in range(2):  # a loop that catches the error never sees a (short) end of data
+        with pytest.raises(sluice.DataError) as again:
+            next(pipe)
+        assert str(again.value) == str(first.value)
+
+
+def test_a_batch_the_loader_could_not_hand_over_comes_again_and_is_not_in_the_state():
+    config = REPO / "configs/digits-augmented.yaml"
+    specs = {"x": {"column": "image", "shape": [1, 8, 8]}, "id": "id"}
+    whole = list(st.Loader(config, batch_tensors=specs))
+    loader = st.Loader(config, batch_tensors=specs)
+    for _ in range(3):
+        next(loader)
+    before = loader.state_dict()
+    real = loader._tensors
+
+    def failing(batch):  # what a Ctrl-C or an out-of-memory in the copy to the GPU does
+        raise KeyboardInterrupt
+
+    loader._tensors = failing
+    with pytest.raises(KeyboardInterrupt):
+        next(loader)
+    assert loader.state_dict() == before  # the 4th batch was never handed over
+    loader._tensors = real
+    fourth = next(loader)
+    assert torch.equal(fourth["id"], whole[3]["id"])
+    after = loader.state_dict()
+    resumed = st.Loader(config, batch_tensors=specs)
+    resumed.load_state_dict(after)
+    assert torch.equal(next(resumed)["id"], whole[4]["id"])
+    resumed = st.Loader(config, batch_tensors=specs)
+    resumed.load_state_dict(before)
+    assert torch.equal(next(resumed)["id"], whole[3]["id"])
+
+
+def test_a_pipeline_refuses_to_run_in_a_forked_child():
+    import os
+
+    pipe = sluice.Pipeline(REPO / "configs/quickstart.yaml")
+    pid = os.fork()
+    if pid == 0:  # the child: the pipeline's threads did not come along
+        try:
+            next(pipe)
+            os._exit(3)
+        except RuntimeError as e:
+            os._exit(0 if "another process" in str(e) else 4)
+        except BaseException:
+            os._exit(5)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert next(pipe).num_rows == 64  # the parent's pipeline is unaffected
+
+
+def test_tensor_specs_refuse_the_rust_loader_s_padding_options():
+    with pytest.raises(ValueError, match="pad.*Rust loader"):
+        st.Loader(REPO / "configs/quickstart.yaml", batch_tensors={"x": {"column": "pixels", "pad": 0}})
+    with pytest.raises(ValueError, match="prefetch=0"):
+        sluice.Pipeline(REPO / "configs/quickstart.yaml", prefetch=0)

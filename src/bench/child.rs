@@ -20,7 +20,8 @@ pub(crate) struct Measured {
     pub(super) rows: usize,
     pub(super) seconds: f64,
     pub(super) peak_rss_mib: f64,
-    /// User + system CPU seconds of the process (and its reaped children).
+    /// User + system CPU seconds of the process, all its threads (Python peers: also their
+    /// finished worker processes).
     #[serde(default)]
     pub(super) cpu_seconds: Option<f64>,
     #[serde(default)]

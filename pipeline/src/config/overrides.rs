@@ -1,14 +1,21 @@
 //! Overrides: `stages[0].seed=3`, `source.path=s3://b/x.parquet` — settings changed on top of
 //! a config document without editing it (Python's `overrides=`, a sweep's trials).
 //!
-//! The document's YAML is read into a plain value tree, each override set at its path, and the
-//! result written back as JSON text (JSON is YAML), which is then read like any document, so
-//! every check a file gets applies to the overridden settings too. A path whose parent is not
-//! in the document (`stages[9]` of three stages, `source.x.y` where `x` is a number) is refused
-//! naming the override; a misspelt leaf key is refused by the section's own reader, like a
-//! misspelt key in a file.
+//! The document's YAML is read into a plain value tree (mappings keep their order: a Kafka
+//! `schema:` is ordered), each override set at its path, and the result written back as
+//! flow-style YAML, which is then read like any document, so every check a file gets applies to
+//! the overridden settings too. A missing mapping on the way is created (`runtime.threads`
+//! without a `runtime:` section); a path through something else (`stages[9]` of three stages,
+//! `source.path.x` where `path` is a string) is refused naming the override; a misspelt key is
+//! refused by the section's own reader, like a misspelt key in a file.
+//!
+//! The tree is written by hand (not serde_json's `Value`): serde_json here sorts mappings and
+//! has no `.inf`/`.nan`, and turning on its `preserve_order` would change the order of every
+//! map the workspace serializes.
 
-use serde_json::Value;
+use std::fmt::Write as _;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::load::ConfigDocument;
 use super::{ConfigError, ConfigErrors};
@@ -47,73 +54,216 @@ fn parse_path(path: &str) -> Option<Vec<Step>> {
     (!steps.is_empty()).then_some(steps)
 }
 
-/// Sets `value` at `steps` in `tree`; a mapping key may be new, everything above it must exist.
-fn set(tree: &mut Value, steps: &[Step], value: Value) -> std::result::Result<(), String> {
-    let (last, parents) = steps.split_last().expect("a path has a step");
+/// A YAML value, mappings in document order.
+#[derive(Debug, Clone, PartialEq)]
+enum Tree {
+    Null,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(String),
+    List(Vec<Tree>),
+    Map(Vec<(String, Tree)>),
+}
+
+impl<'de> Deserialize<'de> for Tree {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TreeVisitor)
+    }
+}
+
+struct TreeVisitor;
+
+impl<'de> Visitor<'de> for TreeVisitor {
+    type Value = Tree;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a YAML value")
+    }
+    fn visit_unit<E>(self) -> Result<Tree, E> {
+        Ok(Tree::Null)
+    }
+    fn visit_none<E>(self) -> Result<Tree, E> {
+        Ok(Tree::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Tree, D::Error> {
+        Tree::deserialize(d)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Tree, E> {
+        Ok(Tree::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Tree, E> {
+        Ok(Tree::Int(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Tree, E> {
+        Ok(Tree::Int(v.into()))
+    }
+    fn visit_i128<E>(self, v: i128) -> Result<Tree, E> {
+        Ok(Tree::Int(v))
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Tree, E> {
+        i128::try_from(v)
+            .map(Tree::Int)
+            .map_err(|_| E::custom("an integer too large"))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Tree, E> {
+        Ok(Tree::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Tree, E> {
+        Ok(Tree::Str(v.to_string()))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Tree::List(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
+        let mut out = Vec::new();
+        while let Some((k, v)) = map.next_entry::<Tree, Tree>()? {
+            let key = match k {
+                Tree::Str(s) => s,
+                other => other.to_yaml(),
+            };
+            out.push((key, v));
+        }
+        Ok(Tree::Map(out))
+    }
+}
+
+impl Tree {
+    fn kind(&self) -> &'static str {
+        match self {
+            Tree::Null => "empty",
+            Tree::Bool(_) => "a boolean",
+            Tree::Int(_) | Tree::Float(_) => "a number",
+            Tree::Str(_) => "a string",
+            Tree::List(_) => "a list",
+            Tree::Map(_) => "a mapping",
+        }
+    }
+
+    /// Flow-style YAML, one mapping entry or list element per line. `$` is written `$$`, so
+    /// reading it again (which interpolates `${VAR}`) gives back the text already interpolated.
+    fn to_yaml(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out, 0);
+        out
+    }
+
+    fn write(&self, out: &mut String, depth: usize) {
+        let pad = |out: &mut String, d: usize| {
+            out.push('\n');
+            out.push_str(&"  ".repeat(d));
+        };
+        match self {
+            Tree::Null => out.push_str("null"),
+            Tree::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Tree::Int(i) => {
+                let _ = write!(out, "{i}");
+            }
+            Tree::Float(f) if f.is_nan() => out.push_str(".nan"),
+            Tree::Float(f) if f.is_infinite() => {
+                out.push_str(if *f > 0.0 { ".inf" } else { "-.inf" })
+            }
+            // `{:?}` keeps a float a float (`1.0`, not `1`) and round-trips it.
+            Tree::Float(f) => {
+                let _ = write!(out, "{f:?}");
+            }
+            Tree::Str(s) => quote(out, s),
+            Tree::List(items) => {
+                out.push('[');
+                for (n, v) in items.iter().enumerate() {
+                    pad(out, depth + 1);
+                    v.write(out, depth + 1);
+                    if n + 1 < items.len() {
+                        out.push(',');
+                    }
+                }
+                pad(out, depth);
+                out.push(']');
+            }
+            Tree::Map(entries) => {
+                out.push('{');
+                for (n, (k, v)) in entries.iter().enumerate() {
+                    pad(out, depth + 1);
+                    quote(out, k);
+                    out.push_str(": ");
+                    v.write(out, depth + 1);
+                    if n + 1 < entries.len() {
+                        out.push(',');
+                    }
+                }
+                pad(out, depth);
+                out.push('}');
+            }
+        }
+    }
+}
+
+/// A YAML double-quoted scalar (JSON's escapes are YAML's), `$` doubled (see `to_yaml`).
+fn quote(out: &mut String, s: &str) {
+    let json = serde_json::to_string(s).expect("a string is written");
+    out.push_str(&json.replace('$', "$$"));
+}
+
+/// Sets `value` at `steps` in `tree`. Mappings missing on the way (or empty, like a bare
+/// `loader:`) are created; lists must already hold the index.
+fn set(tree: &mut Tree, steps: &[Step], value: Tree) -> std::result::Result<(), String> {
     let mut at = tree;
     let mut walked = String::new();
-    for step in parents {
+    for (n, step) in steps.iter().enumerate() {
+        let last = n + 1 == steps.len();
+        if matches!(step, Step::Key(_)) && matches!(at, Tree::Null) {
+            *at = Tree::Map(Vec::new());
+        }
+        let here = walked.trim_start_matches('.').to_string();
         at = match (step, at) {
-            (Step::Key(k), Value::Object(map)) => {
+            (Step::Key(k), Tree::Map(entries)) => {
                 walked.push_str(&format!(".{k}"));
-                map.get_mut(k)
-                    .ok_or_else(|| format!("`{}` is not in the document", &walked[1..]))?
+                let i = match entries.iter().position(|(key, _)| key == k) {
+                    Some(i) => i,
+                    None => {
+                        entries.push((k.clone(), Tree::Null));
+                        entries.len() - 1
+                    }
+                };
+                &mut entries[i].1
             }
-            (Step::Index(i), Value::Array(list)) => {
-                let len = list.len();
+            (Step::Index(i), Tree::List(items)) => {
+                let len = items.len();
                 walked.push_str(&format!("[{i}]"));
-                list.get_mut(*i).ok_or_else(|| {
+                items.get_mut(*i).ok_or_else(|| {
                     format!(
                         "`{}`: the list has {len} entries",
                         walked.trim_start_matches('.')
                     )
                 })?
             }
-            (_, other) => {
+            (Step::Key(k), other) => {
                 return Err(format!(
-                    "`{}` is {}, not a {}",
-                    walked.trim_start_matches('.'),
-                    kind(other),
-                    if matches!(step, Step::Key(_)) {
-                        "mapping"
-                    } else {
-                        "list"
-                    }
+                    "`{here}` is {}, so it has no key `{k}`",
+                    other.kind()
+                ));
+            }
+            (Step::Index(i), other) => {
+                let what = if here.is_empty() {
+                    "the document".to_string()
+                } else {
+                    format!("`{here}`")
+                };
+                return Err(format!(
+                    "{what} is {}, not a list: it has no entry [{i}]",
+                    other.kind()
                 ));
             }
         };
-    }
-    match (last, at) {
-        (Step::Key(k), Value::Object(map)) => {
-            map.insert(k.clone(), value);
-            Ok(())
+        if last {
+            *at = value;
+            return Ok(());
         }
-        (Step::Index(i), Value::Array(list)) if *i < list.len() => {
-            list[*i] = value;
-            Ok(())
-        }
-        (Step::Index(_), Value::Array(list)) => Err(format!(
-            "`{}`: the list has {} entries",
-            walked.trim_start_matches('.'),
-            list.len()
-        )),
-        (_, other) => Err(format!(
-            "`{}` is {}, which has no entries",
-            walked.trim_start_matches('.'),
-            kind(other)
-        )),
     }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "empty",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
+    Ok(())
 }
 
 impl ConfigDocument {
@@ -129,15 +279,12 @@ impl ConfigDocument {
         let problem = |path: &str, message: String| {
             ConfigError::unlocated(&format!("override {path}"), message)
         };
-        let mut tree: Value = serde_saphyr::from_str(self.text()).map_err(|e| {
+        let mut tree: Tree = serde_saphyr::from_str(self.text()).map_err(|e| {
             ConfigErrors(vec![problem(
                 "(any)",
                 format!("{origin} cannot take overrides: {e}"),
             )])
         })?;
-        if tree.is_null() {
-            tree = Value::Object(Default::default());
-        }
         let mut errors = Vec::new();
         for (path, text) in overrides {
             let Some(steps) = parse_path(path) else {
@@ -147,7 +294,7 @@ impl ConfigDocument {
                 ));
                 continue;
             };
-            let value: Value = match serde_saphyr::from_str(text) {
+            let value: Tree = match serde_saphyr::from_str(text) {
                 Ok(v) => v,
                 Err(e) => {
                     errors.push(problem(
@@ -165,9 +312,8 @@ impl ConfigDocument {
             return Err(ConfigErrors(errors).into());
         }
         let names: Vec<&str> = overrides.iter().map(|(p, _)| p.as_str()).collect();
-        let text = serde_json::to_string_pretty(&tree).expect("a JSON value is written");
         ConfigDocument::from_str(
-            &text,
+            &tree.to_yaml(),
             &format!("{origin} (overridden: {})", names.join(", ")),
             self.base_dir().to_path_buf(),
         )
@@ -217,7 +363,7 @@ mod tests {
             &[("stages[0].seed", "3"), ("source.path", "'b c.parquet'")],
         )
         .unwrap();
-        let tree: Value = serde_saphyr::from_str(d.text()).unwrap();
+        let tree: serde_json::Value = serde_saphyr::from_str(d.text()).unwrap();
         assert_eq!(tree["stages"][0]["seed"], 3);
         assert_eq!(tree["stages"][0]["buffer_rows"], 8);
         assert_eq!(tree["source"]["path"], "b c.parquet");
@@ -234,8 +380,9 @@ mod tests {
             d,
             &[
                 ("stages[4].seed", "1"),
-                ("sink.path", "x"),
                 ("source.path.x", "1"),
+                ("stages.x", "1"),
+                ("source[0]", "1"),
                 ("a[", "1"),
                 ("source.batch_rows", "[1"),
             ],
@@ -244,12 +391,40 @@ mod tests {
         .to_string();
         for want in [
             "override stages[4].seed: `stages[4]`: the list has 1 entries",
-            "override sink.path: `sink` is not in the document",
-            "override source.path.x: `source.path` is a string, which has no entries",
+            "override source.path.x: `source.path` is a string, so it has no key `x`",
+            "override stages.x: `stages` is a list, so it has no key `x`",
+            "override source[0]: `source` is a mapping, not a list: it has no entry [0]",
             "override a[: not a setting's path",
             "override source.batch_rows: the value \"[1\" is not YAML",
         ] {
             assert!(e.contains(want), "{want:?} not in:\n{e}");
         }
+    }
+
+    #[test]
+    fn order_dollars_and_odd_numbers_survive_and_missing_mappings_are_made() {
+        let text = "source: {type: kafka, topic: t, schema: {z: int64, a: utf8}, group: 'p$${HOME}'}\nloader:\n";
+        let d = ConfigDocument::from_str(text, "p.yaml", ".").unwrap();
+        let sets = [
+            ("runtime.threads", "2"),
+            ("loader.prefetch", "3"),
+            (
+                "stages",
+                "[{type: clip, columns: [x], min: -2.0, max: 1.5}]",
+            ),
+        ];
+        let sets: Vec<_> = sets
+            .iter()
+            .map(|(p, v)| (p.to_string(), v.to_string()))
+            .collect();
+        let d = d.with_overrides(&sets).unwrap();
+        let t = d.text();
+        // The schema keeps its order; `$${HOME}` was a literal `${HOME}` and still is.
+        assert!(t.find("\"z\"").unwrap() < t.find("\"a\"").unwrap(), "{t}");
+        assert!(t.contains("\"p${HOME}\""), "{t}");
+        assert!(t.contains("-2.0") && t.contains("1.5"), "{t}");
+        let tree: serde_json::Value = serde_saphyr::from_str(t).unwrap();
+        assert_eq!(tree["runtime"]["threads"], 2);
+        assert_eq!(tree["loader"]["prefetch"], 3);
     }
 }

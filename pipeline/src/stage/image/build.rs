@@ -68,7 +68,7 @@ pub(super) fn build(
             .find(|o| matches!(o, ImageOp::Normalize { .. } | ImageOp::RandomErasing { .. }))
         {
             return Err(err(format!(
-                "`{}` works on normalized floats, and `dtype: uint8` hands out 0–255 pixels: remove it and normalize on the device (sluice.torch.normalize gives the same values), or leave out `dtype`",
+                "`{}` works on normalized floats, and `dtype: uint8` hands out 0–255 pixels: remove it and normalize on the device (sluice.torch.normalize, in this stage's arithmetic), or leave out `dtype`",
                 op.name()
             )));
         }

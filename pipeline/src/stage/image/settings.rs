@@ -33,8 +33,9 @@ pub struct ImageConfig {
     pub seed: u64,
     /// Output element type. `float32` (default): CHW floats (`normalize` applied, else
     /// 0–1). `uint8`: CHW pixels 0–255 after the geometry and colour ops — a quarter of the
-    /// bytes to move to a GPU, normalized there (`sluice.torch.normalize`, the same values as
-    /// `normalize` here); `normalize` and `random_erasing` are refused with it.
+    /// bytes to move to a GPU, normalized there (`sluice.torch.normalize`: after crops, padding
+    /// and flips bit for bit the values of `normalize` here, after a resize or colour op
+    /// within half a pixel level); `normalize` and `random_erasing` are refused with it.
     #[serde(default)]
     pub dtype: ImageDtype,
     /// What to do with an undecodable image or wrong byte length. Default: `fail`.

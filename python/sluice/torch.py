@@ -156,6 +156,8 @@ class Loader:
         section = self.pipeline.loader_section or {}
         specs = batch_tensors if batch_tensors is not None else section.get("tensors")
         self._specs = None if specs is None else {n: TensorSpec.of(n, s) for n, s in specs.items()}
+        # The columns the tensors read, settled once rather than per batch.
+        self._columns = None if self._specs is None else sorted({s.column for s in self._specs.values()})
         self.device = _device(device if device is not None else section.get("device"))
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.non_blocking = non_blocking
@@ -196,8 +198,7 @@ class Loader:
 
     def _tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
         specs = self._specs
-        columns: Sequence[str] | None = None if specs is None else sorted({s.column for s in specs.values()})
-        cpu = batch.to_torch(columns)
+        cpu = batch.to_torch(self._columns)
         if specs is None:
             specs = {name: TensorSpec(name) for name in cpu}
         out = {}

@@ -3,6 +3,7 @@ package is compared with), and running Python code in a fresh interpreter."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+import sluice
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,3 +43,11 @@ def read_parts(path: Path) -> pa.Table:
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     assert files, f"no output under {path}"
     return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def reuse_freed_memory(convert) -> None:
+    """Collects what is garbage, then runs another pipeline through `convert` (`to_numpy`,
+    `to_torch`): memory freed under an array still in use would be reused by its buffers."""
+    gc.collect()
+    for other in sluice.Pipeline(REPO / "configs/digits-augmented.yaml"):
+        convert(other)

@@ -3,7 +3,6 @@ same order, zero-copy hand-over, exact resume in a new process, and the CLI's er
 
 from __future__ import annotations
 
-import gc
 import json
 import struct
 import zlib
@@ -14,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import sluice
-from conftest import REPO, read_parts, run_cli, run_python
+from conftest import REPO, read_parts, reuse_freed_memory, run_cli, run_python
 
 
 def table_of(pipe: sluice.Pipeline) -> tuple[pa.Table, int]:
@@ -63,10 +62,7 @@ def test_numpy_arrays_are_the_pipeline_s_buffers_and_outlive_the_batch():
         assert not arrays[name].flags.writeable
     copy = {k: v.copy() for k, v in arrays.items()}
     del batch, data, pipe
-    gc.collect()
-    # Memory freed under the arrays would be reused by the next pipeline's buffers.
-    for other in sluice.Pipeline(REPO / "configs/digits-augmented.yaml"):
-        other.to_numpy()
+    reuse_freed_memory(lambda b: b.to_numpy())
     for name, values in arrays.items():
         np.testing.assert_array_equal(values, copy[name])
 

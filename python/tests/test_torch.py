@@ -3,7 +3,6 @@ pipeline it wraps, exact resume through the loader, overrides, and the uint8 →
 
 from __future__ import annotations
 
-import gc
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +11,7 @@ import torch
 
 import sluice
 import sluice.torch as st
-from conftest import REPO
+from conftest import REPO, reuse_freed_memory
 
 
 def test_torch_tensors_are_the_pipeline_s_buffers_and_outlive_the_batch():
@@ -32,9 +31,7 @@ def test_torch_tensors_are_the_pipeline_s_buffers_and_outlive_the_batch():
         assert tensors[name].data_ptr() == rust[name] + values.offset * tensors[name].element_size(), name
     copy = {k: v.clone() for k, v in tensors.items()}
     del batch, data, pipe
-    gc.collect()
-    for other in sluice.Pipeline(REPO / "configs/digits-augmented.yaml"):
-        other.to_torch()
+    reuse_freed_memory(lambda b: b.to_torch())
     for name, t in tensors.items():
         assert torch.equal(t, copy[name]), name
 

@@ -80,6 +80,14 @@ while True:
 """
 
 
+def main_thread_state(pid: int) -> str:
+    """The kernel's state letter for the process's main thread (`S`: asleep, `R`: running)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+
+
 def test_ctrl_c_stops_a_wait_for_records_that_never_come(tmp_path):
     brokers = need("SLUICE_TEST_KAFKA_BROKERS")
     topic = create_topic(1)  # empty, and read without `until`: the wait never ends by itself
@@ -96,6 +104,10 @@ def test_ctrl_c_stops_a_wait_for_records_that_never_come(tmp_path):
     try:
         for _ in range(50):
             assert child.stdout.readline().strip() == "waiting"
+            # Sent as soon as "waiting" is read, the signal mostly lands before the wait: wait
+            # first until the child's main thread sleeps (blocked in the wait for a batch).
+            while child.poll() is None and main_thread_state(child.pid) != "S":
+                pass
             child.send_signal(signal.SIGINT)
             answers.append(child.stdout.readline().strip())
             if answers[-1] != "early":

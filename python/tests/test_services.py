@@ -15,6 +15,7 @@ import uuid
 import boto3
 import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import sluice
@@ -76,7 +77,11 @@ while True:
         waiting = any("# WAIT" in (f.line or "") for f in traceback.extract_tb(e.__traceback__))
         print("interrupted" if waiting else "early", flush=True)
         if waiting:
-            sys.exit(0)
+            break
+# Iterating again goes on where it stopped: the record produced meanwhile comes.
+assert sys.stdin.readline().strip() == "produced"
+batch = next(pipe)
+print("x", batch.to_numpy()["x"].tolist(), flush=True)
 """
 
 
@@ -88,14 +93,17 @@ def main_thread_state(pid: int) -> str:
         return "gone"
 
 
-def test_ctrl_c_stops_a_wait_for_records_that_never_come(tmp_path):
+def test_ctrl_c_stops_a_wait_for_records_that_never_come_and_iteration_goes_on(tmp_path):
     brokers = need("SLUICE_TEST_KAFKA_BROKERS")
     topic = create_topic(1)  # empty, and read without `until`: the wait never ends by itself
     config = tmp_path / "follow.yaml"
     config.write_text(f"source: {{type: kafka, brokers: '{brokers}', topic: {topic}, format: json, schema: {{x: int64}}}}\n")
     script = tmp_path / "interrupt.py"  # a file, so that the traceback has its lines
     script.write_text(INTERRUPT)
-    child = subprocess.Popen([sys.executable, str(script), str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(config)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
     answers = []
     # A wait Ctrl-C cannot stop would block readline() forever: the watchdog ends the child,
     # readline() returns "" and the test fails.
@@ -112,12 +120,19 @@ def test_ctrl_c_stops_a_wait_for_records_that_never_come(tmp_path):
             answers.append(child.stdout.readline().strip())
             if answers[-1] != "early":
                 break
+        if answers[-1] == "interrupted":
+            producer = Producer({"bootstrap.servers": brokers})
+            producer.produce(topic, b'{"x": 42}')
+            assert producer.flush(60) == 0
+            child.stdin.write("produced\n")
+            child.stdin.flush()
         out, err = child.communicate(timeout=60)
     finally:
         watchdog.cancel()
         child.kill()
     assert answers[-1] == "interrupted", f"{answers}\n{err}"
     assert child.returncode == 0, f"{answers}\n{out}\n{err}"
+    assert out.strip() == "x [42]", out
 
 
 @pytest.fixture

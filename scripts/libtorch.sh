@@ -24,7 +24,7 @@ _sluice_libtorch() {
     echo "[libtorch] installing CPU libtorch $version from PyPI wheels into $dest" >&2
     command -v python3 >/dev/null || { echo "[libtorch] python3 is needed (to fetch wheels from PyPI)" >&2; return 1; }
     tmp="$(mktemp -d)"
-    python3 -m pip download --no-deps --disable-pip-version-check --quiet -d "$tmp" \
+    python3 -m pip download --no-deps --no-cache-dir --disable-pip-version-check --quiet -d "$tmp" \
         "torch==$version" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cupti==13.0.85" >&2 \
         || { echo "[libtorch] downloading the wheels from PyPI failed" >&2; rm -rf "$tmp"; return 1; }
     rm -rf "$dest"

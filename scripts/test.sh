@@ -35,6 +35,13 @@ if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; } \
     fi
 fi
 
+# A cold run gains nothing from incremental compilation, and its caches cost about as much
+# disk as the objects themselves (~0.7 GB already after clippy): off for every cargo below.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The standard library's debug info is linked into every test binary (~20 MB of ~80 MB each):
+# stripped here. Panics still name their file:line (that is not debug info).
+export CARGO_PROFILE_DEV_STRIP="${CARGO_PROFILE_DEV_STRIP:-debuginfo}"
+
 step "libtorch (CPU build for tch, from PyPI wheels; cached in target/services/libtorch)"
 # shellcheck source=scripts/libtorch.sh
 source scripts/libtorch.sh

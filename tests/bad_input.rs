@@ -1,7 +1,7 @@
 //! Bad input gets a clear message, exit code 1, no panic and no partial output.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

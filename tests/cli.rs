@@ -1,7 +1,7 @@
 //! The `sluice` command line: inspect, validate, usage errors, interruption.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -11,14 +11,14 @@
 //! line and column of its `$`. A sample also goes through the real binary.
 //!
 //! The mutants are a function of the seed alone. A failure prints it, and
-//! `SLUICE_MUTANT_SEED=<seed> cargo test --test config_mutants` replays the same mutants (any
+//! `SLUICE_MUTANT_SEED=<seed> cargo test --test cli_suite config_mutants` replays the same mutants (any
 //! other seed explores new ones).
 #![allow(clippy::unwrap_used)]
 // `*rng.pick(..)` of a list of references: clippy calls the `*` an auto-deref, but without it
 // the element type is inferred as unsized and the test does not compile.
 #![allow(clippy::explicit_auto_deref)]
 
-mod common;
+use crate::common;
 
 use common::Rng;
 

@@ -1,7 +1,7 @@
 //! Every file in `configs/` is validated and run.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 

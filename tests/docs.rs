@@ -2,7 +2,7 @@
 //! code (serde's own field lists), not by hand.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use serde::de::DeserializeOwned;
 use sluice::pipeline::config::{Component, RuntimeConfig, component_fields, struct_fields};

@@ -1,7 +1,7 @@
 //! The examples in `examples/` run and do what their docs say.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -10,12 +10,12 @@
 //! After changing a message on purpose, re-bless the files and review the diff:
 //!
 //! ```text
-//! SLUICE_BLESS=1 cargo test --test golden_errors
+//! SLUICE_BLESS=1 cargo test --test cli_suite golden_errors
 //! git diff tests/golden/errors
 //! ```
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -93,7 +93,7 @@ fn check(case: &Path, bless: bool) -> Result<(), String> {
     }
     let Ok(expected) = std::fs::read_to_string(&golden) else {
         return Err(format!(
-            "{name}: no {} yet; run `SLUICE_BLESS=1 cargo test --test golden_errors` and review it",
+            "{name}: no {} yet; run `SLUICE_BLESS=1 cargo test --test cli_suite golden_errors` and review it",
             golden.display()
         ));
     };

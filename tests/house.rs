@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,7 +62,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["ipc", "kafka", "parquet_sink"],
         ],
     ),
-    ("loader/src", &[&["blob", "convert"]]),
+    ("loader/src", &[&["blob", "convert", "device_image"]]),
     // The Python extension: errors and batches below the iterator that makes them.
     ("python/src", &[&["errors", "batch"], &["pipeline"]]),
     (

@@ -1,7 +1,7 @@
 //! The Kafka source and sink against the real broker (Tansu, from `scripts/services.sh`).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! message holds. Against the real broker (Tansu, from `scripts/services.sh`).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! their `file:line:column`, with the allowed range and why; messages cut to a readable size.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

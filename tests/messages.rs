@@ -4,7 +4,7 @@
 //! labels out of range, decoded bytes and dead-letter counts.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! `filter` drops NaN rows from a comparison.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! valid SVG with titles, labelled axes and data.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

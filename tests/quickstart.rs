@@ -1,7 +1,7 @@
 //! The README's quickstart: the bundled digits through `configs/quickstart.yaml`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Float32Type;

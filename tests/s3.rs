@@ -2,7 +2,7 @@
 //! faults injected by a proxy in front of it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -4,7 +4,7 @@
 //! run leaves to lapse and the next run takes over.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! window's memory is measured alone, in tests/shuffle_memory.rs.)
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! writes a given output. Every data-loss case checks the inputs byte for byte afterwards.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;

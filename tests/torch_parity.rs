@@ -5,7 +5,7 @@
 #![cfg(feature = "torch")]
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
 use arrow::datatypes::Float32Type;

@@ -3,7 +3,7 @@
 #![cfg(feature = "torch")]
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 #![cfg(feature = "torch")]
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 #![cfg(feature = "mpi")]
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -4,7 +4,7 @@
 #![cfg(feature = "torch")]
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

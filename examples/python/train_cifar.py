@@ -6,6 +6,8 @@ normalize), the same loop — so the two can be compared line for line and by th
     # data: `sluice bench images --data /tmp/cifar-like --rows 50000` writes such files
     python examples/python/train_cifar.py --data /tmp/cifar-like --loader sluice
     python examples/python/train_cifar.py --data /tmp/cifar-like --loader dataloader
+    # on a GPU, crop/flip/normalize as tensor ops there (uint8 crosses PCIe):
+    python examples/python/train_cifar.py --data /tmp/cifar-like --device cuda --augment-on device
 
 With Sluice the decode, shuffle, crop, flip and normalize run in Rust threads outside the
 interpreter and each batch arrives as tensors over the pipeline's memory; the loop saves the
@@ -43,7 +45,8 @@ def model() -> torch.nn.Module:
     )
 
 
-def sluice_loader(data: str, batch: int, epochs: int, seed: int):
+def sluice_loader(data: str, batch: int, epochs: int, seed: int, device: str = "cpu", augment_on: str = "host",
+                  threads: int = 2):
     import sluice.torch
 
     config = f"""
@@ -55,13 +58,15 @@ stages:
     column: image
     shape: [32, 32, 3]
     seed: {seed}
+    augment_on: {augment_on}
     ops:
       - random_crop: {{size: [32, 32], padding: 4}}
       - horizontal_flip: {{p: 0.5}}
       - normalize: {{mean: {MEAN}, std: {STD}}}
-runtime: {{threads: 2}}
+runtime: {{threads: {threads}}}
 """
-    return sluice.torch.Loader(config, batch_tensors={"x": {"column": "image", "shape": [3, 32, 32]}, "y": "label"})
+    tensors = {"x": {"column": "image", "shape": [3, 32, 32]}, "y": "label"}
+    return sluice.torch.Loader(config, batch_tensors=tensors, device=device)
 
 
 class CifarLike(torch.utils.data.Dataset):
@@ -89,11 +94,23 @@ class CifarLike(torch.utils.data.Dataset):
         return (img - self.mean) / self.std, int(self.y[i])
 
 
-def dataloader(data: str, batch: int, epochs: int, workers: int):
-    loader = torch.utils.data.DataLoader(CifarLike(data), batch_size=batch, shuffle=True, num_workers=workers)
+def dataloader(data: str, batch: int, epochs: int, workers: int, device: str = "cpu"):
+    cuda = torch.device(device).type == "cuda"
+    loader = torch.utils.data.DataLoader(CifarLike(data), batch_size=batch, shuffle=True, num_workers=workers,
+                                         pin_memory=cuda, persistent_workers=workers > 0)
     for _ in range(epochs):
         for x, y in loader:
-            yield {"x": x, "y": y}
+            yield {"x": x.to(device, non_blocking=cuda), "y": y.to(device, non_blocking=cuda)}
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process plus its largest finished child (DataLoader workers
+    are children), in MiB."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + children) / 1024
 
 
 def main() -> None:
@@ -107,18 +124,23 @@ def main() -> None:
     p.add_argument("--checkpoint", help="save model and data position here every 50 steps and at the end")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--augment-on", choices=["host", "device"], default="host",
+                   help="Sluice: crop, flip and normalize in the pipeline (host) or on --device")
+    p.add_argument("--threads", type=int, default=2, help="Sluice's CPU threads")
     a = p.parse_args()
     torch.manual_seed(a.seed)
-    net = model()
+    device = torch.device(a.device)
+    net = model().to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     if a.loader == "sluice":
-        loader = sluice_loader(a.data, a.batch, a.epochs, a.seed)
+        loader = sluice_loader(a.data, a.batch, a.epochs, a.seed, a.device, a.augment_on, a.threads)
         batches = iter(loader)
     else:
-        loader, batches = None, dataloader(a.data, a.batch, a.epochs, a.workers)
+        loader, batches = None, dataloader(a.data, a.batch, a.epochs, a.workers, a.device)
     step = 0
     if a.resume:
-        saved = torch.load(a.checkpoint)
+        saved = torch.load(a.checkpoint, map_location=device)
         net.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         step = saved["step"]
@@ -145,9 +167,12 @@ def main() -> None:
         if step % 50 == 0:
             save()
     save()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    print(json.dumps({"loader": a.loader, "steps": step, "samples": samples, "samples_per_s": samples / seconds,
-                      "data_wait_s": waited, "loss": loss}))
+    print(json.dumps({"loader": a.loader, "device": str(device), "augment_on": a.augment_on, "steps": step,
+                      "samples": samples, "samples_per_s": samples / seconds, "data_wait_s": waited,
+                      "data_wait_share": waited / seconds, "peak_rss_mib": peak_rss_mib(), "loss": loss}))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ use arrow::datatypes::{
     UInt8Type,
 };
 use sluice_pipeline::Batch;
+use sluice_pipeline::stages::DeviceImage;
 use tch::{Device, Kind, Tensor};
 
 use super::{NullPolicy, TensorSpec};
@@ -54,7 +55,7 @@ pub(super) fn kind_of(t: &DataType) -> Option<Kind> {
 
 /// A tensor of `len` values of a primitive array starting at `offset`: over the Arrow buffer
 /// itself when `zero_copy` allows, else one copy; booleans are unpacked to one byte each.
-fn values_tensor(
+pub(super) fn values_tensor(
     values: &ArrayRef,
     offset: usize,
     len: usize,
@@ -126,6 +127,16 @@ pub fn batch_to_tensors(
                 )
             ))
         })?;
+        // An `image` stage's `augment_on: device` column: its ops run here, on the device.
+        let schema = batch.data.schema();
+        let field = schema.field_with_name(&spec.column).ok();
+        if let Some(image) = field.and_then(DeviceImage::of) {
+            let tensor = image
+                .and_then(|image| super::device_image::image_tensor(batch, col, &image, device))
+                .map_err(fail)?;
+            out.insert(name.clone(), reshape_and_cast(tensor, spec, n, fail)?);
+            continue;
+        }
         let mut valid: Option<Tensor> = None;
         if col.null_count() > 0 {
             match spec.nulls {
@@ -282,7 +293,7 @@ fn reshape_and_cast(
 /// issuing the copy returns the block to the cache without a device-wide sync, and it is
 /// handed out again only once that copy has finished. With batches of a fixed shape the pool
 /// stops growing after the first `prefetch + 1` batches. (Not run here: no GPU.)
-fn to_device(t: Tensor, device: Device) -> Result<Tensor, ConvertError> {
+pub(super) fn to_device(t: Tensor, device: Device) -> Result<Tensor, ConvertError> {
     match device {
         Device::Cpu => Ok(t),
         d => {

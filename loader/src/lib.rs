@@ -35,6 +35,7 @@
 
 mod blob;
 mod convert;
+mod device_image;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -90,6 +91,10 @@ impl LoaderConfig {
                     )
                 ))
             })?;
+            if let Some(image) = sluice_pipeline::stages::DeviceImage::of(field) {
+                lines.push(check_device_image(name, spec, image, schema).map_err(fail)?);
+                continue;
+            }
             // The types `batch_to_tensors` converts, so validation and runs agree.
             let numeric = |t: &DataType| convert::kind_of(t).is_some();
             let (per_row, elem) = match field.data_type() {
@@ -150,7 +155,12 @@ impl LoaderConfig {
         if let Some(shape) = &spec.shape {
             return Some(shape.clone());
         }
-        match schema.field_with_name(&spec.column).ok()?.data_type() {
+        let field = schema.field_with_name(&spec.column).ok()?;
+        if let Some(Ok(image)) = sluice_pipeline::stages::DeviceImage::of(field) {
+            let [oh, ow] = image.out;
+            return Some(vec![image.shape[2] as i64, oh as i64, ow as i64]);
+        }
+        match field.data_type() {
             t if convert::kind_of(t).is_some() => Some(Vec::new()),
             DataType::FixedSizeList(_, k) => Some(vec![i64::from(*k)]),
             _ => None,
@@ -161,6 +171,46 @@ impl LoaderConfig {
     pub fn from_yaml(text: &str) -> Result<Self, ConvertError> {
         serde_saphyr::from_str(text).map_err(|e| ConvertError::Config(e.to_string()))
     }
+}
+
+/// `loader.check`'s line for tensor `name` over an `augment_on: device` image column.
+fn check_device_image(
+    name: &str,
+    spec: &TensorSpec,
+    image: Result<sluice_pipeline::stages::DeviceImage, String>,
+    schema: &arrow::datatypes::Schema,
+) -> Result<String, String> {
+    use sluice_pipeline::stages::ImageDtype;
+    let image = image?;
+    if schema.field_with_name(&image.index).is_err() {
+        return Err(format!(
+            "the image stage's `augment_on: device` adds `{}` (each row's crop and flips), which no longer reaches the loader: keep it through the later stages",
+            image.index
+        ));
+    }
+    if spec.pad != 0.0 || spec.nulls != NullPolicy::Error {
+        return Err("`pad` and `nulls` do not apply to images".into());
+    }
+    let [oh, ow] = image.out;
+    let dims = [image.shape[2] as i64, oh as i64, ow as i64];
+    if let Some(shape) = &spec.shape
+        && (shape.iter().product::<i64>() != dims.iter().product::<i64>()
+            || shape.iter().any(|d| *d <= 0))
+    {
+        return Err(format!(
+            "shape {shape:?} does not hold the image's {dims:?} (channels, height, width)"
+        ));
+    }
+    let dtype = match (spec.dtype, image.dtype) {
+        (Some(d), _) => format!("{d:?}").to_lowercase(),
+        (None, ImageDtype::Float32) => "f32".into(),
+        (None, ImageDtype::Uint8) => "u8".into(),
+    };
+    let dims = format!("{:?}", spec.shape.as_deref().unwrap_or(&dims)).replace('[', "[batch, ");
+    Ok(format!(
+        "{name}: {} → {dtype} {dims} (crop, flips and normalize on the device)",
+        spec.column
+    ))
 }
 
 fn default_device() -> String {

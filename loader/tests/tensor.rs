@@ -415,3 +415,150 @@ fn devices_parse_and_a_bad_one_says_what_is_accepted() {
         );
     }
 }
+
+/// The `x` tensors of every batch of `yaml`'s pipeline, converted on the CPU.
+async fn image_tensors(yaml: &str, x: TensorSpec) -> Vec<Tensor> {
+    let prepared = Pipeline::from_yaml(yaml).unwrap().prepare().await.unwrap();
+    let specs: BTreeMap<String, TensorSpec> = [("x".to_string(), x)].into();
+    let loader = LoaderConfig {
+        device: "cpu".into(),
+        prefetch: 1,
+        tensors: specs.clone(),
+    };
+    loader.check(prepared.schema()).unwrap();
+    let mut stream = prepared.stream();
+    let mut out = Vec::new();
+    while let Some(b) = stream.next().await {
+        let t = batch_to_tensors(&b.unwrap(), &specs, Device::Cpu).unwrap();
+        out.push(t["x"].shallow_clone());
+    }
+    out
+}
+
+/// A pipeline over `images` with one `image` stage (`stage`: its settings after `column`).
+fn image_pipeline(images: &str, stage: &str) -> String {
+    format!(
+        "source: {{type: parquet, path: '{images}', batch_rows: 50, epochs: 2}}\nstages:\n- {{type: image, column: pixels, output: image, seed: 3, {stage}}}\n- {{type: batch, size: 64}}\nruntime: {{threads: 2}}\n"
+    )
+}
+
+/// 3-channel 5×7 images of random bytes, in a Parquet file under `dir`.
+fn rgb_images(dir: &std::path::Path) -> String {
+    use arrow::array::FixedSizeBinaryArray;
+    let mut state = 0x9e37_79b9_u32;
+    let rows: Vec<Vec<u8>> = (0..150)
+        .map(|_| {
+            (0..5 * 7 * 3)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    state as u8
+                })
+                .collect()
+        })
+        .collect();
+    let pixels = FixedSizeBinaryArray::try_from_iter(rows.iter()).unwrap();
+    let data = RecordBatch::try_from_iter([("pixels", Arc::new(pixels) as ArrayRef)]).unwrap();
+    let path = dir.join("rgb.parquet");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, data.schema(), None).unwrap();
+    w.write(&data).unwrap();
+    w.close().unwrap();
+    path.display().to_string()
+}
+
+/// `augment_on: device` gives, bit for bit, what the `image` stage gives on the host: the same
+/// draws (crops, flips) and the same arithmetic (fill, conversion, normalize), for every
+/// padding mode, `pad_if_needed`, a centre crop larger than the image, `uint8` output and 1
+/// or 3 channels — here with the device ops run on CPU tensors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_augmentation_equals_the_host_image_stage_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let digits = format!(
+        "{}/../data/digits/train.parquet",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let rgb = rgb_images(dir.path());
+    let grey = "shape: [8, 8, 1]";
+    let cases: Vec<(&str, String, [i64; 3])> = vec![
+        (&digits, format!("{grey}, ops: [{{random_crop: {{size: [8, 8], padding: 2, fill: 9}}}}, {{horizontal_flip: {{p: 0.5}}}}, {{vertical_flip: {{p: 0.3}}}}, {{normalize: {{mean: [0.0191], std: [0.0236]}}}}]"), [1, 8, 8]),
+        (&digits, format!("{grey}, ops: [{{random_crop: {{size: [6, 7], padding: 3, padding_mode: reflect}}}}, {{horizontal_flip: {{p: 0.5}}}}]"), [1, 6, 7]),
+        (&digits, format!("{grey}, ops: [{{random_crop: {{size: [12, 11], padding: 1, pad_if_needed: true, padding_mode: symmetric}}}}]"), [1, 12, 11]),
+        (&digits, format!("{grey}, ops: [{{center_crop: {{size: [10, 5]}}}}, {{normalize: {{mean: [0.02], std: [0.03]}}}}]"), [1, 10, 5]),
+        (&digits, format!("{grey}, dtype: uint8, ops: [{{random_crop: {{size: [8, 8], padding: 2, padding_mode: edge}}}}, {{horizontal_flip: {{p: 0.5}}}}]"), [1, 8, 8]),
+        (&rgb, "shape: [5, 7, 3], ops: [{random_crop: {size: [5, 7], padding: 2, fill: [10, 200.5, 30]}}, {horizontal_flip: {p: 0.5}}, {normalize: {mean: [0.4, 0.5, 0.6], std: [0.2, 0.25, 0.3]}}]".into(), [3, 5, 7]),
+        (&rgb, "shape: [5, 7, 3], dtype: uint8, ops: [{random_crop: {size: [6, 6], padding: 1, fill: [10, 200.5, 30]}}, {vertical_flip: {p: 0.5}}]".into(), [3, 6, 6]),
+    ];
+    for (images, stage, dims) in cases {
+        let host = image_tensors(
+            &image_pipeline(images, &stage),
+            TensorSpec {
+                shape: Some(dims.to_vec()),
+                ..spec("image")
+            },
+        )
+        .await;
+        let device = image_tensors(
+            &image_pipeline(images, &format!("{stage}, augment_on: device")),
+            spec("image"),
+        )
+        .await;
+        assert_eq!(host.len(), device.len(), "{stage}");
+        for (h, d) in host.iter().zip(&device) {
+            assert_eq!(d.size()[1..], dims, "{stage}");
+            assert_eq!(h.kind(), d.kind(), "{stage}");
+            assert!(
+                h.equal(d),
+                "{stage}: the device ops differ from the host stage"
+            );
+        }
+        // Not vacuous: the rows of a batch were cut differently (the images differ).
+        let first = &device[0];
+        assert!(!first.get(0).equal(&first.get(1)), "{stage}");
+    }
+}
+
+/// `augment_on: device` refuses ops it cannot run on the device, and the loader names the
+/// index column when a later stage dropped it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_augmentation_refuses_what_it_cannot_do() {
+    let digits = format!(
+        "{}/../data/digits/train.parquet",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let yaml = image_pipeline(
+        &digits,
+        "shape: [8, 8, 1], augment_on: device, ops: [{resize: {size: [4, 4]}}]",
+    );
+    let err = Pipeline::from_yaml(&yaml)
+        .unwrap()
+        .prepare()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`resize` runs only on the host"), "{err}");
+    let yaml = format!(
+        "source: {{type: parquet, path: '{digits}'}}\nstages:\n- {{type: image, column: pixels, output: image, shape: [8, 8, 1], augment_on: device, ops: [{{horizontal_flip: {{p: 0.5}}}}]}}\n- {{type: select, columns: [image, label]}}\n"
+    );
+    let prepared = Pipeline::from_yaml(&yaml).unwrap().prepare().await.unwrap();
+    let loader = LoaderConfig {
+        device: "cpu".into(),
+        prefetch: 1,
+        tensors: [("x".to_string(), spec("image"))].into(),
+    };
+    let err = loader.check(prepared.schema()).unwrap_err().to_string();
+    assert!(
+        err.contains("`image_index`") && err.contains("keep it through the later stages"),
+        "{err}"
+    );
+    let mut stream = prepared.stream();
+    let b = stream.next().await.unwrap().unwrap();
+    let err = batch_to_tensors(&b, &loader.tensors, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`image_index`") && err.contains("is missing"),
+        "{err}"
+    );
+}

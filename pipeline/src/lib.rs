@@ -55,10 +55,11 @@ pub mod sources {
 /// private `stage` module; this is their public path.)
 pub mod stages {
     pub use crate::stage::{
-        BatchConfig, CastConfig, ClipConfig, CutmixConfig, EraseValue, FeatureDropoutConfig,
-        FillNullConfig, FilterConfig, GaussianNoiseConfig, GroupByLength, ImageConfig, ImageFormat,
-        ImageOp, MaskTokensConfig, MixupConfig, NonFinite, OnError, OneHotConfig, PadFill,
-        PaddingMode, RenameConfig, SelectConfig, ShuffleConfig, StageConfig, StandardizeConfig,
+        AugmentOn, BatchConfig, CastConfig, ClipConfig, CutmixConfig, DEVICE_IMAGE_KEY,
+        DeviceImage, EraseValue, FeatureDropoutConfig, FillNullConfig, FilterConfig,
+        GaussianNoiseConfig, GroupByLength, ImageConfig, ImageDtype, ImageFormat, ImageOp,
+        MaskTokensConfig, MixupConfig, NonFinite, OnError, OneHotConfig, PadFill, PaddingMode,
+        RenameConfig, SelectConfig, ShuffleConfig, StageConfig, StandardizeConfig,
     };
 }
 

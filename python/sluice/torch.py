@@ -21,6 +21,8 @@ exactly, the protocol of torchdata's ``StatefulDataLoader``::
 from __future__ import annotations
 
 import collections
+import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -164,6 +166,8 @@ class Loader:
         self.stats = LoaderStats()
         self.last_batch: Batch | None = None
         self._retry: Batch | None = None
+        # Columns of `augment_on: device` image stages (their specs), found in the first batch.
+        self._images: dict[str, dict[str, Any]] | None = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
@@ -198,22 +202,34 @@ class Loader:
 
     def _tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
         specs = self._specs
+        if self._images is None:
+            self._images = _device_images(batch)
+            if self._columns is not None:
+                wanted = [self._images[c]["index"] for c in self._columns if c in self._images]
+                self._columns = sorted(set(self._columns) | set(wanted))
         cpu = batch.to_torch(self._columns)
         if specs is None:
             specs = {name: TensorSpec(name) for name in cpu}
         out = {}
         for name, spec in specs.items():
             t = cpu[spec.column]
+            image = self._images.get(spec.column)
+            if image is not None:
+                # uint8 pixels and the drawn indices cross; the ops run where the tensor is.
+                t = _device_image(self._move(t), self._move(cpu[image["index"]]), image)
             if spec.shape is not None:
                 t = t.reshape((t.shape[0], *spec.shape))
             if spec.dtype is not None and t.dtype != spec.dtype:
                 t = t.to(spec.dtype)
-            if self.device.type != "cpu":
-                if self.pin_memory:
-                    t = t.pin_memory()
-                t = t.to(self.device, non_blocking=self.non_blocking)
-            out[name] = t
+            out[name] = t if image is not None else self._move(t)
         return out
+
+    def _move(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cpu":
+            if self.pin_memory:
+                t = t.pin_memory()
+            t = t.to(self.device, non_blocking=self.non_blocking)
+        return t
 
     def state_dict(self) -> dict[str, Any]:
         """The state just past the last batch returned (JSON-serialisable)."""
@@ -223,6 +239,58 @@ class Loader:
         """Continues from :meth:`state_dict` — before the first batch; refused by name when the
         files or order-deciding settings changed."""
         self.pipeline.load_state_dict(state)
+
+
+_DEVICE_IMAGE_KEY = b"sluice.image.device"
+
+
+def _device_images(batch: Batch) -> dict[str, dict[str, Any]]:
+    """The image columns of ``augment_on: device`` stages in ``batch``: column → the spec the
+    stage stored in the field's metadata."""
+    out = {}
+    for f in batch.to_arrow().schema:
+        meta = f.metadata or {}
+        if _DEVICE_IMAGE_KEY in meta:
+            out[f.name] = json.loads(meta[_DEVICE_IMAGE_KEY])
+    return out
+
+
+def _device_image(pixels: torch.Tensor, index: torch.Tensor, spec: Mapping[str, Any]) -> torch.Tensor:
+    """An ``augment_on: device`` image column as ``[batch, C, H, W]`` images, computed where
+    ``pixels`` (``uint8`` HWC rows) and ``index`` (each row's source rows, then columns; -1:
+    the fill) are — the Rust loader's ops (``loader/src/device_image.rs``): one gather for
+    the crop, flips and padding, the fill, then ``v * scale + bias`` in float32 (a multiply and
+    an add, each rounded, as the stage computes) — bit for bit the host stage's output."""
+    n = pixels.shape[0]
+    h, w, c = spec["shape"]
+    oh, ow = spec["out"]
+    x = pixels.reshape(n, h, w, c)
+    rows, cols = index[:, :oh], index[:, oh:]
+    valid = (rows >= 0).view(n, oh, 1, 1) & (cols >= 0).view(n, 1, ow, 1)
+    b = torch.arange(n, device=x.device).view(n, 1, 1)
+    cut = x[b, rows.clamp(min=0).long().view(n, oh, 1), cols.clamp(min=0).long().view(n, 1, ow)]
+    fill, scale, bias = _image_constants(spec, x.device)
+    if spec["dtype"] == "uint8":
+        out = torch.where(valid, cut, fill)
+    else:
+        out = torch.where(valid, cut.to(torch.float32), fill) * scale + bias
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def _image_constants(spec: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The fill, scale and bias of an image spec as tensors on ``device``, made once (a small
+    pageable copy per batch would wait for the GPU's stream)."""
+    key = f"_constants_{device}"
+    if key not in spec:
+        if spec["dtype"] == "uint8":
+            # Rounded half away from zero, as the host path rounds its float pass (fill 0–255).
+            fill = torch.tensor([math.floor(f + 0.5) for f in spec["fill"]], dtype=torch.uint8)
+        else:
+            fill = torch.tensor(spec["fill"], dtype=torch.float32)
+        scale = torch.tensor(spec["scale"], dtype=torch.float32)
+        bias = torch.tensor(spec["bias"], dtype=torch.float32)
+        spec[key] = tuple(t.to(device) for t in (fill, scale, bias))
+    return spec[key]
 
 
 def normalize(

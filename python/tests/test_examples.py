@@ -49,9 +49,27 @@ def test_the_example_trains_with_both_loaders_and_resumes_exactly(tmp_path):
     resumed = train(*common, "--loader", "sluice", "--steps", "4", "--checkpoint", ckpt, "--resume")
     assert resumed["steps"] == 4 and resumed["samples"] == 64  # the two steps after the saved one
     assert resumed["loss"] == whole["loss"]
+    # The same run with crop, flip and normalize as tensor ops after the loader: same batches.
+    on_device = train(*common, "--loader", "sluice", "--steps", "4", "--augment-on", "device")
+    assert on_device["loss"] == whole["loss"] and on_device["data_wait_share"] <= 1.0
     import torch
 
     a, b = torch.load(tmp_path / "whole.pt"), torch.load(ckpt)
     assert a["data"] == b["data"]
     for name, value in a["model"].items():
         assert torch.equal(value, b["model"][name]), name
+
+
+def test_the_gpu_check_script_runs_on_the_cpu(tmp_path):
+    """scripts/gpu_check.py (what scripts/gpu-check.sh runs on a GPU machine), small and on the
+    CPU: the device augmentation equals the host stage, and all three loaders train."""
+    script = REPO / "scripts/gpu_check.py"
+    args = ["--device", "cpu", "--rows", "1600", "--steps", "2", "--workers", "1", "--out", str(tmp_path)]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    values = report["values"]
+    assert values["batches_compared"] >= 6 and values["batches_equal"] == values["batches_compared"]
+    assert [(r["loader"], r["augment_on"], r["steps"]) for r in report["train"]] == [
+        ("sluice", "device", 2), ("sluice", "host", 2), ("dataloader", "host", 2)
+    ]

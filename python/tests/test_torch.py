@@ -225,3 +225,35 @@ def test_tensor_specs_refuse_the_rust_loader_s_padding_options():
         st.Loader(REPO / "configs/quickstart.yaml", batch_tensors={"x": {"column": "pixels", "pad": 0}})
     with pytest.raises(ValueError, match="prefetch=0"):
         sluice.Pipeline(REPO / "configs/quickstart.yaml", prefetch=0)
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        "[{random_crop: {size: [8, 8], padding: 2, fill: 9}}, {horizontal_flip: {p: 0.5}}, "
+        "{normalize: {mean: [0.0191], std: [0.0236]}}]",
+        "[{random_crop: {size: [6, 7], padding: 3, padding_mode: reflect}}, {vertical_flip: {p: 0.5}}]",
+        "[{center_crop: {size: [10, 5]}}]",
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_augment_on_device_equals_the_host_image_stage(ops, dtype):
+    if dtype == "uint8" and "normalize" in ops:
+        ops = ops.replace(", {normalize: {mean: [0.0191], std: [0.0236]}}", "")
+
+    def config(where: str) -> str:
+        return (
+            f"source: {{type: parquet, path: '{REPO}/data/digits/train.parquet', batch_rows: 100}}\n"
+            f"stages:\n  - {{type: image, column: pixels, output: image, shape: [8, 8, 1], seed: 5, "
+            f"dtype: {dtype}, augment_on: {where}, ops: {ops}}}\n  - {{type: batch, size: 64}}\n"
+        )
+
+    host = list(st.Loader(config("host"), batch_tensors={"x": "image", "y": "label"}, device="cpu"))
+    device = list(st.Loader(config("device"), batch_tensors={"x": "image", "y": "label"}, device="cpu"))
+    assert len(host) == len(device) == 23
+    for h, d in zip(host, device):
+        x = d["x"]
+        assert x.dim() == 4 and x.shape[1] == 1 and x.dtype == (torch.uint8 if dtype == "uint8" else torch.float32)
+        assert torch.equal(h["x"].reshape(x.shape), x)
+        assert torch.equal(h["y"], d["y"])
+    assert not torch.equal(device[0]["x"][0], device[0]["x"][1])

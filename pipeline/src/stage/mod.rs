@@ -53,7 +53,10 @@ use crate::types::Literal;
 // Each kind's settings live with its build step and kernel; `registry` lists the kinds.
 pub use augment::{FeatureDropoutConfig, GaussianNoiseConfig};
 pub use columns::{CastConfig, RenameConfig, SelectConfig};
-pub use image::{EraseValue, ImageConfig, ImageFormat, ImageOp, OnError, PadFill, PaddingMode};
+pub use image::{
+    AugmentOn, DEVICE_IMAGE_KEY, DeviceImage, EraseValue, ImageConfig, ImageDtype, ImageFormat,
+    ImageOp, OnError, PadFill, PaddingMode,
+};
 pub use mixup::{CutmixConfig, MixupConfig};
 pub use rebatch::BatchConfig;
 pub use registry::StageConfig;

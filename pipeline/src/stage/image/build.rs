@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, SchemaRef};
 
+use super::device::DeviceImage;
 use super::settings::{
-    EraseValue, ImageConfig, ImageDtype, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
+    AugmentOn, EraseValue, ImageConfig, ImageDtype, ImageFormat, ImageOp, OnError, PadFill,
+    PaddingMode,
 };
 use super::{ImageDeadLetter, ImageStage};
 use crate::config::DeadLetterConfig;
@@ -77,7 +79,12 @@ pub(super) fn build(
         bias = vec![0.0; ch];
     }
     let dead_letter = open_dead_letter(stage, c, ctx)?;
-    let (schema, output, replace) = output_schema(c, input, i, ch, out_hw).map_err(err)?;
+    let device = (c.augment_on == AugmentOn::Device)
+        .then(|| device_spec(c, out_hw, &scale, &bias, &fill))
+        .transpose()
+        .map_err(err)?;
+    let (schema, output, replace) =
+        output_schema(c, input, i, out_hw, device.as_ref()).map_err(err)?;
     Ok((
         ImageStage {
             stage: stage.clone(),
@@ -86,6 +93,7 @@ pub(super) fn build(
             replace,
             format: c.format,
             dtype: c.dtype,
+            deferred: device.is_some(),
             shape: c.shape,
             out_hw,
             ops: c.ops.clone(),
@@ -486,29 +494,90 @@ fn output_schema(
     c: &ImageConfig,
     input: &SchemaRef,
     i: usize,
-    ch: usize,
     out_hw: [usize; 2],
+    device: Option<&DeviceImage>,
 ) -> std::result::Result<(SchemaRef, usize, bool), String> {
     let out_name = c.output.clone().unwrap_or_else(|| c.column.clone());
-    let element = match c.dtype {
-        ImageDtype::Float32 => DataType::Float32,
-        ImageDtype::Uint8 => DataType::UInt8,
+    let [h, w, ch] = c.shape;
+    let list = |t: DataType, k: usize| {
+        DataType::FixedSizeList(Arc::new(Field::new_list_field(t, false)), k as i32)
     };
-    let out_type = DataType::FixedSizeList(
-        Arc::new(Field::new_list_field(element, false)),
-        (ch * out_hw[0] * out_hw[1]) as i32,
-    );
+    let out_field = match (device, c.dtype) {
+        (Some(d), _) => Field::new(&out_name, list(DataType::UInt8, h * w * ch), false)
+            .with_metadata(d.metadata()),
+        (None, ImageDtype::Float32) => Field::new(
+            &out_name,
+            list(DataType::Float32, ch * out_hw[0] * out_hw[1]),
+            false,
+        ),
+        (None, ImageDtype::Uint8) => Field::new(
+            &out_name,
+            list(DataType::UInt8, ch * out_hw[0] * out_hw[1]),
+            false,
+        ),
+    };
     let mut fields = crate::stage::owned_fields(input);
     let (output, replace) = if out_name == c.column {
-        fields[i] = Field::new(&out_name, out_type, false);
+        fields[i] = out_field;
         (i, true)
     } else {
         if input.index_of(&out_name).is_ok() {
             return Err(format!("output column `{out_name}` already exists"));
         }
-        fields.push(Field::new(&out_name, out_type, false));
+        fields.push(out_field);
         (fields.len() - 1, false)
     };
+    if let Some(d) = device {
+        if input.index_of(&d.index).is_ok() && d.index != c.column {
+            return Err(format!(
+                "`augment_on: device` adds the column `{}` (each row's source indices), which already exists; rename it or set `output`",
+                d.index
+            ));
+        }
+        fields.push(Field::new(
+            &d.index,
+            list(DataType::Int32, out_hw[0] + out_hw[1]),
+            false,
+        ));
+    }
     let schema = Arc::new(arrow::datatypes::Schema::new(fields));
     Ok((schema, output, replace))
+}
+
+/// `augment_on: device`: the ops the loader can apply (an integer window, flips, normalize)
+/// and what it needs to apply them.
+fn device_spec(
+    c: &ImageConfig,
+    out_hw: [usize; 2],
+    scale: &[f32],
+    bias: &[f32],
+    fill: &[f32],
+) -> std::result::Result<DeviceImage, String> {
+    if let Some(op) = c.ops.iter().find(|o| {
+        !matches!(
+            o,
+            ImageOp::RandomCrop { .. }
+                | ImageOp::CenterCrop { .. }
+                | ImageOp::HorizontalFlip { .. }
+                | ImageOp::VerticalFlip { .. }
+                | ImageOp::Normalize { .. }
+        )
+    }) {
+        return Err(format!(
+            "`{}` runs only on the host; with `augment_on: device` the ops are random_crop, center_crop, horizontal_flip, vertical_flip and normalize (remove `augment_on` to run every op here)",
+            op.name()
+        ));
+    }
+    Ok(DeviceImage {
+        shape: c.shape,
+        out: out_hw,
+        dtype: c.dtype,
+        scale: scale.to_vec(),
+        bias: bias.to_vec(),
+        fill: fill.to_vec(),
+        index: format!(
+            "{}_index",
+            c.output.clone().unwrap_or_else(|| c.column.clone())
+        ),
+    })
 }

@@ -100,7 +100,7 @@ impl Geometry {
     /// reads on `axis` (0: rows, 1: columns) of an image `n` long; `None`: the constant fill.
     /// With `pad_if_needed`'s padding the image was padded twice, so the padded image's
     /// padding is read through the mode first (`reflect` twice is not `reflect` once).
-    fn source(&self, c: i64, n: usize, axis: usize) -> Option<usize> {
+    pub(super) fn source(&self, c: i64, n: usize, axis: usize) -> Option<usize> {
         let (p, q) = (self.inner[axis], self.outer[axis]);
         if q == 0 || matches!(self.pad, PaddingMode::Constant | PaddingMode::Edge) {
             return self.pad.index(c, n);

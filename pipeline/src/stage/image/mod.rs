@@ -40,6 +40,7 @@ mod build;
 mod colour;
 mod dead_letters;
 mod decode;
+mod device;
 mod draw;
 mod erase;
 mod geometry;
@@ -49,8 +50,10 @@ mod tests;
 
 #[cfg(test)]
 use build::build;
+pub use device::{DEVICE_IMAGE_KEY, DeviceImage};
 pub use settings::{
-    EraseValue, ImageConfig, ImageDtype, ImageFormat, ImageOp, OnError, PadFill, PaddingMode,
+    AugmentOn, EraseValue, ImageConfig, ImageDtype, ImageFormat, ImageOp, OnError, PadFill,
+    PaddingMode,
 };
 
 use colour::NO_COLOUR;
@@ -67,6 +70,8 @@ pub(crate) struct ImageStage {
     replace: bool,
     format: ImageFormat,
     dtype: ImageDtype,
+    /// `augment_on: device`: decode and draw only (`device.rs`).
+    deferred: bool,
     shape: [usize; 3],
     out_hw: [usize; 2],
     ops: Vec<ImageOp>,
@@ -95,6 +100,9 @@ struct ImageDeadLetter {
 
 impl Transform for ImageStage {
     fn apply(&self, batch: Batch) -> Result<Batch> {
+        if self.deferred {
+            return self.apply_deferred(batch);
+        }
         let col = batch.data.column(self.input);
         let n = batch.num_rows();
         let ch = self.shape[2];
@@ -154,23 +162,6 @@ impl Transform for ImageStage {
                 e.apply(dst, [oh, ow], &mut rng);
             }
         }
-        if let Some((r, e)) = bad.first()
-            && self.on_error == OnError::Fail
-        {
-            return Err(Error::Data {
-                stage: self.stage.clone(),
-                message: format!(
-                    "bad image in column `{}`: {e}{}; fix the data or set `on_error: skip`",
-                    self.schema.field(self.output).name(),
-                    if bad.len() > 1 {
-                        format!(" (and {} more in this batch)", bad.len() - 1)
-                    } else {
-                        String::new()
-                    }
-                ),
-                rows: batch.lineage.describe_row(*r as u64),
-            });
-        }
         let (field, values): (_, ArrayRef) = match self.dtype {
             ImageDtype::Float32 => (
                 Field::new_list_field(DataType::Float32, false),
@@ -198,6 +189,36 @@ impl Transform for ImageStage {
         } else {
             columns.push(Arc::new(list));
         }
+        self.finish(batch, columns, &bad)
+    }
+}
+
+impl ImageStage {
+    /// The converted `columns` of `batch` as its output: the run stops at the first of the
+    /// `bad` rows (row, error) with `on_error: fail`, else they are skipped.
+    fn finish(
+        &self,
+        batch: Batch,
+        columns: Vec<ArrayRef>,
+        bad: &[(usize, String)],
+    ) -> Result<Batch> {
+        if let Some((r, e)) = bad.first()
+            && self.on_error == OnError::Fail
+        {
+            return Err(Error::Data {
+                stage: self.stage.clone(),
+                message: format!(
+                    "bad image in column `{}`: {e}{}; fix the data or set `on_error: skip`",
+                    self.schema.field(self.output).name(),
+                    if bad.len() > 1 {
+                        format!(" (and {} more in this batch)", bad.len() - 1)
+                    } else {
+                        String::new()
+                    }
+                ),
+                rows: batch.lineage.describe_row(*r as u64),
+            });
+        }
         let data =
             RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| Error::Arrow {
                 context: self.stage.to_string(),
@@ -206,7 +227,8 @@ impl Transform for ImageStage {
         if bad.is_empty() {
             return Ok(batch.with_data(data));
         }
-        self.skip_bad(&batch, &data, &bad, n)
+        let n = batch.num_rows();
+        self.skip_bad(&batch, &data, bad, n)
     }
 }
 

@@ -38,6 +38,16 @@ pub struct ImageConfig {
     /// within half a pixel level); `normalize` and `random_erasing` are refused with it.
     #[serde(default)]
     pub dtype: ImageDtype,
+    /// Where the crop, the flips and `normalize` run. `host` (default): here, on the CPU
+    /// pool. `device`: the stage decodes every image and draws its crop and flips here (the
+    /// same draws as `host`, from the same seeded streams), but hands out the decoded HWC
+    /// `uint8` pixels (a quarter of float32's bytes) and, in `<output>_index`, the source row
+    /// and column each output pixel reads; the tensor loader then cuts, flips, converts and
+    /// normalizes on the training device, bit for bit what `host` gives. Ops it takes:
+    /// `random_crop`, `center_crop`, `horizontal_flip`, `vertical_flip`, `normalize`; every
+    /// image must decode to `shape`.
+    #[serde(default)]
+    pub augment_on: AugmentOn,
     /// What to do with an undecodable image or wrong byte length. Default: `fail`.
     #[serde(default)]
     pub on_error: OnError,
@@ -57,6 +67,17 @@ pub enum ImageDtype {
     Float32,
     /// Pixels 0–255 (rounded after resizing or colour ops).
     Uint8,
+}
+
+/// Where the `image` stage's geometry and normalization run.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AugmentOn {
+    /// On the CPU pool, in the stage.
+    #[default]
+    Host,
+    /// In the tensor loader, as tensor ops on the training device (CUDA or CPU).
+    Device,
 }
 
 /// How image bytes are stored.

@@ -81,6 +81,7 @@ fn config(
         ops,
         seed: 7,
         dtype: ImageDtype::Float32,
+        augment_on: AugmentOn::Host,
         on_error,
         dead_letter: None,
     }

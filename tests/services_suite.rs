@@ -1,0 +1,23 @@
+//! Against the real servers (scripts/services.sh): Kafka, S3, the sinks' safety rules, the metrics endpoint and the shuffle's spilling.
+//!
+//! One test binary for several files (each file its own module, as it was its own binary
+//! before): every integration-test binary links all of Sluice and libtorch's wrappers, ~100 MB
+//! each, and thirty of them filled CI's disk. Timing-sensitive files keep binaries of their
+//! own (`shuffle_memory`, `bench`).
+
+mod common;
+
+#[path = "kafka.rs"]
+mod kafka;
+#[path = "kafka_fleet.rs"]
+mod kafka_fleet;
+#[path = "observe.rs"]
+mod observe;
+#[path = "s3.rs"]
+mod s3;
+#[path = "s3_sink_safety.rs"]
+mod s3_sink_safety;
+#[path = "shuffle.rs"]
+mod shuffle;
+#[path = "sink_safety.rs"]
+mod sink_safety;

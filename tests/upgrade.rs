@@ -118,7 +118,12 @@ fn a_two_worker_training_checkpoint_from_0_1_0_resumes_to_the_same_parameters() 
     // Three epochs of 1,437 rows, but for the last uneven batches (a rank that runs out
     // first ends the run for both).
     assert!(want_meta.rows_trained > 4_300, "{}", want_meta.rows_trained);
-    assert_same_parameters(&got, &want, "an uninterrupted run");
+    // The same rows and steps (above), and the same parameters up to float rounding: the
+    // fixture's first 40 steps ran on the CPU that wrote it, and libtorch's CPU kernels (MKL's
+    // sgemm among them) pick their code paths by CPU, so another CPU rounds some sums
+    // differently (seen: an AMD EPYC without AVX-512 ends within 5e-8, relative, of its own
+    // uninterrupted run). A batch trained twice, skipped or reordered moves them far more.
+    assert_close_parameters(&got, &want, 1e-6, "an uninterrupted run");
 }
 
 /// A state written by today's Sluice keeps each stamped stage's effective settings as JSON. A

@@ -361,6 +361,30 @@ pub fn assert_same_parameters(
     }
 }
 
+/// Asserts two checkpoints' parameters are the same names with values within `tolerance`
+/// (absolute, plus relative to the larger magnitude); the message gives the largest gap.
+#[cfg(feature = "torch")]
+pub fn assert_close_parameters(
+    got: &[(String, Vec<f32>)],
+    want: &[(String, Vec<f32>)],
+    tolerance: f32,
+    reference: &str,
+) {
+    assert_eq!(got.len(), want.len());
+    for ((n, a), (m, b)) in got.iter().zip(want) {
+        assert_eq!((n, a.len()), (m, b.len()));
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / (1.0 + x.abs().max(y.abs())))
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= tolerance,
+            "`{n}` differs from {reference} by up to {worst:e} (allowed: {tolerance:e})"
+        );
+    }
+}
+
 /// `files` files of `rows` rows each (row groups of 1,000): id, x = id, and `blob_bytes`
 /// bytes per row.
 pub fn dataset(dir: &Path, files: usize, rows: usize, blob_bytes: usize) {

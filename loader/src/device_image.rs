@@ -51,7 +51,6 @@ pub(super) fn image_tensor(
     )?;
     let index = index_tensor(batch, spec, n, oh + ow)?;
     let torch = |e: tch::TchError| e.to_string();
-    let on_device = |v: &[f32]| per_channel(v, device);
     let pixels = to_device(pixels, device).map_err(|e| e.to_string())?;
     let index = to_device(index, device).map_err(|e| e.to_string())?;
     let rows = index.f_narrow(1, 0, oh).map_err(torch)?;
@@ -93,9 +92,9 @@ pub(super) fn image_tensor(
         }
         ImageDtype::Float32 => {
             let (fill, scale, bias) = (
-                on_device(&spec.fill)?,
-                on_device(&spec.scale)?,
-                on_device(&spec.bias)?,
+                per_channel(&spec.fill, device)?,
+                per_channel(&spec.scale, device)?,
+                per_channel(&spec.bias, device)?,
             );
             cut.f_to_kind(Kind::Float)
                 .and_then(|x| x.f_where_self(&valid, &fill))

@@ -505,16 +505,13 @@ fn output_schema(
     let out_field = match (device, c.dtype) {
         (Some(d), _) => Field::new(&out_name, list(DataType::UInt8, h * w * ch), false)
             .with_metadata(d.metadata()),
-        (None, ImageDtype::Float32) => Field::new(
-            &out_name,
-            list(DataType::Float32, ch * out_hw[0] * out_hw[1]),
-            false,
-        ),
-        (None, ImageDtype::Uint8) => Field::new(
-            &out_name,
-            list(DataType::UInt8, ch * out_hw[0] * out_hw[1]),
-            false,
-        ),
+        (None, dtype) => {
+            let element = match dtype {
+                ImageDtype::Float32 => DataType::Float32,
+                ImageDtype::Uint8 => DataType::UInt8,
+            };
+            Field::new(&out_name, list(element, ch * out_hw[0] * out_hw[1]), false)
+        }
     };
     let mut fields = crate::stage::owned_fields(input);
     let (output, replace) = if out_name == c.column {

@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, FixedSizeListArray, Int32Array, UInt8Array};
-use arrow::datatypes::{DataType, Field};
+use arrow::array::{Int32Array, UInt8Array};
+use arrow::datatypes::Field;
 use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -21,7 +21,7 @@ use super::ImageStage;
 use super::decode::raw_bytes;
 use super::settings::ImageDtype;
 use crate::batch::Batch;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stage::augment::row_ids;
 
 /// The output field's metadata key under which [`DeviceImage`] is stored (JSON).
@@ -121,31 +121,8 @@ impl ImageStage {
                 *v = source(g.source(left + xx as i64, w, 1));
             }
         }
-        let list = |values: ArrayRef, t: DataType, k: usize| {
-            FixedSizeListArray::try_new(
-                Arc::new(Field::new_list_field(t, false)),
-                k as i32,
-                values,
-                None,
-            )
-            .map_err(|e| Error::Arrow {
-                context: self.stage.to_string(),
-                source: e,
-            })
-        };
-        let image = list(
-            Arc::new(UInt8Array::from(pixels)),
-            DataType::UInt8,
-            h * w * ch,
-        )?;
-        let index = list(Arc::new(Int32Array::from(index)), DataType::Int32, oh + ow)?;
-        let mut columns: Vec<ArrayRef> = batch.data.columns().to_vec();
-        if self.replace {
-            columns[self.output] = Arc::new(image);
-        } else {
-            columns.push(Arc::new(image));
-        }
-        columns.push(Arc::new(index));
-        self.finish(batch, columns, &bad)
+        let image = self.list(Arc::new(UInt8Array::from(pixels)), h * w * ch)?;
+        let index = self.list(Arc::new(Int32Array::from(index)), oh + ow)?;
+        self.finish(batch, image, Some(index), &bad)
     }
 }

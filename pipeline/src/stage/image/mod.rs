@@ -25,7 +25,7 @@ use arrow::array::{
     ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch, UInt8Array,
 };
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use arrow::datatypes::{Field, SchemaRef};
 use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
 
@@ -162,46 +162,52 @@ impl Transform for ImageStage {
                 e.apply(dst, [oh, ow], &mut rng);
             }
         }
-        let (field, values): (_, ArrayRef) = match self.dtype {
-            ImageDtype::Float32 => (
-                Field::new_list_field(DataType::Float32, false),
-                Arc::new(Float32Array::new(self.buffers.into_buffer(out), None)),
-            ),
+        let values: ArrayRef = match self.dtype {
+            ImageDtype::Float32 => Arc::new(Float32Array::new(self.buffers.into_buffer(out), None)),
             // The float pass with scale 1 and bias 0 left pixel values (whole numbers after
             // integer crops and flips), rounded here; the float buffer goes back to the pool.
             ImageDtype::Uint8 => {
                 let bytes: Vec<u8> = out.iter().map(|v| v.round() as u8).collect();
                 drop(self.buffers.into_buffer(out));
-                (
-                    Field::new_list_field(DataType::UInt8, false),
-                    Arc::new(UInt8Array::from(bytes)),
-                )
+                Arc::new(UInt8Array::from(bytes))
             }
         };
-        let list = FixedSizeListArray::try_new(Arc::new(field), width as i32, values, None)
-            .map_err(|e| Error::Arrow {
-                context: self.stage.to_string(),
-                source: e,
-            })?;
-        let mut columns: Vec<ArrayRef> = batch.data.columns().to_vec();
-        if self.replace {
-            columns[self.output] = Arc::new(list);
-        } else {
-            columns.push(Arc::new(list));
-        }
-        self.finish(batch, columns, &bad)
+        let list = self.list(values, width)?;
+        self.finish(batch, list, None, &bad)
     }
 }
 
 impl ImageStage {
-    /// The converted `columns` of `batch` as its output: the run stops at the first of the
-    /// `bad` rows (row, error) with `on_error: fail`, else they are skipped.
+    /// `values` as a fixed-size list column of `k` values per row.
+    fn list(&self, values: ArrayRef, k: usize) -> Result<ArrayRef> {
+        let field = Field::new_list_field(values.data_type().clone(), false);
+        let list =
+            FixedSizeListArray::try_new(Arc::new(field), k as i32, values, None).map_err(|e| {
+                Error::Arrow {
+                    context: self.stage.to_string(),
+                    source: e,
+                }
+            })?;
+        Ok(Arc::new(list))
+    }
+
+    /// `batch` with the stage's `output` column (replacing the input column or appended) and
+    /// `extra` appended, as the stage's output: the run stops at the first of the `bad` rows
+    /// (row, error) with `on_error: fail`, else they are skipped.
     fn finish(
         &self,
         batch: Batch,
-        columns: Vec<ArrayRef>,
+        output: ArrayRef,
+        extra: Option<ArrayRef>,
         bad: &[(usize, String)],
     ) -> Result<Batch> {
+        let mut columns: Vec<ArrayRef> = batch.data.columns().to_vec();
+        if self.replace {
+            columns[self.output] = output;
+        } else {
+            columns.push(output);
+        }
+        columns.extend(extra);
         if let Some((r, e)) = bad.first()
             && self.on_error == OnError::Fail
         {

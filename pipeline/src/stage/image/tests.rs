@@ -6,7 +6,7 @@ use super::geometry::Geometry;
 use super::*;
 use crate::batch::{Lineage, Name, Origin};
 use arrow::array::{AsArray, BinaryArray, FixedSizeBinaryArray};
-use arrow::datatypes::{Float32Type, Schema};
+use arrow::datatypes::{DataType, Float32Type, Schema};
 
 fn stage_ref() -> StageRef {
     StageRef {

@@ -525,7 +525,7 @@ fn output_schema(
         (fields.len() - 1, false)
     };
     if let Some(d) = device {
-        if input.index_of(&d.index).is_ok() && d.index != c.column {
+        if fields.iter().any(|f| f.name() == &d.index) {
             return Err(format!(
                 "`augment_on: device` adds the column `{}` (each row's source indices), which already exists; rename it or set `output`",
                 d.index

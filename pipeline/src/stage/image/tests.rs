@@ -1472,3 +1472,24 @@ fn uint8_output_refuses_float_ops() {
         "{e}"
     );
 }
+
+#[test]
+fn augment_on_device_refuses_an_index_column_name_that_is_taken() {
+    let raw = batch([4, 4, 1], 1, |_, _, _, _| 0);
+    // The input column itself is named like the index column `output: x` would add.
+    let data = RecordBatch::try_from_iter([("x_index", raw.data.column(0).clone())]).unwrap();
+    let input = Batch::new(data, raw.lineage.clone());
+    let mut c = config([4, 4, 1], vec![], OnError::Fail, ImageFormat::Raw);
+    c.column = "x_index".into();
+    c.output = Some("x".into());
+    c.augment_on = AugmentOn::Device;
+    let e = try_build(c.clone(), &input).unwrap_err().to_string();
+    assert!(
+        e.contains("adds the column `x_index`") && e.contains("already exists"),
+        "{e}"
+    );
+    c.output = Some("y".into());
+    let (_, schema) = try_build(c, &input).unwrap();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["x_index", "y", "y_index"]);
+}

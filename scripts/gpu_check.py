@@ -97,6 +97,43 @@ def check_copy(device: str) -> dict:
     return out
 
 
+def check_overlap(device: str) -> dict:
+    """Copy/compute overlap as the loaders run it: a pinned 64 MiB copy on a side stream while
+    matmuls run on the current stream. ``overlap`` is the share of the copy's time hidden
+    under the compute (1 = fully hidden, 0 = serialised), from CUDA event timings."""
+    if torch.device(device).type != "cuda":
+        return {}
+    host = torch.zeros(64 << 20, dtype=torch.uint8).pin_memory()
+    a = torch.randn(4096, 4096, device=device)
+    side = torch.cuda.Stream(device)
+    current = torch.cuda.current_stream(device)
+
+    def timed(compute: bool, copy: bool) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record(current)
+        side.wait_stream(current)
+        if copy:
+            with torch.cuda.stream(side):
+                host.to(device, non_blocking=True)
+        if compute:
+            for _ in range(8):
+                a @ a
+        current.wait_stream(side)
+        end.record(current)
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def median(compute: bool, copy: bool) -> float:
+        return sorted(timed(compute, copy) for _ in range(7))[3]
+
+    timed(True, True)  # warm-up: cuBLAS handles, the allocator
+    compute_ms, copy_ms, both_ms = median(True, False), median(False, True), median(True, True)
+    hidden = (compute_ms + copy_ms - both_ms) / copy_ms if copy_ms > 0 else 0.0
+    return {"compute_ms": compute_ms, "copy_ms": copy_ms, "both_ms": both_ms,
+            "overlap": max(0.0, min(1.0, hidden))}
+
+
 def gpu_utilisation(run) -> tuple[dict, float | None]:
     """Runs `run()` while nvidia-smi samples the GPU's utilisation; returns its result and the
     mean utilisation (None without nvidia-smi)."""
@@ -151,6 +188,7 @@ def main() -> None:
         report["data_s"] = time.perf_counter() - t
         report["values"] = check_values(data, a.device, workers)
         report["copy"] = check_copy(a.device)
+        report["overlap"] = check_overlap(a.device)
         report["train"] = [
             train(data, a.device, a.steps, "sluice", workers, "device"),
             train(data, a.device, a.steps, "sluice", workers, "host"),
@@ -161,6 +199,7 @@ def main() -> None:
     v = report["values"]
     print(f"values: {v['batches_equal']}/{v['batches_compared']} batches equal (GPU augmentation vs the CPU stage)")
     print(f"copy: {report['copy']}")
+    print(f"overlap (side-stream copy under compute): {report['overlap']}")
     print(f"{'loader':<22}{'images/s':>10}{'wait %':>8}{'RSS MiB':>9}{'GPU %':>7}")
     for r in report["train"]:
         name = r["loader"] + (f" ({r['augment_on']})" if r["loader"] == "sluice" else "")

@@ -62,7 +62,10 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["ipc", "kafka", "parquet_sink"],
         ],
     ),
-    ("loader/src", &[&["blob", "convert", "device_image"]]),
+    (
+        "loader/src",
+        &[&["blob", "convert", "copy_stream", "device_image"]],
+    ),
     // The Python extension: errors and batches below the iterator that makes them.
     ("python/src", &[&["errors", "batch"], &["pipeline"]]),
     (

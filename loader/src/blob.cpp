@@ -16,3 +16,85 @@ extern "C" void *sluice_tensor_of_blob(void *data, const int64_t *dims, size_t n
         return nullptr;
     }
 }
+
+// Copies on a side stream (CUDA only; compiled in every build). Written against c10's
+// device-generic stream and event API (`VirtualGuardImpl`, `c10::Event`), which lives in
+// libc10 — so CPU builds link it unchanged, and at run time the CUDA backend
+// (libtorch_cuda.so, which registers itself when loaded) supplies the implementation. tch
+// 0.26 exposes no streams or events, hence this shim.
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+namespace {
+struct CopyScope {
+    c10::Stream previous;
+    c10::Stream side;
+};
+} // namespace
+
+// Makes a stream from the CUDA pool (created non-blocking: it does not synchronise with the
+// legacy default stream) the calling thread's current stream on device `index`, so the
+// copies that follow overlap with work queued on other streams. Null when CUDA is absent.
+extern "C" void *sluice_cuda_copy_begin(int index) {
+    try {
+        if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+            return nullptr;
+        }
+        c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+        c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+        c10::Stream side = impl.getStreamFromGlobalPool(device, false);
+        c10::Stream previous = impl.exchangeStream(side);
+        return new CopyScope{previous, side};
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+// Ends a scope: records an event on the side stream after every copy queued in it, puts the
+// thread's previous stream back, and returns the event (heap; see `sluice_cuda_ready`).
+extern "C" void *sluice_cuda_copy_end(void *scope_ptr) {
+    auto *scope = static_cast<CopyScope *>(scope_ptr);
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    c10::Event *event = nullptr;
+    try {
+        event = new c10::Event(c10::DeviceType::CUDA);
+        event->record(scope->side);
+    } catch (...) {
+        delete event;
+        event = nullptr;
+    }
+    impl.exchangeStream(scope->previous);
+    delete scope;
+    return event;
+}
+
+// On the consumer's thread: its current stream waits (on the device, the host does not) for
+// the event, and each tensor's memory is marked as used on that stream so the caching
+// allocator does not hand it out again before the consumer's work on it is done. Frees the
+// event. 0 on success.
+extern "C" int sluice_cuda_ready(void *event_ptr, at::Tensor **tensors, size_t n) {
+    auto *event = static_cast<c10::Event *>(event_ptr);
+    int rc = 0;
+    try {
+        c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+        c10::Stream current = impl.getStream(event->device());
+        event->block(current);
+        for (size_t i = 0; i < n; ++i) {
+            const at::Tensor &t = *tensors[i];
+            if (t.defined() && t.is_cuda() && t.has_storage()) {
+                impl.recordDataPtrOnStream(t.storage().data_ptr(), current);
+            }
+        }
+    } catch (...) {
+        rc = -1;
+    }
+    delete event;
+    return rc;
+}
+
+// Frees an event whose batch was never handed over.
+extern "C" void sluice_cuda_event_free(void *event_ptr) {
+    delete static_cast<c10::Event *>(event_ptr);
+}

@@ -25,16 +25,17 @@
 //! thread, so the host goes on preparing the next batch while the transfer runs. The pinned
 //! staging memory comes from libtorch's caching host allocator — a pool of page-locked
 //! blocks allocated once and reused after the copy that used a block has completed (an
-//! event, not a device sync). The copy is issued on the thread's current CUDA stream (the
-//! default stream unless the caller sets one), so it is ordered before the training step
-//! that uses the tensor; with the legacy default stream, copy and compute do not overlap on
-//! the device — a side stream would need stream handles tch does not expose.
+//! event, not a device sync). The copies (and `augment_on: device` image ops) run on a side
+//! stream from CUDA's pool, so they overlap on the device with the training step queued on
+//! the consumer's stream; the consumer's stream waits for them by an event when it receives
+//! the batch ([`copy_stream`], through the C++ shim: tch exposes no streams or events).
 //!
 //! **Stalls.** The stream measures how long the consumer waited for each batch (from asking
 //! to receiving): [`LoaderStats`].
 
 mod blob;
 mod convert;
+mod copy_stream;
 mod device_image;
 
 use std::collections::BTreeMap;
@@ -337,6 +338,8 @@ pub struct TensorBatch {
     pub state: SourceState,
     /// How long the consumer waited for this batch.
     pub waited: Duration,
+    /// On CUDA, the event after the batch's copies (side stream), until handed over.
+    ready: Option<copy_stream::Ready>,
 }
 
 impl TensorBatch {
@@ -451,6 +454,7 @@ impl TensorStream {
                 let converted = pool
                     .run(move || -> Result<(TensorBatch, Duration), ConvertError> {
                         let started = Instant::now();
+                        let scope = copy_stream::CopyScope::begin(device);
                         let tensors = batch_to_tensors(&batch, &specs, device)?;
                         let tb = TensorBatch {
                             tensors,
@@ -458,6 +462,7 @@ impl TensorStream {
                             lineage: batch.lineage,
                             state,
                             waited: Duration::ZERO,
+                            ready: scope.and_then(copy_stream::CopyScope::end),
                         };
                         Ok((tb, started.elapsed()))
                     })
@@ -520,9 +525,19 @@ impl Stream for TensorStream {
                     }
                 };
                 self.last_delivery = Some(arrived);
-                Poll::Ready(Some(item.map(|(mut b, _)| {
+                Poll::Ready(Some(item.and_then(|(mut b, _)| {
                     b.waited = waited;
-                    b
+                    let handed = b
+                        .ready
+                        .take()
+                        .is_none_or(|r| r.hand_over(b.tensors.values()));
+                    if !handed {
+                        return Err(ConvertError::Pipeline(
+                            "CUDA: could not order the batch's copies before the consumer's stream"
+                                .into(),
+                        ));
+                    }
+                    Ok(b)
                 })))
             }
         }

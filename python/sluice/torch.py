@@ -163,6 +163,10 @@ class Loader:
         self.device = _device(device if device is not None else section.get("device"))
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.non_blocking = non_blocking
+        # Copies (and device-side image ops) run on a side stream, so they overlap with the
+        # training step queued on the caller's stream; the caller's stream waits for them
+        # by an event when the batch is handed over (see `_tensors`).
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.stats = LoaderStats()
         self.last_batch: Batch | None = None
         self._retry: Batch | None = None
@@ -210,6 +214,19 @@ class Loader:
         cpu = batch.to_torch(self._columns)
         if specs is None:
             specs = {name: TensorSpec(name) for name in cpu}
+        if self._copy_stream is None:
+            return self._convert(cpu, specs)
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            out = self._convert(cpu, specs)
+        consumer.wait_stream(self._copy_stream)
+        for t in out.values():
+            # Made on the side stream, used on the caller's: the caching allocator must not
+            # reuse the memory before the caller's kernels on it are done.
+            t.record_stream(consumer)
+        return out
+
+    def _convert(self, cpu: dict[str, torch.Tensor], specs: Mapping[str, TensorSpec]) -> dict[str, torch.Tensor]:
         out = {}
         for name, spec in specs.items():
             t = cpu[spec.column]

@@ -58,8 +58,8 @@ pub mod stages {
         AugmentOn, BatchConfig, CastConfig, ClipConfig, CutmixConfig, DEVICE_IMAGE_KEY,
         DeviceImage, EraseValue, FeatureDropoutConfig, FillNullConfig, FilterConfig,
         GaussianNoiseConfig, GroupByLength, ImageConfig, ImageDtype, ImageFormat, ImageOp,
-        MaskTokensConfig, MixupConfig, NonFinite, OnError, OneHotConfig, PadFill, PaddingMode,
-        RenameConfig, SelectConfig, ShuffleConfig, StageConfig, StandardizeConfig,
+        MaskTokensConfig, MixupConfig, NonFinite, NumberOrList, OnError, OneHotConfig, PadFill,
+        PaddingMode, RenameConfig, SelectConfig, ShuffleConfig, StageConfig, StandardizeConfig,
     };
 }
 

@@ -309,7 +309,8 @@ async fn standardize_skip_leaves_non_finite_values_out_and_reports_them() {
     let StageConfig::Standardize(c) = &frozen[0].value else {
         panic!("{frozen:?}");
     };
-    let (mean, std) = (c.mean.unwrap(), c.std.unwrap());
+    let (mean, std) = (c.mean.as_ref().unwrap(), c.std.as_ref().unwrap());
+    let (mean, std) = (mean.values()[0], std.values()[0]);
     assert!((mean - 3.0).abs() < 1e-12, "mean {mean}");
     assert!((std - 2f64.sqrt()).abs() < 1e-12, "std {std}");
     let notes = prepared.metrics().stages()[0].notes.lock().unwrap().clone();
@@ -435,8 +436,9 @@ async fn non_finite_needs_computed_statistics() {
     assert!(e.contains("unknown variant `sometimes`"), "{e}");
 }
 
-/// The resume stamp hashes a stage's `Debug` text: a config without `non_finite` must print
-/// as it did before the key existed, or older checkpoints would be refused.
+/// The resume stamp hashes a stage's `Debug` text: a config without `non_finite` or
+/// `per_element`, and with numbers (not lists) for `mean`/`std`, must print as it did before
+/// those existed, or older checkpoints would be refused.
 #[test]
 fn standardize_debug_text_is_unchanged_without_non_finite() {
     let mut c = StandardizeConfig {
@@ -444,13 +446,22 @@ fn standardize_debug_text_is_unchanged_without_non_finite() {
         mean: None,
         std: None,
         non_finite: None,
+        per_element: false,
     };
     assert_eq!(
         format!("{:?}", StageConfig::Standardize(c.clone())),
         r#"Standardize(StandardizeConfig { columns: ["x"], mean: None, std: None })"#
     );
+    let given: StandardizeConfig =
+        serde_json::from_str(r#"{"columns": ["x"], "mean": 0.5, "std": 2}"#).unwrap();
+    assert_eq!(
+        format!("{given:?}"),
+        r#"StandardizeConfig { columns: ["x"], mean: Some(0.5), std: Some(2.0) }"#
+    );
     c.non_finite = Some(sluice_pipeline::stages::NonFinite::Skip);
     assert!(format!("{c:?}").contains("non_finite: Skip"), "{c:?}");
+    c.per_element = true;
+    assert!(format!("{c:?}").contains("per_element: true"), "{c:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -182,3 +182,46 @@ def test_bad_data_raises_data_error_with_the_cli_s_message(tmp_path, sluice_bin,
     assert str(data) in message
     if case == "undecodable image":
         assert "row 2" in message, message
+
+
+def _features(tmp_path, rows: int = 3000, width: int = 32) -> tuple[str, np.ndarray]:
+    """`x: fixed_size_list<float32>[width]`, each feature with its own scale and offset, in one
+    file of 3 row groups."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((rows, width)) * np.linspace(0.1, 40, width) + np.linspace(-500, 500, width))
+    x = x.astype(np.float32)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), width)
+    path = tmp_path / "features.parquet"
+    pq.write_table(pa.table({"x": column}), path, row_group_size=rows // 3, compression="zstd")
+    return str(path), x
+
+
+def _standardized(path: str, tmp_path, options: str) -> np.ndarray:
+    config = tmp_path / "p.yaml"
+    config.write_text(f"source: {{type: parquet, path: '{path}'}}\n"
+                      f"stages:\n- {{type: standardize, columns: [x]{options}}}\n")
+    batches = [b.to_arrow().column("x") for b in sluice.Pipeline(config)]
+    values = pa.chunked_array(batches).combine_chunks()
+    return values.values.to_numpy().reshape(len(values), -1)
+
+
+def test_per_element_standardize_equals_numpy(tmp_path):
+    path, x = _features(tmp_path)
+    # Given per-feature statistics: the same float32 arithmetic as numpy, bit for bit.
+    mean, std = x.astype(np.float64).mean(axis=0), x.astype(np.float64).std(axis=0)
+    options = f", mean: {json.dumps(mean.tolist())}, std: {json.dumps(std.tolist())}"
+    got = _standardized(path, tmp_path, options)
+    want = (x - mean.astype(np.float32)) / std.astype(np.float32)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # Computed per feature (`per_element: true`): numpy's mean and population std (ddof 0),
+    # to float64 rounding, so the output equals numpy's to float32 rounding.
+    got = _standardized(path, tmp_path, ", per_element: true")
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+    # Each feature now has mean 0 and std 1, up to float32's resolution of its values (feature
+    # 0: ±500 with std 0.1, so ~3e-5 / 0.1 per value).
+    np.testing.assert_allclose(got.astype(np.float64).mean(axis=0), 0, atol=1e-3)
+    np.testing.assert_allclose(got.astype(np.float64).std(axis=0), 1, rtol=1e-3)
+    # One statistic for the whole column (the default) is not per feature.
+    whole = _standardized(path, tmp_path, "")
+    assert not np.allclose(whole.std(axis=0), 1, rtol=0.1)

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use arrow::datatypes::SchemaRef;
 
-use super::stats::{compute_stats, placeholder_stats, stats_note};
+use super::stats::{compute_stats, frozen_values, placeholder_stats, stats_note};
 use super::{Pipeline, PreparedPipeline, StageSlot, passes};
 use crate::batch::Mark;
 use crate::config::Located;
@@ -16,7 +16,7 @@ use crate::source::Source;
 use crate::source::SourceConfig;
 use crate::source::kafka::KafkaSource;
 use crate::source::parquet::ParquetSource;
-use crate::stage::{self, ShuffleConfig, StageConfig};
+use crate::stage::{self, ColumnStats, ShuffleConfig, StageConfig};
 use crate::state::{Acknowledger, PlanSource};
 
 impl Pipeline {
@@ -248,17 +248,18 @@ impl Pipeline {
                 .await?;
                 for (name, st) in &computed {
                     let note = stats_note(name, st);
-                    if st.skipped > 0 || st.count == 0 {
+                    if st.iter().any(|s| s.skipped > 0 || s.count == 0) {
                         tracing::warn!("{sref}: {note}");
                     }
                     stage_metrics[i].note(note);
                 }
-                frozen.extend(computed.iter().map(|(name, st)| Located {
+                frozen.extend(computed.iter().map(|(name, each)| Located {
                     value: StageConfig::Standardize(crate::stage::StandardizeConfig {
                         columns: vec![name.clone()],
-                        mean: Some(st.mean),
-                        std: Some(st.std()),
+                        mean: Some(frozen_values(each, |s| s.mean)),
+                        std: Some(frozen_values(each, ColumnStats::std)),
                         non_finite: None,
+                        per_element: false,
                     }),
                     location: s.location.clone(),
                 }));

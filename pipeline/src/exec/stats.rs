@@ -12,7 +12,9 @@ use crate::pipeline_config::PipelineConfig;
 use crate::runtime::{CpuPool, PipelineMetrics};
 use crate::source::Source;
 use crate::source::parquet::ParquetSource;
-use crate::stage::{BuiltStage, ColumnStats, ComputedStats, StageConfig};
+use crate::stage::{
+    BuiltStage, ColumnStats, ComputedStats, StageConfig, per_element_width, update_elements,
+};
 use crate::state::Acknowledger;
 
 /// For a `standardize` stage not given its mean and std, statistics to build it with before
@@ -22,7 +24,10 @@ pub(super) fn placeholder_stats(config: &StageConfig) -> Option<ComputedStats> {
         StageConfig::Standardize(c) if c.mean.is_none() && c.std.is_none() => Some(
             c.columns
                 .iter()
-                .map(|n| (n.clone(), ColumnStats::given(0.0, 1.0)))
+                .map(|n| {
+                    let one = vec![ColumnStats::given(0.0, 1.0)];
+                    (n.clone(), if c.per_element { Vec::new() } else { one })
+                })
                 .collect(),
         ),
         _ => None,
@@ -77,12 +82,20 @@ pub(super) async fn compute_stats(
             .map_err(|_| Error::Internal(format!("column {name} vanished")))?;
         indices.push((name.clone(), i));
     }
-    let mut stats: ComputedStats = c
-        .columns
+    // One accumulator per column, or per element with `per_element` (none for a column that
+    // is not a fixed-size list: the stage's build then refuses it, naming the column).
+    let mut stats: ComputedStats = indices
         .iter()
-        .map(|n| (n.clone(), ColumnStats::empty()))
+        .map(|(n, i)| {
+            let width = match c.per_element {
+                true => per_element_width(schema.field(*i).data_type()).unwrap_or(0),
+                false => 1,
+            };
+            (n.clone(), vec![ColumnStats::empty(); width])
+        })
         .collect();
     let skip = c.non_finite.unwrap_or_default() == crate::stage::NonFinite::Skip;
+    let per_element = c.per_element;
     let mut stream = prepared.stream();
     while let Some(batch) = stream.next().await {
         let batch = batch?;
@@ -92,7 +105,13 @@ pub(super) async fn compute_stats(
         stats = pool
             .run(move || -> Result<ComputedStats> {
                 for ((name, i), (_, s)) in idx.iter().zip(st.iter_mut()) {
-                    let first = s.update(batch.data.column(*i)).map_err(|e| Error::Arrow {
+                    let column = batch.data.column(*i);
+                    let first = match s.as_mut_slice() {
+                        [] => Ok(None),
+                        [one] if !per_element => one.update(column),
+                        each => update_elements(each, column),
+                    }
+                    .map_err(|e| Error::Arrow {
                         context: "computing standardize statistics".into(),
                         source: e,
                     })?;
@@ -108,16 +127,21 @@ pub(super) async fn compute_stats(
                             rows: row,
                         });
                     }
-                    if s.first_skipped.is_none() {
-                        s.first_skipped = Some(row);
+                    if s[0].first_skipped.is_none() {
+                        s[0].first_skipped = Some(row);
                     }
                 }
                 Ok(st)
             })
             .await??;
     }
-    for (name, st) in &stats {
-        check_stats(sref, name, st)?;
+    for (name, each) in &stats {
+        for (k, st) in each.iter().enumerate() {
+            match c.per_element {
+                true => check_stats(sref, &format!("{name}[{k}]"), st)?,
+                false => check_stats(sref, name, st)?,
+            }
+        }
     }
     Ok(stats)
 }
@@ -143,9 +167,16 @@ fn check_stats(sref: &StageRef, name: &str, st: &ColumnStats) -> Result<()> {
     })
 }
 
-/// The run summary's line about one column's computed statistics (`check_stats` has refused
-/// the ones that are not numbers).
-pub(super) fn stats_note(name: &str, st: &ColumnStats) -> String {
+/// The run summary's line about one column's computed statistics — one for the column, or
+/// one per element (`check_stats` has refused the ones that are not numbers).
+pub(super) fn stats_note(name: &str, each: &[ColumnStats]) -> String {
+    match each {
+        [st] => column_note(name, st),
+        _ => elements_note(name, each),
+    }
+}
+
+fn column_note(name: &str, st: &ColumnStats) -> String {
     if st.count == 0 {
         // No row reached the stage (an empty source, a filter that keeps none) or only nulls:
         // mean 0 and std 1 leave whatever comes later as it is.
@@ -154,14 +185,43 @@ pub(super) fn stats_note(name: &str, st: &ColumnStats) -> String {
         );
     }
     let mut note = format!("computed over {} values of `{name}`", st.count);
-    if st.skipped > 0 {
-        note += &format!(
-            ", {} NaN/±inf value(s) left out (`non_finite: skip`; the first at {})",
-            st.skipped,
-            st.first_skipped.as_deref().unwrap_or("an unknown row")
-        );
-    }
+    note += &skipped_note(st.skipped, st.first_skipped.as_deref());
     note + &format!(": mean {:.6}, std {:.6}", st.mean, st.std())
+}
+
+fn elements_note(name: &str, each: &[ColumnStats]) -> String {
+    let range = |f: &dyn Fn(&ColumnStats) -> f64| {
+        each.iter()
+            .map(f)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+    };
+    let (mean_lo, mean_hi) = range(&|s| s.mean);
+    let (std_lo, std_hi) = range(&|s| s.std());
+    let (few, most) = range(&|s| s.count as f64);
+    let empty = each.iter().filter(|s| s.count == 0).count();
+    let mut note = format!(
+        "computed per element over {} elements of `{name}` ({few}–{most} values each",
+        each.len()
+    );
+    if empty > 0 {
+        note += &format!("; warning: {empty} element(s) had no values: mean 0, std 1");
+    }
+    note += ")";
+    let skipped = each.iter().map(|s| s.skipped).sum();
+    note += &skipped_note(skipped, each[0].first_skipped.as_deref());
+    note + &format!(": mean in [{mean_lo:.6}, {mean_hi:.6}], std in [{std_lo:.6}, {std_hi:.6}]")
+}
+
+fn skipped_note(skipped: u64, first: Option<&str>) -> String {
+    if skipped == 0 {
+        return String::new();
+    }
+    format!(
+        ", {skipped} NaN/±inf value(s) left out (`non_finite: skip`; the first at {})",
+        first.unwrap_or("an unknown row")
+    )
 }
 
 impl BuiltStage {
@@ -175,5 +235,16 @@ impl BuiltStage {
             },
             BuiltStage::Shuffle(s) => BuiltStage::Shuffle(s.clone()),
         }
+    }
+}
+
+/// Computed statistics written into a config: one number, or a list with one per element.
+pub(super) fn frozen_values(
+    each: &[ColumnStats],
+    f: impl Fn(&ColumnStats) -> f64,
+) -> crate::stage::NumberOrList {
+    match each {
+        [one] => crate::stage::NumberOrList::One(f(one)),
+        _ => crate::stage::NumberOrList::Each(each.iter().map(f).collect()),
     }
 }

@@ -62,10 +62,12 @@ pub use rebatch::BatchConfig;
 pub use registry::StageConfig;
 pub(crate) use registry::build;
 pub use shuffle::settings::{GroupByLength, ShuffleConfig};
-pub(crate) use stats::ColumnStats;
+pub(crate) use stats::{ColumnStats, update_elements};
 pub use tokens::MaskTokensConfig;
+pub(crate) use values::per_element_width;
 pub use values::{
-    ClipConfig, FillNullConfig, FilterConfig, NonFinite, OneHotConfig, StandardizeConfig,
+    ClipConfig, FillNullConfig, FilterConfig, NonFinite, NumberOrList, OneHotConfig,
+    StandardizeConfig,
 };
 
 /// A stateless, per-batch transformation.
@@ -99,8 +101,10 @@ pub(crate) fn seeded_rng(seed: u64, domain: u64, epoch: u64, extra: u64) -> ChaC
     ChaCha8Rng::from_seed(key)
 }
 
-/// Statistics computed for a `standardize` stage without given `mean`/`std`, per column.
-pub(crate) type ComputedStats = Vec<(String, ColumnStats)>;
+/// Statistics computed for a `standardize` stage without given `mean`/`std`, per column: one
+/// for the whole column, or one per list element (`per_element`; none in a placeholder built
+/// before the list size is known).
+pub(crate) type ComputedStats = Vec<(String, Vec<ColumnStats>)>;
 
 /// A schema's fields as owned values, for a stage to change some and build its output schema.
 pub(crate) fn owned_fields(schema: &Schema) -> Vec<Field> {

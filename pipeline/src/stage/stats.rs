@@ -116,13 +116,86 @@ impl ColumnStats {
         let centered = numeric::sub(xf, &Scalar::new(Float64Array::from(vec![mean])))?;
         let sq = numeric::mul(&centered, &centered)?;
         let m2 = arrow::compute::sum(sq.as_primitive::<Float64Type>()).unwrap_or(0.0);
+        self.merge(n, mean, m2);
+        Ok(first)
+    }
+
+    /// Merges `n` values with mean `mean` and squared deviations `m2` (Chan et al.).
+    fn merge(&mut self, n: u64, mean: f64, m2: f64) {
+        if n == 0 {
+            return;
+        }
         let total = self.count + n;
         let delta = mean - self.mean;
         self.mean += delta * n as f64 / total as f64;
         self.m2 += m2 + delta * delta * (self.count as f64) * (n as f64) / total as f64;
         self.count = total;
-        Ok(first)
     }
+}
+
+/// Folds a `fixed_size_list` column into one [`ColumnStats`] per element (`stats[k]` takes
+/// element `k` of every row): per-feature statistics, as scikit-learn's `StandardScaler`.
+/// Null rows and null elements are left out, NaN and ±inf counted in the element's `skipped`;
+/// the first of them is returned with its row. Written as one loop over rows (two passes:
+/// the batch's means, then squared deviations from them, merged by Chan et al.) — Arrow has
+/// no strided per-element aggregate.
+pub(crate) fn update_elements(
+    stats: &mut [ColumnStats],
+    array: &ArrayRef,
+) -> Result<Option<NonFiniteValue>, ArrowError> {
+    let width = stats.len();
+    let list = array.as_fixed_size_list();
+    if list.value_length() as usize != width || width == 0 {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "{} elements per row, statistics for {width}",
+            list.value_length()
+        )));
+    }
+    let values = list
+        .values()
+        .slice(list.offset() * width, list.len() * width);
+    let x = cast(&values, &DataType::Float64)?;
+    let xf = x.as_primitive::<Float64Type>();
+    let v = xf.values();
+    let keep = |r: usize, i: usize| list.is_valid(r) && xf.is_valid(i);
+    let mut count = vec![0u64; width];
+    let mut sum = vec![0.0f64; width];
+    let mut first = None;
+    for r in 0..list.len() {
+        for k in 0..width {
+            let i = r * width + k;
+            if !keep(r, i) {
+                continue;
+            }
+            if v[i].is_finite() {
+                count[k] += 1;
+                sum[k] += v[i];
+            } else {
+                stats[k].skipped += 1;
+                first.get_or_insert(NonFiniteValue {
+                    row: r,
+                    value: v[i],
+                });
+            }
+        }
+    }
+    let mean: Vec<f64> = (0..width)
+        .map(|k| sum[k] / count[k].max(1) as f64)
+        .collect();
+    let mut m2 = vec![0.0f64; width];
+    for r in 0..list.len() {
+        for k in 0..width {
+            let i = r * width + k;
+            if keep(r, i) && v[i].is_finite() {
+                let d = v[i] - mean[k];
+                m2[k] += d * d;
+            }
+        }
+    }
+    for (k, st) in stats.iter_mut().enumerate() {
+        st.merge(count[k], mean[k], m2[k]);
+    }
+    Ok(first)
 }
 
 /// The row of `array` holding value `leaf` of [`leaf_values`]`(array)`.

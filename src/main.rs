@@ -520,6 +520,21 @@ fn print_summary(config: &Path, r: &RunReport) {
             .map(|o| format!(" -> {o}"))
             .unwrap_or_default()
     );
+    if let Some(ready) = r.consumer_readiness {
+        out!(
+            "  ready    {:.1}% of batches were waiting when the sink asked (per queue: {})",
+            100.0 * ready,
+            r.queue_readiness
+                .iter()
+                .map(|q| format!(
+                    "{} {:.1}%",
+                    sluice::observe::short_name(&q.queue),
+                    100.0 * q.ready
+                ))
+                .collect::<Vec<_>>()
+                .join(" · ")
+        );
+    }
     out!(
         "  elapsed  {:.3} s: {:.0} rows/s, {:.1} MB/s (decoded Arrow bytes){}",
         r.elapsed_seconds,

@@ -363,6 +363,7 @@ struct QueueFamilies {
     q_bytes: Family,
     q_blocked: Family,
     q_waited: Family,
+    q_ready: Family,
 }
 
 impl QueueFamilies {
@@ -386,6 +387,10 @@ impl QueueFamilies {
                 "queue_recv_waited_seconds",
                 "Seconds the consumer of a queue waited for a batch: upstream is slower",
             ),
+            q_ready: F::counter(
+                "queue_batches_ready",
+                "Batches already waiting when the consumer of a queue asked (readiness = ready / popped)",
+            ),
         }
     }
 
@@ -400,7 +405,8 @@ impl QueueFamilies {
             self.q_bytes_out.add(l.clone(), get(&q.bytes_popped) as f64);
             self.q_bytes.add(l.clone(), q.bytes_queued() as f64);
             self.q_blocked.add(l.clone(), ns(get(&q.send_blocked_ns)));
-            self.q_waited.add(l, ns(get(&q.recv_waited_ns)));
+            self.q_waited.add(l.clone(), ns(get(&q.recv_waited_ns)));
+            self.q_ready.add(l, get(&q.ready) as f64);
         }
     }
 
@@ -414,6 +420,7 @@ impl QueueFamilies {
             self.q_bytes,
             self.q_blocked,
             self.q_waited,
+            self.q_ready,
         ]
     }
 }

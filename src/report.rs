@@ -22,6 +22,10 @@ pub struct ChainElement {
     pub output_blocked_seconds: Option<f64>,
     /// Fraction of the run spent blocked so.
     pub output_blocked_fraction: Option<f64>,
+    /// Share of the batches in its output queue that were already waiting when the element
+    /// after it asked for them (SPDL's readiness; ≥ 0.99: this side is ahead). Summed over
+    /// ranks. Not known for the consumer.
+    pub output_readiness: Option<f64>,
 }
 
 /// A stage's totals.
@@ -118,6 +122,8 @@ impl Report {
         let mut chain: Vec<ChainElement> = Vec::new();
         let mut stages: Vec<StageTotals> = Vec::new();
         let ranks = pipelines.len().max(1) as f64;
+        // Per queue: (ready, popped), summed over ranks.
+        let mut ready: Vec<(u64, u64)> = Vec::new();
         for (_, m) in &pipelines {
             for (i, (name, q)) in m.queues().iter().enumerate() {
                 let blocked = get(&q.send_blocked_ns) as f64 / 1e9;
@@ -126,11 +132,15 @@ impl Report {
                         name: short_name(name),
                         output_blocked_seconds: Some(0.0),
                         output_blocked_fraction: Some(0.0),
+                        output_readiness: None,
                     });
+                    ready.push((0, 0));
                 }
                 if let Some(b) = &mut chain[i].output_blocked_seconds {
                     *b += blocked / ranks;
                 }
+                ready[i].0 += get(&q.ready);
+                ready[i].1 += get(&q.popped);
             }
             for (i, st) in m.stages().iter().enumerate() {
                 if stages.len() <= i {
@@ -146,8 +156,9 @@ impl Report {
                 stages[i].busy_seconds += get(&st.busy_ns) as f64 / 1e9;
             }
         }
-        for e in &mut chain {
+        for (e, &(r, popped)) in chain.iter_mut().zip(&ready) {
             e.output_blocked_fraction = e.output_blocked_seconds.map(|b| b / seconds);
+            e.output_readiness = (popped > 0).then(|| r as f64 / popped as f64);
         }
         let consumer = match kind {
             "train" => "trainer",
@@ -158,6 +169,7 @@ impl Report {
             name: consumer.into(),
             output_blocked_seconds: None,
             output_blocked_fraction: None,
+            output_readiness: None,
         });
         let stall = training.as_ref().and_then(|c| c.data_stall_fraction);
         let pool_threads = pipelines
@@ -300,11 +312,14 @@ impl Report {
                 s.busy_seconds
             ));
         }
-        h.push_str("</table>\n<h2>Queues</h2><p>Time each element waited to hand on a batch because the next one was busy (its output queue full).</p><table><tr><th>element</th><th>blocked (s)</th><th>of the run</th></tr>");
+        h.push_str("</table>\n<h2>Queues</h2><p>Time each element waited to hand on a batch because the next one was busy (its output queue full), and its readiness: the share of its batches already waiting when the next element asked (≥ 99%: it is ahead).</p><table><tr><th>element</th><th>blocked (s)</th><th>of the run</th><th>ready</th></tr>");
         for e in &self.chain {
             if let (Some(b), Some(f)) = (e.output_blocked_seconds, e.output_blocked_fraction) {
+                let ready = e
+                    .output_readiness
+                    .map_or("-".into(), |r| format!("{:.1}%", 100.0 * r));
                 h.push_str(&format!(
-                    "<tr><td>{}</td><td>{b:.3}</td><td>{:.1}%</td></tr>",
+                    "<tr><td>{}</td><td>{b:.3}</td><td>{:.1}%</td><td>{ready}</td></tr>",
                     esc(&e.name),
                     100.0 * f
                 ));
@@ -568,6 +583,7 @@ mod tests {
             name: name.into(),
             output_blocked_seconds: f,
             output_blocked_fraction: f,
+            output_readiness: None,
         }
     }
 

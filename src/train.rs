@@ -272,8 +272,12 @@ fn print_summary(config: &Path, r: &TrainReport) {
             ),
         }
     }
+    let ready = r
+        .data_readiness
+        .map(|x| format!("ready {:.1}% of batches, ", 100.0 * x))
+        .unwrap_or_default();
     out!(
-        "  data     stall {:.2}% of the loop's time ({:.2} s waiting), all-reduce {:.2} s",
+        "  data     {ready}stall {:.2}% of the loop's time ({:.2} s waiting), all-reduce {:.2} s",
         100.0 * r.data_stall_fraction,
         r.data_wait_seconds,
         r.allreduce_seconds

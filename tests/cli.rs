@@ -91,9 +91,21 @@ fn the_summary_counts_what_the_shard_policy_leaves_out_or_repeats() {
             .arg(&summary)
             .assert()
             .success()
-            .stdout(contains(format!("  shard    {said}")));
+            .stdout(contains(format!("  shard    {said}")))
+            .stdout(contains("  ready    "))
+            .stdout(contains(
+                "% of batches were waiting when the sink asked (per queue: ",
+            ));
         let r: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+        // Readiness: the sink's, and every queue's, each a share.
+        let share = |v: &serde_json::Value| v.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x));
+        assert!(share(&r["consumer_readiness"]), "{r}");
+        let queues = r["queue_readiness"].as_array().unwrap();
+        assert!(
+            !queues.is_empty() && queues.iter().all(|q| share(&q["ready"])),
+            "{r}"
+        );
         assert_eq!(
             (&r["rows_read"], &r["shard_left_out"], &r["shard_repeated"]),
             (&rows.into(), &left_out.into(), &repeated.into()),

@@ -230,6 +230,17 @@ trainer:
         serde_json::from_slice(&std::fs::read(rep.join("report.json")).unwrap()).unwrap();
     assert_eq!(json["kind"], "train");
     assert_eq!(json["summary"]["interrupted"], true);
+    // Each queue's readiness (a share), none for the consumer at the end of the chain.
+    let chain = json["chain"].as_array().unwrap();
+    assert!(
+        chain[..chain.len() - 1]
+            .iter()
+            .all(|e| e["output_readiness"]
+                .as_f64()
+                .is_some_and(|r| (0.0..=1.0).contains(&r))),
+        "{chain:?}"
+    );
+    assert!(chain.last().unwrap()["output_readiness"].is_null());
     assert!(!json["bottleneck"]["element"].as_str().unwrap().is_empty());
     assert!(
         !json["bottleneck"]["suggestion"]

@@ -53,6 +53,9 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
         per_rank[0],
         "rank 0's"
     );
+    // Rank 0's loader readiness: a share of its batches after the first.
+    let ready = r["data_readiness"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&ready), "{ready}");
     let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(eval["rows"], 360, "the whole test split, each row once");
     let acc = eval["accuracy"].as_f64().unwrap();
@@ -63,7 +66,8 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         stdout.contains("eval     accuracy")
-            && stdout.contains("stall")
+            && stdout.contains("data     ready ")
+            && stdout.contains("% of batches, stall")
             && stdout.contains("data     per rank: "),
         "{stdout}"
     );

@@ -362,6 +362,10 @@ pub struct LoaderStats {
     pub span_ns: AtomicU64,
     /// Time spent converting and moving batches to the device (ns, loader side).
     pub convert_ns: AtomicU64,
+    /// Batches (after the first) that were ready when the consumer asked for them: the
+    /// loader's readiness is `ready / (batches - 1)` (SPDL's headline; ≥ 99%: the loader is
+    /// ahead of the training step).
+    pub ready: AtomicU64,
 }
 
 impl LoaderStats {
@@ -372,6 +376,13 @@ impl LoaderStats {
             return 0.0;
         }
         self.wait_ns.load(Ordering::Relaxed) as f64 / span as f64
+    }
+
+    /// Share of the batches after the first that were already waiting when the consumer
+    /// asked (the first is start-up, as for the stall); `None` before the second.
+    pub fn readiness(&self) -> Option<f64> {
+        let after_first = self.batches.load(Ordering::Relaxed).saturating_sub(1);
+        (after_first > 0).then(|| self.ready.load(Ordering::Relaxed) as f64 / after_first as f64)
     }
 
     /// Total wait.
@@ -499,6 +510,8 @@ impl Stream for TensorStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let now = Instant::now();
+        // A batch returned by the first poll since the last delivery was waiting: ready.
+        let first_poll = self.waiting_since.is_none();
         let asked = *self.waiting_since.get_or_insert(now);
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
@@ -516,6 +529,9 @@ impl Stream for TensorStream {
                         .startup_ns
                         .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed),
                     Some(prev) => {
+                        if first_poll {
+                            stats.ready.fetch_add(1, Ordering::Relaxed);
+                        }
                         stats
                             .wait_ns
                             .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);

@@ -197,3 +197,80 @@ async fn augmentation_does_not_depend_on_batching() {
     let c = flat(collect(&run(100, 64).replace("seed: 11", "seed: 99")).await);
     assert_ne!(a, c);
 }
+
+/// `x: fixed_size_list<float32>[width]` in `groups` row groups of `rows` rows.
+fn wide_file(dir: &std::path::Path, groups: usize, rows: usize, width: usize) -> String {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "x",
+        DataType::FixedSizeList(item.clone(), width as i32),
+        false,
+    )]));
+    let path = dir.join("wide.parquet");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
+    for g in 0..groups {
+        let values = Float32Array::from_iter_values((0..rows * width).map(|i| (i + g) as f32));
+        let list = FixedSizeListArray::new(item.clone(), width as i32, Arc::new(values), None);
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(list) as ArrayRef]).unwrap();
+        w.write(&batch).unwrap();
+        w.flush().unwrap();
+    }
+    w.close().unwrap();
+    path.display().to_string()
+}
+
+/// Data readiness at the consumer (the last queue): a stage far slower than the consumer
+/// leaves the consumer asking before each batch is there (readiness < 50%); a pipeline far
+/// faster than its consumer has every batch but the first waiting (≥ 99%).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_falls_behind_a_slow_stage_and_stays_up_with_a_fast_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    // Slow: Gaussian noise over 64 × 8192 values per batch on one thread, one batch per row
+    // group; the consumer takes each batch at once.
+    let path = wide_file(dir.path(), 16, 64, 8192);
+    let slow = format!(
+        "source: {{type: parquet, path: '{path}', batch_rows: 64}}\n\
+         stages:\n\
+         - {{type: gaussian_noise, columns: [x], std: 0.1, seed: 1}}\n\
+         runtime: {{threads: 1}}\n"
+    );
+    let prepared = Pipeline::from_yaml(&slow).unwrap().prepare().await.unwrap();
+    let metrics = prepared.metrics();
+    let mut s = prepared.stream();
+    let mut batches = 0;
+    while let Some(b) = s.next().await {
+        b.unwrap();
+        batches += 1;
+    }
+    assert_eq!(batches, 16);
+    let ready = metrics.consumer_readiness().unwrap();
+    eprintln!("slow stage: consumer readiness {ready:.3}");
+    assert!(ready < 0.5, "slow stage: readiness {ready}");
+    // Fast: 4-row batches of the digits (two epochs) read ahead while the consumer spends
+    // 2 ms on each (a training step's stand-in). Only the first batch (start-up) may miss.
+    let fast = format!(
+        "source: {{type: parquet, path: '{}', batch_rows: 4, epochs: 2}}\nruntime: {{threads: 2}}\n",
+        digits()
+    );
+    let prepared = Pipeline::from_yaml(&fast).unwrap().prepare().await.unwrap();
+    let metrics = prepared.metrics();
+    let mut s = prepared.stream();
+    let mut batches = 0;
+    while let Some(b) = s.next().await {
+        b.unwrap();
+        batches += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    assert!(batches >= 500, "{batches} batches");
+    let ready = metrics.consumer_readiness().unwrap();
+    eprintln!("fast pipeline: consumer readiness {ready:.4} over {batches} batches");
+    assert!(
+        ready >= 0.99,
+        "fast pipeline: readiness {ready} over {batches} batches"
+    );
+}

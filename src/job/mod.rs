@@ -309,9 +309,25 @@ pub struct RunReport {
     /// The process's peak resident memory so far, in bytes (Linux: `VmHWM`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
+    /// Share of the batches the sink found already waiting when it asked for the next one
+    /// (the last queue's readiness; ≥ 0.99: the pipeline is ahead of the sink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer_readiness: Option<f64>,
+    /// Each queue's readiness, in pipeline order: where the chain first runs dry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue_readiness: Vec<QueueReadiness>,
     /// Set when the run continued from a checkpoint (`--resume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed: Option<Resumed>,
+}
+
+/// One queue's readiness (see [`RunReport::queue_readiness`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueReadiness {
+    /// The element that fills it (`source`, a stage).
+    pub queue: String,
+    /// Batches the element after it found already waiting, over the batches it took.
+    pub ready: f64,
 }
 
 /// This process's peak resident memory in bytes, as the kernel counts it for its address
@@ -603,6 +619,17 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
             .collect(),
         rows_per_second: g(&m.source.rows) as f64 / secs,
         mb_per_second: g(&m.source.bytes_decoded) as f64 / 1e6 / secs,
+        consumer_readiness: m.consumer_readiness(),
+        queue_readiness: m
+            .queues()
+            .iter()
+            .filter_map(|(name, q)| {
+                q.readiness().map(|ready| QueueReadiness {
+                    queue: name.clone(),
+                    ready,
+                })
+            })
+            .collect(),
         resumed: None,
     }
 }

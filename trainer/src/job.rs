@@ -215,6 +215,11 @@ pub struct TrainReport {
     pub rows_per_second: f64,
     /// Fraction of the training loop's time spent waiting for data (rank 0).
     pub data_stall_fraction: f64,
+    /// Share of rank 0's batches (after the first) that were already waiting when the loop
+    /// asked for them (SPDL's readiness; ≥ 0.99: the loader is ahead). `None` with fewer than
+    /// two batches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_readiness: Option<f64>,
     /// The same fraction for every rank, by rank: the all-reduce waits for the slowest, so a
     /// rank starved of data shows here while rank 0's figure looks fine.
     pub data_stall_per_rank: Vec<f64>,

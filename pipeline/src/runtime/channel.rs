@@ -31,9 +31,19 @@ pub struct QueueStats {
     pub send_blocked_ns: AtomicU64,
     /// Nanoseconds the consumer waited for a batch: the producer side is slower.
     pub recv_waited_ns: AtomicU64,
+    /// Batches the consumer found already waiting when it asked for the next one (SPDL's
+    /// readiness: `ready / popped`; ≥ 99% means the producer side is ahead).
+    pub ready: AtomicU64,
 }
 
 impl QueueStats {
+    /// Share of the batches taken that were already waiting when asked for; `None` before
+    /// the first.
+    pub fn readiness(&self) -> Option<f64> {
+        let popped = self.popped.load(Ordering::Relaxed);
+        (popped > 0).then(|| self.ready.load(Ordering::Relaxed) as f64 / popped as f64)
+    }
+
     /// Bytes in the queue now.
     pub fn bytes_queued(&self) -> u64 {
         let pushed = self.bytes_pushed.load(Ordering::Relaxed);
@@ -143,7 +153,10 @@ impl Receiver {
     /// Next batch, or `None` when the sender finished.
     pub(crate) async fn recv(&mut self) -> Option<Result<Batch>> {
         let item = match self.rx.try_recv() {
-            Ok(item) => item,
+            Ok(item) => {
+                self.stats.ready.fetch_add(1, Ordering::Relaxed);
+                item
+            }
             Err(mpsc::error::TryRecvError::Disconnected) => return None,
             Err(mpsc::error::TryRecvError::Empty) => {
                 let waited = Instant::now();
@@ -164,6 +177,10 @@ impl Receiver {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Batch>>> {
         let polled = self.rx.poll_recv(cx);
+        // Ready at the first poll for this batch: it was waiting.
+        if matches!(polled, std::task::Poll::Ready(Some(_))) && self.waiting_since.is_none() {
+            self.stats.ready.fetch_add(1, Ordering::Relaxed);
+        }
         match (&polled, self.waiting_since) {
             (std::task::Poll::Pending, None) => self.waiting_since = Some(Instant::now()),
             (std::task::Poll::Ready(_), Some(since)) => {
@@ -202,6 +219,26 @@ mod tests {
             row_group: 0,
         };
         Batch::new(data, Lineage::new(origin, 0, rows as u64, 0))
+    }
+
+    /// A batch already queued when asked for counts as ready; one the consumer had to wait
+    /// for (a first poll that found the queue empty) does not.
+    #[tokio::test]
+    async fn readiness_counts_the_batches_that_were_already_waiting() {
+        let stats = Arc::new(QueueStats::default());
+        let (tx, mut rx) = channel(1 << 20, stats.clone());
+        assert_eq!(stats.readiness(), None);
+        assert!(tx.send(Ok(batch(8))).await);
+        assert!(rx.recv().await.is_some()); // waiting: ready
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(rx.poll_recv(&mut cx).is_pending()); // asked, empty
+        assert!(tx.send(Ok(batch(8))).await);
+        assert!(rx.poll_recv(&mut cx).is_ready()); // came after the ask: not ready
+        assert!(tx.send(Ok(batch(8))).await);
+        assert!(rx.poll_recv(&mut cx).is_ready()); // waiting: ready
+        assert_eq!(stats.ready.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.readiness(), Some(2.0 / 3.0));
     }
 
     #[tokio::test]

@@ -230,6 +230,12 @@ impl PipelineMetrics {
         self.stages.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Readiness of the stream's consumer: the share of batches that were already waiting
+    /// in the last queue when the consumer (sink, trainer, your loop) asked for them.
+    pub fn consumer_readiness(&self) -> Option<f64> {
+        self.queues().last().and_then(|(_, q)| q.readiness())
+    }
+
     /// Queues (name of the consumer side, counters), in pipeline order.
     pub fn queues(&self) -> Vec<(String, Arc<QueueStats>)> {
         self.queues.lock().map(|s| s.clone()).unwrap_or_default()

@@ -181,8 +181,7 @@ pub(crate) fn worker(
         first,
         shape,
     } = setup::open_data(job, rank, config, data, &resumed, options, handle)?;
-    // Step counters are rank 0's.
-    let live_steps = live.as_ref().filter(|_| rank == 0);
+    let live_steps = live.as_ref().filter(|_| rank == 0); // step counters are rank 0's
 
     // The model: rank 0's initial weights, broadcast.
     let vs = VarStore::new(device);
@@ -240,6 +239,7 @@ pub(crate) fn worker(
         seconds: started.elapsed().as_secs_f64(),
         rows_per_second: run.rows_this_run as f64 / loop_time.as_secs_f64().max(1e-9),
         data_stall_fraction: stats.stall_fraction(),
+        data_readiness: stats.readiness(),
         data_stall_max: stalls.iter().copied().fold(0.0, f64::max),
         data_stall_per_rank: stalls,
         data_wait_seconds: stats.waited().as_secs_f64(),

@@ -157,6 +157,7 @@ pub(super) fn already_complete(
         seconds: started.elapsed().as_secs_f64(),
         rows_per_second: 0.0,
         data_stall_fraction: 0.0,
+        data_readiness: None,
         data_stall_per_rank: Vec::new(),
         data_stall_max: 0.0,
         data_wait_seconds: 0.0,

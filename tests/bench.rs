@@ -57,6 +57,10 @@ fn bench(workload: &str, rows: usize) {
     let r: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("bench.json")).unwrap()).unwrap();
     assert_eq!(r["rows"], rows);
+    assert_eq!(
+        r["layout"], "compressed",
+        "the default: files as pyarrow writes them"
+    );
     let variants = r["variants"].as_array().unwrap();
     let names: Vec<&str> = variants
         .iter()
@@ -102,6 +106,11 @@ fn bench(workload: &str, rows: usize) {
         );
         assert!(v["vs_raw"].as_f64().unwrap() > 0.0, "{name}");
         assert!(v["cpu_seconds_per_1k"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(
+            v["samples_per_cpu_second"].as_f64().unwrap() > 0.0,
+            "{name}"
+        );
+        assert!(v["vs_raw_per_cpu"].as_f64().unwrap() > 0.0, "{name}");
     }
     if package {
         assert!(r["python_vs_sluice"].as_f64().unwrap() > 0.0);

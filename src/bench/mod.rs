@@ -19,7 +19,7 @@ mod workload;
 use child::Measured;
 pub(crate) use child::child;
 pub(crate) use workload::Workload;
-use workload::{generate, yaml};
+use workload::{Layout, generate, yaml};
 
 /// Options of `sluice bench`.
 #[derive(Debug, clap::Args)]
@@ -30,6 +30,11 @@ pub(crate) struct BenchArgs {
     /// Rows to generate [default: 200000 images, 2000000 tabular].
     #[arg(long)]
     rows: Option<usize>,
+    /// How the generated files are laid out: `compressed` (zstd, a few large row groups, as
+    /// pyarrow or Spark write datasets) or `uncompressed` (PLAIN, no compression: the decode
+    /// is a memory copy).
+    #[arg(long, value_enum, default_value_t = Layout::Compressed)]
+    layout: Layout,
     /// Runs per variant; the best counts.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -62,13 +67,18 @@ struct Row {
     mb_per_second: Option<f64>,
     /// CPU time (user + system, all its threads and worker processes) per 1,000 samples.
     cpu_seconds_per_1k: Option<f64>,
+    /// Samples per CPU-second (user + system): what the work costs, whatever the threads.
+    samples_per_cpu_second: Option<f64>,
     /// Throughput relative to the raw decode.
     vs_raw: Option<f64>,
+    /// Samples per CPU-second relative to the raw decode's.
+    vs_raw_per_cpu: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
 struct Results {
     workload: Workload,
+    layout: Layout,
     rows: usize,
     threads: usize,
     cores: usize,
@@ -244,6 +254,7 @@ fn measure_variants(
         let cpu = best
             .as_ref()
             .and_then(|m| Some(m.cpu_seconds? * 1000.0 / m.rows.max(1) as f64));
+        let per_cpu = cpu.filter(|c| *c > 0.0).map(|c| 1000.0 / c);
         table.push(Row {
             variant,
             description,
@@ -252,7 +263,9 @@ fn measure_variants(
             samples_per_second: rate,
             mb_per_second: rate.map(|r| r * w.row_bytes() as f64 / 1e6),
             cpu_seconds_per_1k: cpu,
+            samples_per_cpu_second: per_cpu,
             vs_raw: None,
+            vs_raw_per_cpu: None,
         });
     }
     table
@@ -261,26 +274,28 @@ fn measure_variants(
 /// Prints the results table: a header, then each variant's numbers or why it was skipped.
 fn print_table(table: &[Row]) {
     out!(
-        "{:<11} {:<58} {:>11} {:>9} {:>9} {:>10} {:>7}",
+        "{:<11} {:<58} {:>11} {:>9} {:>11} {:>10} {:>7} {:>8}",
         "variant",
         "work",
         "samples/s",
         "MB/s",
-        "CPU s/1k",
+        "per CPU-s",
         "peak RSS",
-        "vs raw"
+        "vs raw",
+        "per CPU"
     );
     for r in table {
         match (&r.measured, &r.skipped) {
             (Some(m), _) => out!(
-                "{:<11} {:<58} {:>11.0} {:>9.1} {:>9.4} {:>6.0} MiB {:>6.2}×",
+                "{:<11} {:<58} {:>11.0} {:>9.1} {:>11.0} {:>6.0} MiB {:>6.2}× {:>7.2}×",
                 r.variant,
                 r.description,
                 r.samples_per_second.unwrap_or(0.0),
                 r.mb_per_second.unwrap_or(0.0),
-                r.cpu_seconds_per_1k.unwrap_or(f64::NAN),
+                r.samples_per_cpu_second.unwrap_or(f64::NAN),
                 m.peak_rss_mib,
-                r.vs_raw.unwrap_or(f64::NAN)
+                r.vs_raw.unwrap_or(f64::NAN),
+                r.vs_raw_per_cpu.unwrap_or(f64::NAN)
             ),
             (None, why) => out!(
                 "{:<11} {:<58} skipped: {}",
@@ -305,12 +320,12 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     };
     let data = args.data.clone().unwrap_or_else(|| dir.path().join("data"));
     let stamp = data.join(".sluice-bench");
-    let wanted = format!("{} {rows}", w.name());
+    let wanted = format!("{} {rows} {}", w.name(), args.layout.name());
     let generated = if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         Ok(())
     } else {
         std::fs::create_dir_all(&data)
-            .and_then(|()| generate(&data, w, rows))
+            .and_then(|()| generate(&data, w, rows, args.layout))
             .and_then(|()| std::fs::write(&stamp, &wanted))
     };
     if let Err(e) = generated {
@@ -332,20 +347,23 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     out!(
-        "sluice bench {}: {rows} rows ({:.0} MB), {} Sluice threads, {} cores, best of {}",
+        "sluice bench {}: {rows} rows ({:.0} MB, {}), {} Sluice threads, {} cores, best of {}",
         w.name(),
         (rows * w.row_bytes()) as f64 / 1e6,
+        args.layout.name(),
         args.threads,
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         args.repeat.max(1)
     );
     let mut table = measure_variants(args, rows, &peers, &script, &exe, &data, &config);
-    let raw = table[0].samples_per_second;
+    let (raw, raw_cpu) = (table[0].samples_per_second, table[0].samples_per_cpu_second);
+    let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
     for r in &mut table {
-        r.vs_raw = match (r.samples_per_second, raw) {
-            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-            _ => None,
-        };
+        r.vs_raw = over(r.samples_per_second, raw);
+        r.vs_raw_per_cpu = over(r.samples_per_cpu_second, raw_cpu);
     }
     print_table(&table);
     let ratio = |a: &str, b: &str| {
@@ -377,6 +395,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     }
     let results = Results {
         workload: w,
+        layout: args.layout,
         rows,
         threads: args.threads,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -8,7 +8,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, Encoding};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
@@ -56,13 +56,60 @@ impl Workload {
     }
 }
 
-const FILES: usize = 20;
-const GROUPS: usize = 10;
+/// How the generated files are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Layout {
+    /// As a dataset written by pyarrow or Spark: zstd, dictionary encoding tried (and given
+    /// up for values that do not repeat), 8 files of 3 (images) or 4 (tabular) large row
+    /// groups.
+    Compressed,
+    /// 20 files × 10 row groups, uncompressed PLAIN: the decode is a memory copy, so the
+    /// ratios measure a ceiling no real dataset has.
+    Uncompressed,
+}
 
-/// Writes `rows` rows (split into 20 files × 10 row groups, uncompressed PLAIN: random
-/// pixels and floats do not compress) with a deterministic generator.
-pub(super) fn generate(dir: &Path, workload: Workload, rows: usize) -> std::io::Result<()> {
-    let per_group = rows.div_ceil(FILES * GROUPS);
+impl Layout {
+    /// Files and row groups per file.
+    fn shape(self, workload: Workload) -> (usize, usize) {
+        match (self, workload) {
+            (Layout::Compressed, Workload::Images) => (8, 3),
+            (Layout::Compressed, Workload::Tabular) => (8, 4),
+            (Layout::Uncompressed, _) => (20, 10),
+        }
+    }
+
+    fn properties(self) -> WriterProperties {
+        match self {
+            Layout::Compressed => WriterProperties::builder()
+                .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                .build(),
+            Layout::Uncompressed => WriterProperties::builder()
+                .set_compression(Compression::UNCOMPRESSED)
+                .set_dictionary_enabled(false)
+                .set_encoding(Encoding::PLAIN)
+                .build(),
+        }
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Layout::Compressed => "compressed",
+            Layout::Uncompressed => "uncompressed",
+        }
+    }
+}
+
+/// Writes `rows` rows laid out as `layout` says, with a deterministic generator (random
+/// pixels and floats: what compression cannot shrink, so every layout holds the same values).
+pub(super) fn generate(
+    dir: &Path,
+    workload: Workload,
+    rows: usize,
+    layout: Layout,
+) -> std::io::Result<()> {
+    let (files, groups) = layout.shape(workload);
+    let per_group = rows.div_ceil(files * groups);
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
         state ^= state << 13;
@@ -70,17 +117,13 @@ pub(super) fn generate(dir: &Path, workload: Workload, rows: usize) -> std::io::
         state ^= state << 17;
         state
     };
-    let props = WriterProperties::builder()
-        .set_compression(Compression::UNCOMPRESSED)
-        .set_dictionary_enabled(false)
-        .set_encoding(Encoding::PLAIN)
-        .build();
+    let props = layout.properties();
     let mut id = 0usize;
-    for f in 0..FILES {
+    for f in 0..files {
         let file = std::fs::File::create(dir.join(format!("train-{f:03}.parquet")))?;
         let mut writer: Option<ArrowWriter<std::fs::File>> = None;
         let mut file = Some(file);
-        for _ in 0..GROUPS {
+        for _ in 0..groups {
             let n = per_group.min(rows - id.min(rows));
             if n == 0 {
                 break;

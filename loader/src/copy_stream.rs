@@ -1,8 +1,9 @@
 //! Host→device copies on a side stream, handed to the consumer's stream by an event.
 //!
 //! On CUDA the loader converts each batch on a pool thread. Inside [`CopyScope`] that thread's
-//! current stream is a stream from CUDA's pool (non-blocking: it does not synchronise with the
-//! legacy default stream), so the pinned, `non_blocking` copies of batch N+1 run on the device
+//! current stream is the device's side stream — one per device for the process, taken once
+//! from CUDA's pool (non-blocking: it does not synchronise with the legacy default stream;
+//! one stream, so the caching allocator reuses the batches' freed blocks at once) — so the pinned, `non_blocking` copies of batch N+1 run on the device
 //! while the training step of batch N runs on the consumer's stream. The scope ends with an
 //! event recorded after the copies ([`Ready`]); when the consumer receives the batch,
 //! [`Ready::hand_over`] makes the consumer's current stream wait for that event (on the device —

@@ -161,6 +161,10 @@ class Loader:
         # The columns the tensors read, settled once rather than per batch.
         self._columns = None if self._specs is None else sorted({s.column for s in self._specs.values()})
         self.device = _device(device if device is not None else section.get("device"))
+        if self.device.type == "cuda" and self.device.index is None:
+            # Fixed now: a later `torch.cuda.set_device` (DDP sets it per rank) must not move
+            # the copies to another device than the side stream's.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.non_blocking = non_blocking
         # Copies (and device-side image ops) run on a side stream, so they overlap with the

@@ -544,6 +544,13 @@ fn print_summary(config: &Path, r: &RunReport) {
             .map(|b| format!("; peak RSS {:.0} MiB", sluice::mib(b)))
             .unwrap_or_default()
     );
+    if let (Some(cpu), Some(share)) = (r.cpu_seconds, r.host_cpu_share) {
+        out!(
+            "  cpu      {cpu:.2} CPU-s (user + system): {:.0}% of the host's {} core(s) over the run",
+            100.0 * share,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+    }
 }
 
 /// The summary's source lines: what was read and, for Kafka, each partition's numbers.

@@ -28,16 +28,8 @@ pub(crate) struct Measured {
     pub(super) bottleneck: Option<Bottleneck>,
 }
 
-/// This process's CPU time so far (`/proc/self/stat`: user + system ticks of all its
-/// threads), in seconds.
 fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // After the command name in parentheses: state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // In USER_HZ ticks, which Linux fixes at 100 per second for userspace (the kernel's
-    // own HZ is converted); read here rather than through `sysconf`, which needs `unsafe`.
-    Some(ticks as f64 / 100.0)
+    sluice::process_cpu_seconds()
 }
 
 fn peak_rss_mib() -> f64 {

@@ -68,7 +68,15 @@ fn bench(workload: &str, rows: usize) {
         .collect();
     assert_eq!(
         names,
-        ["raw", "sluice", "python", "floor", "dataloader", "numpy"]
+        [
+            "raw",
+            "sluice",
+            "global",
+            "python",
+            "floor",
+            "dataloader",
+            "numpy"
+        ]
     );
     let table = String::from_utf8_lossy(&out.stdout);
     for v in variants {

@@ -59,7 +59,8 @@ pub mod stages {
         DeviceImage, EraseValue, FeatureDropoutConfig, FillNullConfig, FilterConfig,
         GaussianNoiseConfig, GroupByLength, ImageConfig, ImageDtype, ImageFormat, ImageOp,
         MaskTokensConfig, MixupConfig, NonFinite, NumberOrList, OnError, OneHotConfig, PadFill,
-        PaddingMode, RenameConfig, SelectConfig, ShuffleConfig, StageConfig, StandardizeConfig,
+        PaddingMode, RenameConfig, SelectConfig, ShuffleConfig, ShuffleMode, StageConfig,
+        StandardizeConfig,
     };
 }
 

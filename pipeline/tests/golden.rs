@@ -234,3 +234,93 @@ async fn default_shuffle_mixes_well() {
     assert!(disp > 0.25, "mean displacement {disp}");
     assert!(same < 0.2, "same-row-group neighbours {same}");
 }
+
+/// Distinct row groups among each run of 1,000 consecutive output rows, averaged: how many
+/// sources a batch mixes (a uniform shuffle of 64 row groups: ~64; windows of 8 row groups:
+/// at most ~9).
+fn groups_per_thousand(ids: &[i64], rows_per_group: i64) -> f64 {
+    let runs: Vec<usize> = ids
+        .chunks_exact(1000)
+        .map(|c| {
+            c.iter()
+                .map(|id| id / rows_per_group)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        })
+        .collect();
+    runs.iter().sum::<usize>() as f64 / runs.len() as f64
+}
+
+/// The global shuffle against the default window shuffle at the same memory (16,384 rows of
+/// 8 bytes: 128 KiB) and a perfect permutation (Fisher–Yates over the whole epoch): the
+/// numbers docs/config.md quotes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_shuffle_mixes_like_a_perfect_permutation() {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 2, 32, 2000, false);
+    let run = |stage: &str| {
+        format!(
+            "source: {{type: parquet, path: '{}/*.parquet', columns: [id]}}\nstages:\n  - {stage}\nruntime: {{threads: 2}}\n",
+            dir.path().display()
+        )
+    };
+    let ids = |bs: Vec<Batch>| -> Vec<i64> {
+        bs.iter()
+            .flat_map(|b| {
+                b.data
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    };
+    let window = ids(collect(&run("{type: shuffle, seed: 1}"), usize::MAX).await);
+    let global = ids(collect(
+        &run("{type: shuffle, mode: global, seed: 1, max_memory: 128 KiB}"),
+        usize::MAX,
+    )
+    .await);
+    let mut sorted = global.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (0..128_000).collect::<Vec<i64>>(),
+        "every row exactly once"
+    );
+    let mut perfect: Vec<i64> = (0..128_000).collect();
+    perfect.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
+    let mut stats = Vec::new();
+    for (name, order) in [
+        ("window", &window),
+        ("global", &global),
+        ("perfect", &perfect),
+    ] {
+        let (rho, disp, same) = quality(order, 2000);
+        let mixed = groups_per_thousand(order, 2000);
+        eprintln!(
+            "{name}: spearman {rho:.4}, mean displacement {disp:.4}, same-row-group neighbours {same:.4}, row groups per 1000 rows {mixed:.1}"
+        );
+        stats.push((rho, disp, same, mixed));
+    }
+    let (w, g, p) = (stats[0], stats[1], stats[2]);
+    // The global shuffle is as good as the perfect one, within sampling noise.
+    assert!(g.0.abs() < 0.01, "rank correlation {}", g.0);
+    assert!((g.1 - p.1).abs() < 0.005, "displacement {} vs {}", g.1, p.1);
+    assert!(
+        (g.2 - p.2).abs() < 0.005,
+        "same-group neighbours {} vs {}",
+        g.2,
+        p.2
+    );
+    assert!(
+        (g.3 - p.3).abs() < 1.0,
+        "row groups per 1000 rows {} vs {}",
+        g.3,
+        p.3
+    );
+    // The window shuffle mixes far fewer sources per batch at the same memory.
+    assert!(w.3 < p.3 / 3.0, "window: {} row groups per 1000 rows", w.3);
+}

@@ -171,7 +171,7 @@ fn run_child(mut cmd: Command) -> Result<Measured, String> {
 }
 
 /// The variants, in table order, each with what it does.
-fn variants(w: Workload) -> [(&'static str, &'static str); 6] {
+fn variants(w: Workload) -> [(&'static str, &'static str); 7] {
     let desc = match w {
         Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
         Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
@@ -179,6 +179,10 @@ fn variants(w: Workload) -> [(&'static str, &'static str); 6] {
     [
         ("raw", "raw Parquet decode (the ceiling)"),
         ("sluice", desc),
+        (
+            "global",
+            "the same with `shuffle: {mode: global}` (no window; blocks of 256 MiB read by random access)",
+        ),
         (
             "python",
             "the same, from Python: batches → torch tensors (DLPack)",

@@ -207,7 +207,7 @@ pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize
         // `image` a batch that straddles two shuffle outputs would be concatenated: 12 KiB
         // per row copied again).
         (Workload::Images, _) => "stages:\n\
-            - {type: shuffle, buffer_rows: 10000, seed: 1, batch_rows: 1024}\n\
+            - SHUFFLE\n\
             - {type: batch, size: 256}\n\
             - type: image\n  column: image\n  shape: [32, 32, 3]\n  seed: 2\n  ops:\n\
             \x20   - random_crop: {size: [32, 32], padding: 4}\n\
@@ -215,12 +215,18 @@ pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize
             \x20   - normalize: {mean: [0.4914, 0.4822, 0.4465], std: [0.2470, 0.2435, 0.2616]}\n"
             .to_string(),
         (Workload::Tabular, _) => "stages:\n\
-            - {type: shuffle, buffer_rows: 100000, seed: 1, batch_rows: 4096}\n\
+            - SHUFFLE\n\
             - {type: standardize, columns: [x], mean: 0.5, std: 0.29}\n\
             - {type: gaussian_noise, columns: [x], std: 0.1, seed: 3}\n\
             - {type: batch, size: 1024}\n"
             .to_string(),
     };
+    let shuffle = match (workload, variant) {
+        (_, "global") => "{type: shuffle, mode: global, seed: 1, batch_rows: 1024}",
+        (Workload::Images, _) => "{type: shuffle, buffer_rows: 10000, seed: 1, batch_rows: 1024}",
+        (Workload::Tabular, _) => "{type: shuffle, buffer_rows: 100000, seed: 1, batch_rows: 4096}",
+    };
+    let stages = stages.replace("SHUFFLE", shuffle);
     // 4 MiB queues: as fast as 8 or 32 MiB here (measured: images 685-705 k/s with 4 MiB,
     // 550-652 k/s with 8; tabular 1.33 M/s with both) and less peak RSS (images 289-291 MiB
     // vs 316-322, tabular 322 vs 384).

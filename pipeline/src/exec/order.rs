@@ -3,8 +3,9 @@
 
 use super::Pipeline;
 use crate::error::{Error, Result, StageRef};
+use crate::source::ShardPolicy;
 use crate::source::SourceConfig;
-use crate::stage::StageConfig;
+use crate::stage::{ShuffleConfig, ShuffleMode, StageConfig};
 
 impl Pipeline {
     /// Under several ranks, a stage that removes rows before the last stage that cuts
@@ -69,6 +70,9 @@ impl Pipeline {
             }
             match &s.value {
                 StageConfig::Shuffle(c) => {
+                    if c.mode == ShuffleMode::Global {
+                        self.check_global_shuffle(c, i).or_else(fail)?;
+                    }
                     if c.across_ranks
                         && let Some(d) = &dropping
                     {
@@ -138,6 +142,48 @@ impl Pipeline {
                 }
                 _ => {}
             }
+        }
+        Ok(())
+    }
+}
+
+impl Pipeline {
+    /// What a global shuffle (`mode: global`, stage `i`) needs: a Parquet source without
+    /// `mix`, rows dealt as positions (no other `shard`), and no other shuffle. Returns the
+    /// reason it cannot run.
+    fn check_global_shuffle(&self, c: &ShuffleConfig, i: usize) -> std::result::Result<(), String> {
+        let source = match &self.config.source.value {
+            SourceConfig::Kafka(_) => {
+                return Err("`mode: global` reads rows by their position in the epoch, and a Kafka stream has neither positions to jump to nor an end: use `mode: window` (the default)".into());
+            }
+            SourceConfig::Parquet(p) => p,
+        };
+        if source.mix.is_some() {
+            return Err("`mode: global` permutes the rows of the files, and `mix` draws each epoch's rows from several datasets: use `mode: window` with `mix`".into());
+        }
+        if source.shard != ShardPolicy::Redistribute {
+            return Err(format!(
+                "`mode: global` deals the permuted epoch to ranks in equal contiguous ranges of positions (at most world_size − 1 rows left out, a different few each epoch), so `shard: {}` on the source has nothing to decide: remove it",
+                source.shard.name()
+            ));
+        }
+        if c.across_ranks {
+            return Err("`mode: global` already permutes the whole epoch across every rank's share: remove `across_ranks`".into());
+        }
+        if c.group_by_length.is_some() {
+            return Err("`group_by_length` sorts the rows of a window, and `mode: global` has none: use `mode: window` to group by length".into());
+        }
+        let other = self
+            .config
+            .stages
+            .iter()
+            .enumerate()
+            .find(|(k, s)| *k != i && matches!(s.value, StageConfig::Shuffle(_)));
+        if let Some((k, _)) = other {
+            return Err(format!(
+                "`mode: global` permutes the whole epoch; {} shuffles it again and adds nothing but memory: remove one of them",
+                self.stage_ref(k)
+            ));
         }
         Ok(())
     }

@@ -15,8 +15,8 @@ use crate::runtime::{CpuPool, PipelineMetrics, StageMetrics};
 use crate::source::Source;
 use crate::source::SourceConfig;
 use crate::source::kafka::KafkaSource;
-use crate::source::parquet::ParquetSource;
-use crate::stage::{self, ColumnStats, ShuffleConfig, StageConfig};
+use crate::source::parquet::{GlobalShuffle, ParquetSource};
+use crate::stage::{self, ColumnStats, ShuffleConfig, ShuffleMode, StageConfig};
 use crate::state::{Acknowledger, PlanSource};
 
 impl Pipeline {
@@ -93,6 +93,17 @@ impl Pipeline {
         })
     }
 
+    /// The global shuffle of the stages, if one is `mode: global`.
+    fn global_shuffle(&self) -> Option<GlobalShuffle> {
+        self.config.stages.iter().find_map(|s| match &s.value {
+            StageConfig::Shuffle(c) if c.mode == ShuffleMode::Global => Some(GlobalShuffle {
+                seed: c.seed,
+                max_memory: c.max_memory.as_u64(),
+            }),
+            _ => None,
+        })
+    }
+
     /// Opens the configured source, as this rank's share of it.
     pub(super) async fn open_source(
         &self,
@@ -111,7 +122,7 @@ impl Pipeline {
         }
         match &self.config.source.value {
             SourceConfig::Parquet(p) => Ok(Source::Parquet(Box::new(
-                ParquetSource::open(p, &self.base_dir, at).await?,
+                ParquetSource::open(p, &self.base_dir, at, self.global_shuffle().is_some()).await?,
             ))),
             SourceConfig::Kafka(k) => Ok(Source::Kafka(Box::new(
                 KafkaSource::open(
@@ -140,8 +151,12 @@ impl Pipeline {
     ) -> Result<()> {
         if let Source::Parquet(p) = source {
             let (rank, world) = self.rank_and_world();
-            let order = shuffle.as_ref().filter(|s| s.row_groups).map(|s| s.seed);
-            p.configure(order, rank, world, resume_mark);
+            let global = self.global_shuffle();
+            let order = shuffle
+                .as_ref()
+                .filter(|s| s.row_groups && global.is_none())
+                .map(|s| s.seed);
+            p.configure(order, global, rank, world, resume_mark);
             if !p.in_listing_order() {
                 // The plan (permutation, shares, mix) needs every footer: read them now.
                 p.open_all().await?;

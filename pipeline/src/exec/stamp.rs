@@ -128,6 +128,9 @@ impl Pipeline {
                     if c.across_ranks {
                         text.push_str(", across_ranks true");
                     }
+                    if c.mode == crate::stage::ShuffleMode::Global {
+                        text.push_str(", mode global");
+                    }
                     if let Some(g) = &c.group_by_length {
                         text += &format!(
                             ", group_by_length `{}` in {} batches of {}",

@@ -51,6 +51,7 @@ use crate::error::{Error, Result, StageRef};
 use crate::types::Literal;
 
 // Each kind's settings live with its build step and kernel; `registry` lists the kinds.
+pub(crate) use augment::splitmix64;
 pub use augment::{FeatureDropoutConfig, GaussianNoiseConfig};
 pub use columns::{CastConfig, RenameConfig, SelectConfig};
 pub use image::{
@@ -61,7 +62,7 @@ pub use mixup::{CutmixConfig, MixupConfig};
 pub use rebatch::BatchConfig;
 pub use registry::StageConfig;
 pub(crate) use registry::build;
-pub use shuffle::settings::{GroupByLength, ShuffleConfig};
+pub use shuffle::settings::{GroupByLength, ShuffleConfig, ShuffleMode};
 pub(crate) use stats::{ColumnStats, update_elements};
 pub use tokens::MaskTokensConfig;
 pub(crate) use values::per_element_width;

@@ -199,16 +199,28 @@ pub(super) async fn list_objects(
     Ok(listed)
 }
 
+/// How files are opened: the columns to read, the partition columns of their paths, and
+/// whether the offset index is read with the footer.
+pub(super) type OpenOptions = (
+    Option<Vec<String>>,
+    Partitioning,
+    Arc<BTreeMap<String, DataTypeName>>,
+    bool,
+);
+
 pub(super) async fn open_file(
     object: ListedObject,
-    columns: Option<Vec<String>>,
-    partitioning: Partitioning,
-    types: Arc<BTreeMap<String, DataTypeName>>,
+    (columns, partitioning, types, page_index): OpenOptions,
     expected_rows: Arc<Vec<(String, u64)>>,
     location: Arc<str>,
 ) -> Result<Arc<ParquetFile>> {
     let mut reader = ObjectReader::new(&object.location, object.size);
-    let metadata = reader.metadata(ArrowReaderOptions::new()).await?;
+    let mut options = ArrowReaderOptions::new();
+    if page_index {
+        use parquet::file::metadata::PageIndexPolicy;
+        options = options.with_offset_index_policy(PageIndexPolicy::Optional);
+    }
+    let metadata = reader.metadata(options).await?;
     let rows = metadata.metadata().file_metadata().num_rows() as u64;
     if let Some((_, want)) = expected_rows
         .iter()

@@ -8,6 +8,8 @@
 
 mod columns;
 mod files;
+mod gather;
+mod global;
 mod mix;
 mod partitions;
 mod plan;
@@ -24,8 +26,11 @@ use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use self::columns::{Slot, schema_difference};
 use self::files::{Files, FilesState, Seen, list_objects, open_file};
+use self::gather::BlockRead;
+use self::global::{Block, GlobalPlan};
 use self::mix::{Mixed, check_mix};
 use self::read::UnitRead;
+use self::unit::Unit;
 use crate::batch::Mark;
 use crate::error::{Error, Result};
 use crate::runtime::CpuPool;
@@ -34,6 +39,7 @@ use crate::runtime::metrics::PipelineMetrics;
 use crate::state::{DataStamp, FNV_BASIS};
 use crate::storage::ListedObject;
 
+pub(crate) use self::global::GlobalShuffle;
 pub(crate) use self::mix::mix_counts;
 pub(crate) use self::partitions::hive_partitions;
 pub use self::settings::{Mix, ParquetSourceConfig, Partitioning, ShardPolicy};
@@ -66,6 +72,9 @@ pub(crate) struct ParquetSource {
     config: ParquetSourceConfig,
     /// Seed of the per-epoch row-group permutation (set by a `shuffle` stage).
     order: Option<u64>,
+    /// A global shuffle (`shuffle: {mode: global}`): the epoch read in a seeded permutation
+    /// of its rows, by random access.
+    global: Option<GlobalShuffle>,
     rank: usize,
     world: usize,
     resume: Option<Mark>,
@@ -73,15 +82,34 @@ pub(crate) struct ParquetSource {
     at: Arc<str>,
     /// The `mix` planned over every file, once they are all open (shared by clones).
     mix_plan: Arc<std::sync::OnceLock<Mixed>>,
+    /// A global shuffle's plan over every file, once they are all open (shared by clones).
+    global_plan: Arc<std::sync::OnceLock<Arc<GlobalPlan>>>,
+}
+
+/// What the source reads next: rows of one row group, or a global shuffle's block.
+enum Work {
+    Rows(Unit),
+    Block(Block),
+}
+
+impl Work {
+    fn len(&self) -> u64 {
+        match self {
+            Work::Rows(u) => u.len,
+            Work::Block(b) => b.len,
+        }
+    }
 }
 
 impl ParquetSource {
     /// Starts listing, opens the first file (whose schema every other file must share) and
-    /// leaves the rest to be opened as reading proceeds.
+    /// leaves the rest to be opened as reading proceeds. With `page_index`, each footer's
+    /// offset index is read too (a global shuffle fetches only the pages it needs).
     pub(crate) async fn open(
         config: &ParquetSourceConfig,
         base_dir: &std::path::Path,
         location: &str,
+        page_index: bool,
     ) -> Result<Self> {
         if config.batch_rows == 0 || config.prefetch == 0 || config.epochs == 0 {
             return Err(Error::Source {
@@ -116,7 +144,8 @@ impl ParquetSource {
                     at.clone(),
                     types.clone(),
                 );
-                async move { open_file(o?, columns, partitioning, types, expected_rows, at).await }
+                let options = (columns, partitioning, types, page_index);
+                async move { open_file(o?, options, expected_rows, at).await }
             })
             .buffered(16)
             .boxed();
@@ -165,11 +194,13 @@ impl ParquetSource {
             schema,
             config: config.clone(),
             order: None,
+            global: None,
             rank: 0,
             world: 1,
             resume: None,
             at: location.into(),
             mix_plan: Arc::default(),
+            global_plan: Arc::default(),
         })
     }
 
@@ -187,14 +218,17 @@ impl ParquetSource {
     /// Rows are read in listing order, file after file, as they are listed: no row-group
     /// permutation, one rank, no `mix` (each of which needs every footer first).
     pub(crate) fn in_listing_order(&self) -> bool {
-        self.order.is_none() && self.world == 1 && self.config.mix.is_none()
+        self.order.is_none()
+            && self.global.is_none()
+            && self.world == 1
+            && self.config.mix.is_none()
     }
 
     /// The same source limited to one epoch (for statistics passes).
     pub(crate) fn single_epoch(&self) -> Self {
         let mut s = self.clone();
         s.config.epochs = 1;
-        s.configure(None, 0, 1, None);
+        s.configure(None, None, 0, 1, None);
         s
     }
 
@@ -265,6 +299,7 @@ impl ParquetSource {
         }
         let per_epoch = match (self.world, self.config.shard) {
             (1, _) => rows,
+            (w, _) if self.global.is_some() => rows / w as u64,
             (w, ShardPolicy::Redistribute) => rows / w as u64,
             _ => return None,
         };
@@ -282,7 +317,7 @@ impl ParquetSource {
         let units = futures::stream::iter(start.epoch..epochs)
             .map(move |epoch| {
                 src.clone()
-                    .epoch_units(epoch, m.clone())
+                    .epoch_work(epoch, m.clone())
                     .enumerate()
                     .filter_map(move |(i, u)| {
                         let i = i as u64;
@@ -294,7 +329,7 @@ impl ParquetSource {
                                 } else {
                                     Some(0)
                                 };
-                                first.filter(|f| *f < u.len).map(|f| Ok((epoch, i, u, f)))
+                                first.filter(|f| *f < u.len()).map(|f| Ok((epoch, i, u, f)))
                             }
                         };
                         futures::future::ready(item)
@@ -303,6 +338,7 @@ impl ParquetSource {
             .flatten();
         let batch_rows = this.config.batch_rows;
         let schema = this.schema.clone();
+        let threads = pool.threads();
         // The memory budget of the row groups in flight, in KiB: each unit takes its estimate
         // (capped at the whole budget, so a huge row group still goes, alone) before it is
         // started, in plan order, and gives it back once its batches are queued.
@@ -313,7 +349,11 @@ impl ParquetSource {
                 let budget = budget.clone();
                 async move {
                     let unit = unit?;
-                    let want = (unit.2.estimated_bytes(unit.3) / 1024).clamp(1, budget_kib);
+                    let bytes = match &unit.2 {
+                        Work::Rows(u) => u.estimated_bytes(unit.3),
+                        Work::Block(b) => b.estimated_bytes(unit.3, 2 * threads),
+                    };
+                    let want = (bytes / 1024).clamp(1, budget_kib);
                     let permit = budget
                         .acquire_many_owned(want as u32)
                         .await
@@ -328,16 +368,33 @@ impl ParquetSource {
                     let (tx, rx) = tokio::sync::mpsc::channel(1);
                     let (pool, schema, metrics) = (pool.clone(), schema.clone(), metrics.clone());
                     tokio::spawn(async move {
-                        let read = UnitRead {
-                            index,
-                            first,
-                            epoch,
-                            batch_rows,
-                            pool,
-                            schema,
-                            metrics,
+                        let done = match unit {
+                            Work::Rows(unit) => {
+                                let read = UnitRead {
+                                    index,
+                                    first,
+                                    epoch,
+                                    batch_rows,
+                                    pool,
+                                    schema,
+                                    metrics,
+                                };
+                                read.run(&unit, &tx).await
+                            }
+                            Work::Block(block) => {
+                                let read = BlockRead {
+                                    index,
+                                    first,
+                                    epoch,
+                                    batch_rows,
+                                    pool,
+                                    schema,
+                                    metrics,
+                                };
+                                read.run(&block, &tx).await
+                            }
                         };
-                        if let Err(e) = read.run(&unit, &tx).await {
+                        if let Err(e) = done {
                             let _ = tx.send(Err(e)).await;
                         }
                     });
@@ -365,16 +422,18 @@ impl ParquetSource {
         }
     }
 
-    /// Sets the read order and share: row groups permuted per epoch with `order` (a seed),
-    /// this rank's share of `world`, and where to resume.
+    /// Sets the read order and share: row groups permuted per epoch with `order` (a seed), or
+    /// every row with `global`; this rank's share of `world`, and where to resume.
     pub(crate) fn configure(
         &mut self,
         order: Option<u64>,
+        global: Option<GlobalShuffle>,
         rank: usize,
         world: usize,
         resume: Option<Mark>,
     ) {
         self.order = order;
+        self.global = global;
         self.rank = rank;
         self.world = world.max(1);
         self.resume = resume;

@@ -6,13 +6,75 @@ use std::sync::atomic::Ordering;
 
 use futures::{FutureExt, StreamExt};
 
-use super::ParquetSource;
-use super::ShardPolicy;
+use super::global::GlobalPlan;
 use super::unit::{Unit, row_groups, rows_before, take_rows};
+use super::{ParquetSource, ShardPolicy, Work};
 use crate::error::{Error, Result};
 use crate::runtime::metrics::PipelineMetrics;
 
 impl ParquetSource {
+    /// What this rank reads of `epoch`, in order: a global shuffle's blocks, or row groups.
+    pub(super) fn epoch_work(
+        self: Arc<Self>,
+        epoch: u64,
+        metrics: Arc<PipelineMetrics>,
+    ) -> futures::stream::BoxStream<'static, Result<Work>> {
+        let Some(global) = self.global else {
+            return self
+                .epoch_units(epoch, metrics)
+                .map(|u| u.map(Work::Rows))
+                .boxed();
+        };
+        async move {
+            let plan = self.global_plan().await?;
+            let first = self.resume.map_or(0, |m| m.epoch);
+            let share = plan.rows / self.world as u64;
+            if self.world > 1 && share == 0 && plan.rows > 0 {
+                return Err(Error::Source {
+                    at: self.at.to_string(),
+                    message: format!(
+                        "a global shuffle gives each of the {} ranks an equal share of the epoch's {} rows, which is 0: use fewer ranks or more rows",
+                        self.world, plan.rows
+                    ),
+                });
+            }
+            let src = &metrics.source;
+            src.shard_left_out
+                .fetch_add(plan.rows - share * self.world as u64, Ordering::Relaxed);
+            if epoch == first {
+                src.files.fetch_add(self.files.all().await?.len() as u64, Ordering::Relaxed);
+                let before = self
+                    .resume
+                    .filter(|m| m.epoch == epoch)
+                    .map_or(0, |m| m.unit * plan.block_rows + m.row);
+                src.rows_expected.store(
+                    (share * self.config.epochs.saturating_sub(first)).saturating_sub(before),
+                    Ordering::Relaxed,
+                );
+            }
+            Ok(plan.blocks(global.seed, epoch, self.rank, self.world))
+        }
+        .into_stream()
+        .flat_map(|r| match r {
+            Ok(blocks) => futures::stream::iter(blocks.into_iter().map(Work::Block).map(Ok).collect::<Vec<_>>()),
+            Err(e) => futures::stream::iter(vec![Err(e)]),
+        })
+        .boxed()
+    }
+
+    /// The global shuffle's plan over every file (planned once, shared by clones).
+    async fn global_plan(&self) -> Result<Arc<GlobalPlan>> {
+        if let Some(plan) = self.global_plan.get() {
+            return Ok(plan.clone());
+        }
+        let files = self.files.all().await?;
+        let settings = self
+            .global
+            .ok_or_else(|| Error::Internal("a global plan without a global shuffle".into()))?;
+        let plan = Arc::new(GlobalPlan::new(&files, settings));
+        Ok(self.global_plan.get_or_init(|| plan).clone())
+    }
+
     /// This rank's units for `epoch`: every row group in listing order, permuted when
     /// `order` is set, then split between ranks by the shard policy. Without either, files
     /// are opened as reading reaches them (reading starts before a long listing ends).

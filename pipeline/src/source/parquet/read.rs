@@ -22,13 +22,29 @@ use crate::source::reader::ObjectReader;
 
 /// Decoded rows handed over at a time (at least one batch): what a unit in flight holds
 /// besides its fetched column chunks, twice (one chunk queued, one being decoded).
-const DECODE_CHUNK_BYTES: usize = 8 << 20;
+pub(super) const DECODE_CHUNK_BYTES: usize = 8 << 20;
 
 impl Unit {
     /// Memory reading this unit from row `first` takes, from the footer: its projected
-    /// column chunks as fetched (compressed) plus its rows decoded (the uncompressed size, or
-    /// the values' Arrow width when larger), of which at most two chunks are held at a time.
+    /// column chunks as fetched (compressed) plus its rows decoded, of which at most two
+    /// chunks are held at a time.
     pub(super) fn estimated_bytes(&self, first: u64) -> u64 {
+        let rows = self
+            .file
+            .metadata
+            .metadata()
+            .row_group(self.rg)
+            .num_rows()
+            .max(1) as u64;
+        let taken = self.len.saturating_sub(first);
+        // Decoded rows are handed over a chunk at a time: at most two chunks are held.
+        let decoded = (self.decoded_bytes() as u128 * taken as u128 / rows as u128) as u64;
+        self.fetched_bytes() + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
+    }
+
+    /// The projected columns of the whole row group decoded: the uncompressed size, or the
+    /// values' Arrow width when larger.
+    pub(super) fn decoded_bytes(&self) -> u64 {
         let meta = self.file.metadata.metadata().row_group(self.rg);
         let mut decoded = 0u64;
         for (i, c) in meta.columns().iter().enumerate() {
@@ -48,15 +64,11 @@ impl Unit {
                 decoded += values.max(c.uncompressed_size().max(0) as u64);
             }
         }
-        let rows = (meta.num_rows().max(1)) as u64;
-        let taken = self.len.saturating_sub(first);
-        // Decoded rows are handed over a chunk at a time: at most two chunks are held.
-        let decoded = (decoded as u128 * taken as u128 / rows as u128) as u64;
-        self.fetched_bytes() + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
+        decoded
     }
 
     /// Bytes fetched to read this unit: its row group's projected column chunks, compressed.
-    fn fetched_bytes(&self) -> u64 {
+    pub(super) fn fetched_bytes(&self) -> u64 {
         let meta = self.file.metadata.metadata().row_group(self.rg);
         meta.columns()
             .iter()
@@ -78,41 +90,65 @@ pub(super) struct UnitRead {
     pub(super) metrics: Arc<PipelineMetrics>,
 }
 
-impl UnitRead {
-    /// Fetches the projected column chunks of the unit's `take` rows from `skip` on, and
-    /// returns their decoder.
-    async fn fetch(&self, unit: &Unit, skip: u64, take: u64) -> Result<ParquetRecordBatchReader> {
-        let (file, rg) = (&unit.file, unit.rg);
-        let url = &file.object.location.url;
-        let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
-        let reader = ObjectReader::new(&file.object.location, file.object.size);
-        let mut builder =
-            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
-                .with_projection(file.mask.clone())
-                .with_row_groups(vec![rg])
-                .with_batch_size(self.batch_rows);
-        if skip > 0 || take < rg_rows {
-            let mut sel = Vec::new();
-            if skip > 0 {
-                sel.push(RowSelector::skip(skip as usize));
-            }
-            sel.push(RowSelector::select(take as usize));
-            builder = builder.with_row_selection(RowSelection::from(sel));
-        }
-        let mut stream = builder
-            .build()
-            .map_err(|e| Error::parquet(url, Some(rg), e))?;
-        match stream.next_row_group().await {
-            Ok(Some(decoder)) => Ok(decoder),
-            Ok(None) => Err(Error::Internal(format!("{url}: row group {rg} missing"))),
-            Err(e) if is_read_error(&e) => Err(Error::parquet(url, Some(rg), e)),
-            Err(e) => {
-                let column = failing_column(file, rg, &self.pool).await;
-                Err(Error::parquet(url, Some(rg), e).in_column(column))
-            }
+/// Fetches the projected column chunks of row group `rg` of `file` (with `selection`, only
+/// the pages holding the selected rows, where the file has an offset index) and returns their
+/// decoder, `batch_rows` rows per batch.
+pub(super) async fn fetch(
+    file: &ParquetFile,
+    rg: usize,
+    selection: Option<RowSelection>,
+    batch_rows: usize,
+    pool: &CpuPool,
+) -> Result<ParquetRecordBatchReader> {
+    let url = &file.object.location.url;
+    let reader = ObjectReader::new(&file.object.location, file.object.size);
+    let mut builder =
+        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.metadata.clone())
+            .with_projection(file.mask.clone())
+            .with_row_groups(vec![rg])
+            .with_batch_size(batch_rows);
+    if let Some(selection) = selection {
+        builder = builder.with_row_selection(selection);
+    }
+    let mut stream = builder
+        .build()
+        .map_err(|e| Error::parquet(url, Some(rg), e))?;
+    match stream.next_row_group().await {
+        Ok(Some(decoder)) => Ok(decoder),
+        Ok(None) => Err(Error::Internal(format!("{url}: row group {rg} missing"))),
+        Err(e) if is_read_error(&e) => Err(Error::parquet(url, Some(rg), e)),
+        Err(e) => {
+            let column = failing_column(file, rg, pool).await;
+            Err(Error::parquet(url, Some(rg), e).in_column(column))
         }
     }
+}
 
+/// A decoded batch of `file` as a batch of the source's `schema`: its columns in output
+/// order, partition values (`partitioning: hive`) filled in.
+pub(super) fn source_batch(
+    file: &ParquetFile,
+    rg: usize,
+    rb: &RecordBatch,
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
+    let arrow_err = |e| Error::Arrow {
+        context: format!("{}: row group {rg}", file.object.location.url),
+        source: e,
+    };
+    let columns = file
+        .slots
+        .iter()
+        .map(|slot| match *slot {
+            Slot::File(i) => Ok(rb.column(i).clone()),
+            Slot::Partition(k) => partition_column(&file.partition_values[k], rb.num_rows()),
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(arrow_err)?;
+    RecordBatch::try_new(schema.clone(), columns).map_err(arrow_err)
+}
+
+impl UnitRead {
     /// Fetches the unit's projected column chunks, then decodes them on the CPU pool a chunk
     /// of batches at a time into `out`, in order. Returns early (`Ok`) when `out` is gone.
     pub(super) async fn run(
@@ -125,7 +161,16 @@ impl UnitRead {
         let url = &file.object.location.url;
         let skip = unit.start + self.first;
         let take = unit.len - self.first;
-        let mut decoder = self.fetch(unit, skip, take).await?;
+        let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
+        let selection = (skip > 0 || take < rg_rows).then(|| {
+            let mut sel = Vec::new();
+            if skip > 0 {
+                sel.push(RowSelector::skip(skip as usize));
+            }
+            sel.push(RowSelector::select(take as usize));
+            RowSelection::from(sel)
+        });
+        let mut decoder = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
         let origin = Origin::Object {
             url: Name::from(&**url),
             row_group: rg as u32,
@@ -165,22 +210,7 @@ impl UnitRead {
             }
             let mut chunk = Vec::with_capacity(decoded.len());
             for rb in decoded {
-                let arrow_err = |e| Error::Arrow {
-                    context: format!("{url}: row group {rg}"),
-                    source: e,
-                };
-                let columns = file
-                    .slots
-                    .iter()
-                    .map(|slot| match *slot {
-                        Slot::File(i) => Ok(rb.column(i).clone()),
-                        Slot::Partition(k) => {
-                            partition_column(&file.partition_values[k], rb.num_rows())
-                        }
-                    })
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(arrow_err)?;
-                let rb = RecordBatch::try_new(self.schema.clone(), columns).map_err(arrow_err)?;
+                let rb = source_batch(file, rg, &rb, &self.schema)?;
                 let n = rb.num_rows() as u64;
                 // The values' size: `get_array_memory_size` counts capacity, and the decoder
                 // reserves a whole batch's, so 100,000 one-row row groups counted 16 GB for
@@ -231,7 +261,7 @@ fn is_read_error(e: &parquet::errors::ParquetError) -> bool {
 
 /// A decode error of the synchronous reader as the Parquet error it carries (without the
 /// wrapping's "Parquet argument error" prefix).
-fn decode_error(e: arrow::error::ArrowError) -> parquet::errors::ParquetError {
+pub(super) fn decode_error(e: arrow::error::ArrowError) -> parquet::errors::ParquetError {
     use parquet::errors::ParquetError;
     match e {
         arrow::error::ArrowError::ParquetError(text) => ParquetError::General(
@@ -247,7 +277,11 @@ fn decode_error(e: arrow::error::ArrowError) -> parquet::errors::ParquetError {
 /// where a decode error of the row group came from (a page whose checksum does not match, a
 /// corrupt page), by its path in the file's schema. Only run after such an error; `None`
 /// when every column decodes alone.
-async fn failing_column(file: &ParquetFile, rg: usize, pool: &CpuPool) -> Option<String> {
+pub(super) async fn failing_column(
+    file: &ParquetFile,
+    rg: usize,
+    pool: &CpuPool,
+) -> Option<String> {
     let descr = file.metadata.metadata().file_metadata().schema_descr_ptr();
     for leaf in (0..descr.num_columns()).filter(|&l| file.mask.leaf_included(l)) {
         let reader = ObjectReader::new(&file.object.location, file.object.size);

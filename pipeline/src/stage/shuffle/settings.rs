@@ -45,6 +45,22 @@ pub struct ShuffleConfig {
     /// padding for variable-length sequences). Default: off.
     #[serde(default)]
     pub group_by_length: Option<GroupByLength>,
+    /// `window` (default): the three levels above. `global`: the Parquet source reads the
+    /// epoch in a seeded permutation of all its rows (no window: any row can come next),
+    /// by random access in blocks of `max_memory`.
+    #[serde(default)]
+    pub mode: ShuffleMode,
+}
+
+/// How a `shuffle` permutes rows.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ShuffleMode {
+    /// Windows of `buffer_rows` consecutive rows (and the row-group order), in memory.
+    #[default]
+    Window,
+    /// A seeded bijection over the epoch's positions: every row read by random access.
+    Global,
 }
 
 /// `group_by_length` of a shuffle, like torchdata's `bucketbatch`: the shuffled window is cut
@@ -86,6 +102,15 @@ impl StageKind for ShuffleConfig {
         }
         if self.max_memory.as_u64() == 0 {
             return Err(b.err("`max_memory` must be more than 0".into()));
+        }
+        if self.mode == ShuffleMode::Global {
+            // The source reads the epoch in its permuted order (`configure`): this stage only
+            // cuts the rows into batches of `batch_rows`.
+            let rebatch = BuiltStage::Rebatch {
+                size: self.batch_rows,
+                drop_last: false,
+            };
+            return Ok((rebatch, b.input.clone()));
         }
         let group = match &self.group_by_length {
             None => None,

@@ -1,0 +1,306 @@
+//! Reading one block of a global shuffle (see `global.rs`): the rows its positions name,
+//! fetched row group by row group (only the pages holding them), decoded on the CPU pool,
+//! and gathered into the permuted order with Arrow's `interleave`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use futures::{StreamExt, TryStreamExt};
+use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+
+use super::ParquetFile;
+use super::global::Block;
+use super::read::{DECODE_CHUNK_BYTES, decode_error, failing_column, fetch, source_batch};
+use crate::batch::{Batch, Lineage, LineageSpan, Mark, Name, Origin};
+use crate::error::{Error, Result};
+use crate::runtime::CpuPool;
+use crate::runtime::metrics::PipelineMetrics;
+
+/// How one block is read: where it sits in the plan and what to read it with.
+pub(super) struct BlockRead {
+    pub(super) index: u64,
+    /// Rows of the block already delivered (a resumed run).
+    pub(super) first: u64,
+    pub(super) epoch: u64,
+    pub(super) batch_rows: usize,
+    pub(super) pool: CpuPool,
+    pub(super) schema: SchemaRef,
+    pub(super) metrics: Arc<PipelineMetrics>,
+}
+
+/// A block's rows sorted for reading: per row group touched, its rows in file order; and for
+/// each position in delivery order, where its row lands among the decoded ones.
+struct ReadOrder {
+    /// (unit, ascending rows within it) per row group touched.
+    touched: Vec<(u32, Vec<u64>)>,
+    /// (touched index, index among its rows) per delivered position.
+    slots: Vec<(usize, usize)>,
+}
+
+fn read_order(rows: &[(u32, u64)]) -> ReadOrder {
+    let mut order: Vec<u32> = (0..rows.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| rows[i as usize]);
+    let mut touched: Vec<(u32, Vec<u64>)> = Vec::new();
+    let mut slots = vec![(0, 0); rows.len()];
+    for i in order {
+        let (unit, row) = rows[i as usize];
+        if touched.last().is_none_or(|(u, _)| *u != unit) {
+            touched.push((unit, Vec::new()));
+        }
+        let j = touched.len() - 1;
+        let list = &mut touched[j].1;
+        slots[i as usize] = (j, list.len());
+        list.push(row);
+    }
+    ReadOrder { touched, slots }
+}
+
+/// The selection of `rows` (ascending, distinct) of a row group.
+fn selection(rows: &[u64]) -> RowSelection {
+    let mut sel = Vec::new();
+    let mut next = 0u64;
+    let mut i = 0;
+    while i < rows.len() {
+        let mut run = 1;
+        while i + run < rows.len() && rows[i + run] == rows[i] + run as u64 {
+            run += 1;
+        }
+        if rows[i] > next {
+            sel.push(RowSelector::skip((rows[i] - next) as usize));
+        }
+        sel.push(RowSelector::select(run));
+        next = rows[i] + run as u64;
+        i += run;
+    }
+    RowSelection::from(sel)
+}
+
+/// Bytes fetched to read `rows` of row group `rg`: the pages holding them, from the offset
+/// index (every projected column chunk whole without one).
+fn pages_bytes(file: &ParquetFile, rg: usize, rows: &[u64]) -> u64 {
+    let meta = file.metadata.metadata();
+    let index = meta.page_index_for_row_group(rg);
+    let chunks = meta.row_group(rg).columns();
+    let mut bytes = 0u64;
+    for (c, chunk) in chunks.iter().enumerate() {
+        if !file.mask.leaf_included(c) {
+            continue;
+        }
+        let Some(pages) = index.offset_index(c).map(|o| o.page_locations()) else {
+            bytes += chunk.compressed_size().max(0) as u64;
+            continue;
+        };
+        let mut k = 0;
+        for (p, page) in pages.iter().enumerate() {
+            let end = pages
+                .get(p + 1)
+                .map_or(u64::MAX, |n| n.first_row_index.max(0) as u64);
+            while k < rows.len() && rows[k] < page.first_row_index.max(0) as u64 {
+                k += 1;
+            }
+            if k < rows.len() && rows[k] < end {
+                bytes += page.compressed_page_size.max(0) as u64;
+            }
+        }
+    }
+    bytes
+}
+
+impl BlockRead {
+    /// Reads the block's rows from `self.first` on and hands them to `out` in delivery order,
+    /// in batches of `batch_rows`, a chunk of batches at a time. Returns early (`Ok`) when
+    /// `out` is gone.
+    pub(super) async fn run(
+        &self,
+        block: &Block,
+        out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,
+    ) -> Result<()> {
+        let (b, from) = (block.clone(), self.first);
+        let (rows, order) = self
+            .pool
+            .run(move || {
+                let rows = b.rows(from);
+                let order = read_order(&rows);
+                (rows, order)
+            })
+            .await?;
+        let plan = &block.plan;
+        let origins: Vec<(Origin, u64)> = order
+            .touched
+            .iter()
+            .map(|(u, _)| {
+                let unit = plan.unit(*u);
+                let origin = Origin::Object {
+                    url: Name::from(&*unit.file.object.location.url),
+                    row_group: unit.rg as u32,
+                };
+                (origin, unit.file.row_group_starts[unit.rg])
+            })
+            .collect();
+        let touched = order.touched.len() as u64;
+        // Each touched row group: its selected rows fetched and decoded, a few at once.
+        let mut fetched = 0u64;
+        let mut reads = Vec::with_capacity(order.touched.len());
+        for (u, rows) in order.touched {
+            let unit = plan.unit(u);
+            fetched += pages_bytes(&unit.file, unit.rg, &rows);
+            reads.push(self.read_rows(unit.file.clone(), unit.rg, rows));
+        }
+        let threads = self.pool.threads().max(1);
+        let decoded: Vec<RecordBatch> = futures::stream::iter(reads)
+            .buffered(2 * threads)
+            .try_collect()
+            .await?;
+        let bytes = self.emit(rows, order.slots, decoded, origins, out).await?;
+        let m = &self.metrics.source;
+        m.row_groups.fetch_add(touched, Ordering::Relaxed);
+        m.rows.fetch_add(block.len - self.first, Ordering::Relaxed);
+        m.bytes_decoded.fetch_add(bytes, Ordering::Relaxed);
+        m.bytes_read.fetch_add(fetched, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Rows `rows` (ascending) of row group `rg` of `file`, decoded as one batch of the
+    /// source's schema.
+    async fn read_rows(
+        &self,
+        file: Arc<ParquetFile>,
+        rg: usize,
+        rows: Vec<u64>,
+    ) -> Result<RecordBatch> {
+        let url = &file.object.location.url;
+        let want = rows.len();
+        let decoder = fetch(&file, rg, Some(selection(&rows)), want, &self.pool).await?;
+        let decoded = self
+            .pool
+            .run(move || decoder.collect::<std::result::Result<Vec<_>, _>>())
+            .await?;
+        let batches = match decoded {
+            Ok(b) => b,
+            Err(e) => {
+                let column = failing_column(&file, rg, &self.pool).await;
+                return Err(Error::parquet(url, Some(rg), decode_error(e)).in_column(column));
+            }
+        };
+        // One batch of `want` rows (the decoder's batch size); concatenated should it differ.
+        let rb = match batches.as_slice() {
+            [one] => one.clone(),
+            [] => RecordBatch::new_empty(self.schema.clone()),
+            [first, ..] => {
+                arrow::compute::concat_batches(&first.schema(), &batches).map_err(|e| {
+                    Error::Arrow {
+                        context: format!("{url}: row group {rg}"),
+                        source: e,
+                    }
+                })?
+            }
+        };
+        if rb.num_rows() != want {
+            return Err(Error::parquet(
+                url,
+                Some(rg),
+                parquet::errors::ParquetError::General(format!(
+                    "decoded {} of the {want} selected rows",
+                    rb.num_rows()
+                )),
+            ));
+        }
+        source_batch(&file, rg, &rb, &self.schema)
+    }
+
+    /// Gathers the decoded rows into delivery order and sends them; returns their bytes.
+    async fn emit(
+        &self,
+        rows: Vec<(u32, u64)>,
+        slots: Vec<(usize, usize)>,
+        decoded: Vec<RecordBatch>,
+        origins: Vec<(Origin, u64)>,
+        out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,
+    ) -> Result<u64> {
+        let shared = Arc::new((rows, slots, decoded, origins));
+        let n = shared.0.len();
+        let (mut at, mut bytes) = (0usize, 0u64);
+        while at < n {
+            let (s, batch_rows, epoch) = (shared.clone(), self.batch_rows, self.epoch);
+            let (index, first) = (self.index, self.first);
+            let (chunk, size) = self
+                .pool
+                .run(move || -> Result<(Vec<Batch>, u64)> {
+                    let (rows, slots, decoded, origins) = &*s;
+                    let refs: Vec<&RecordBatch> = decoded.iter().collect();
+                    let (mut chunk, mut size, mut i) = (Vec::new(), 0usize, at);
+                    while i < rows.len() && size < DECODE_CHUNK_BYTES {
+                        let end = (i + batch_rows).min(rows.len());
+                        let rb = arrow::compute::interleave_record_batch(&refs, &slots[i..end])
+                            .map_err(|e| Error::Arrow {
+                                context: "gathering a global shuffle's block".into(),
+                                source: e,
+                            })?;
+                        let mut lineage = Lineage::default();
+                        for (k, (_, row)) in rows[i..end].iter().enumerate() {
+                            let (origin, start) = origins[slots[i + k].0];
+                            lineage.push(LineageSpan {
+                                origin,
+                                first: start + row,
+                                len: 1,
+                                epoch,
+                            });
+                        }
+                        size += crate::batch::data_bytes(&rb);
+                        let mark = Mark {
+                            epoch,
+                            unit: index,
+                            row: first + i as u64,
+                            skip: 0,
+                            shuffle: None,
+                        };
+                        chunk.push(Batch::new(rb, lineage).with_mark(Some(mark)));
+                        i = end;
+                    }
+                    Ok((chunk, size as u64))
+                })
+                .await??;
+            at += chunk.iter().map(|b| b.num_rows()).sum::<usize>();
+            bytes += size;
+            if out.send(Ok(chunk)).await.is_err() {
+                break;
+            }
+        }
+        Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_read_in_file_order_and_land_where_they_were_asked_for() {
+        let rows = vec![(2, 5), (0, 9), (2, 1), (0, 3), (1, 0)];
+        let o = read_order(&rows);
+        assert_eq!(
+            o.touched,
+            vec![(0, vec![3, 9]), (1, vec![0]), (2, vec![1, 5])]
+        );
+        assert_eq!(o.slots, vec![(2, 1), (0, 1), (2, 0), (0, 0), (1, 0)]);
+    }
+
+    #[test]
+    fn a_selection_takes_exactly_the_rows() {
+        let sel = selection(&[0, 1, 2, 7, 9, 10]);
+        let want: Vec<RowSelector> = vec![
+            RowSelector::select(3),
+            RowSelector::skip(4),
+            RowSelector::select(1),
+            RowSelector::skip(1),
+            RowSelector::select(2),
+        ];
+        assert_eq!(sel, RowSelection::from(want));
+        assert_eq!(
+            selection(&[4]),
+            RowSelection::from(vec![RowSelector::skip(4), RowSelector::select(1)])
+        );
+    }
+}

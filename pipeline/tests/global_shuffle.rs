@@ -1,0 +1,368 @@
+//! Property tests of the global shuffle (`shuffle: {mode: global}`) on random small Parquet
+//! datasets with tiny pages (so blocks fetch some pages of a row group and skip others):
+//! (a) every row exactly once per epoch, (b) identical output for 1 and 3 threads, (c) k
+//! batches, snapshot, a fresh pipeline restored from it, the rest — equal to the run never
+//! stopped, (d) equal batch counts on every rank, disjoint shares, the left-out rows counted.
+//! Then what it refuses, and that a block reads only the pages holding its rows.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::{Float32Array, Int64Array, RecordBatch};
+use common::{ids, rt};
+use futures::StreamExt;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use proptest::prelude::*;
+use sluice_pipeline::{Batch, Pipeline, PipelineMetrics, SourceState};
+
+/// Writes one Parquet file per entry of `groups` (row counts of its row groups), with pages
+/// of at most `page_rows` rows. Ids run 0.. across files in listing order.
+fn write_dataset(dir: &Path, groups: &[Vec<usize>], page_rows: usize) -> u64 {
+    let props = WriterProperties::builder()
+        .set_write_batch_size(page_rows)
+        .set_data_page_row_count_limit(page_rows)
+        .build();
+    let mut id = 0i64;
+    for (f, sizes) in groups.iter().enumerate() {
+        let file = std::fs::File::create(dir.join(format!("part-{f:03}.parquet"))).unwrap();
+        let mut writer: Option<ArrowWriter<std::fs::File>> = None;
+        let mut file = Some(file);
+        for &n in sizes {
+            let ids: Vec<i64> = (id..id + n as i64).collect();
+            let xs: Vec<f32> = ids.iter().map(|v| *v as f32 * 0.5).collect();
+            id += n as i64;
+            let rb = RecordBatch::try_from_iter([
+                ("id", Arc::new(Int64Array::from(ids)) as _),
+                ("x", Arc::new(Float32Array::from(xs)) as _),
+            ])
+            .unwrap();
+            let w = writer.get_or_insert_with(|| {
+                ArrowWriter::try_new(file.take().unwrap(), rb.schema(), Some(props.clone()))
+                    .unwrap()
+            });
+            w.write(&rb).unwrap();
+            w.flush().unwrap(); // one row group per write
+        }
+        writer.unwrap().close().unwrap();
+    }
+    id as u64
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    groups: Vec<Vec<usize>>,
+    page_rows: usize,
+    batch_rows: usize,
+    max_memory: usize,
+    batch: usize,
+    epochs: u64,
+    seed: u64,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(prop::collection::vec(1usize..80, 1..4), 1..4),
+        1usize..20,
+        1usize..40,
+        50usize..3000,
+        1usize..30,
+        1u64..3,
+        any::<u64>(),
+    )
+        .prop_map(
+            |(groups, page_rows, batch_rows, max_memory, batch, epochs, seed)| Case {
+                groups,
+                page_rows,
+                batch_rows,
+                max_memory,
+                batch,
+                epochs,
+                seed,
+            },
+        )
+}
+
+fn yaml(dir: &Path, c: &Case, threads: usize, ranks: Option<(usize, usize)>) -> String {
+    let ranks = ranks.map_or(String::new(), |(r, w)| {
+        format!(", rank: {r}, world_size: {w}")
+    });
+    format!(
+        "source: {{type: parquet, path: '{}/*.parquet', batch_rows: {}, prefetch: 2, epochs: {}}}\n\
+         stages:\n\
+         - {{type: gaussian_noise, columns: [x], std: 1.0, seed: 9}}\n\
+         - {{type: shuffle, mode: global, max_memory: {}, seed: {}, batch_rows: 7}}\n\
+         - {{type: batch, size: {}}}\n\
+         runtime: {{threads: {threads}, queue_bytes: 4 KiB{ranks}}}\n",
+        dir.display(),
+        c.batch_rows,
+        c.epochs,
+        c.max_memory,
+        c.seed,
+        c.batch
+    )
+}
+
+async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState) {
+    let mut s = p.stream();
+    let mut out = Vec::new();
+    while limit.is_none_or(|l| out.len() < l) {
+        match s.next().await {
+            Some(b) => out.push(b.unwrap()),
+            None => break,
+        }
+    }
+    (out, s.snapshot())
+}
+
+/// `yaml`'s first `k` batches, a snapshot (through JSON), then the rest from a fresh
+/// pipeline restored from it.
+async fn interrupted_at(yaml: &str, k: usize) -> Vec<Batch> {
+    let (mut head, state) = run(Pipeline::from_yaml(yaml).unwrap(), Some(k)).await;
+    let state: SourceState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    let (tail, _) = run(Pipeline::from_yaml(yaml).unwrap().resume_from(state), None).await;
+    head.extend(tail);
+    head
+}
+
+async fn run_counted(p: Pipeline) -> (Vec<Batch>, Arc<PipelineMetrics>) {
+    let mut s = p.stream();
+    let metrics = s.metrics();
+    let mut out = Vec::new();
+    while let Some(b) = s.next().await {
+        out.push(b.unwrap());
+    }
+    (out, metrics)
+}
+
+fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        prop_assert_eq!(&x.data, &y.data);
+        prop_assert_eq!(&x.lineage, &y.lineage);
+    }
+    Ok(())
+}
+
+/// The ids of each epoch, by the epoch of each row's lineage.
+fn per_epoch(batches: &[Batch]) -> BTreeMap<u64, Vec<i64>> {
+    let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for b in batches {
+        let epochs = b
+            .lineage
+            .spans()
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(s.epoch, s.len as usize));
+        for (e, id) in epochs.zip(ids(std::slice::from_ref(b))) {
+            out.entry(e).or_default().push(id);
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 20, ..ProptestConfig::default() })]
+
+    /// (a), (b) and (c) on one rank.
+    #[test]
+    fn global_shuffle_is_exact_deterministic_and_resumable(c in cases(), cut in 0usize..40) {
+        let dir = tempfile::tempdir().unwrap();
+        let total = write_dataset(dir.path(), &c.groups, c.page_rows);
+        let rt = rt();
+        let reference = rt.block_on(run(Pipeline::from_yaml(&yaml(dir.path(), &c, 1, None)).unwrap(), None)).0;
+        let epochs = per_epoch(&reference);
+        prop_assert_eq!(epochs.len() as u64, c.epochs);
+        for got in epochs.values() {
+            let mut got = got.clone();
+            got.sort_unstable();
+            prop_assert_eq!(got, (0..total as i64).collect::<Vec<_>>());
+        }
+        // Each row's lineage names its own row (ids are row numbers in listing order).
+        for b in &reference {
+            prop_assert_eq!(b.lineage.num_rows(), b.num_rows() as u64);
+        }
+        let other = rt.block_on(run(Pipeline::from_yaml(&yaml(dir.path(), &c, 3, None)).unwrap(), None)).0;
+        same(&reference, &other)?;
+        let k = cut.min(reference.len());
+        let joined = rt.block_on(interrupted_at(&yaml(dir.path(), &c, 2, None), k));
+        same(&joined, &reference)?;
+    }
+
+    /// (d): equal batch counts in every epoch on every rank, shares disjoint, fewer than
+    /// `world` rows left out per epoch and counted; and (c) on the last rank.
+    #[test]
+    fn global_shuffle_gives_ranks_equal_disjoint_shares(c in cases(), world in 2usize..4, cut in 0usize..20) {
+        let dir = tempfile::tempdir().unwrap();
+        let total = write_dataset(dir.path(), &c.groups, c.page_rows);
+        prop_assume!(total >= world as u64);
+        let rt = rt();
+        let mut counts = Vec::new();
+        let mut all: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        let mut last = Vec::new();
+        for rank in 0..world {
+            let y = yaml(dir.path(), &c, 2, Some((rank, world)));
+            let (out, metrics) = rt.block_on(run_counted(Pipeline::from_yaml(&y).unwrap()));
+            let left_out = metrics.source.shard_left_out.load(Ordering::Relaxed);
+            prop_assert_eq!(left_out, (total % world as u64) * c.epochs);
+            let mut n: BTreeMap<u64, usize> = BTreeMap::new();
+            for b in &out {
+                *n.entry(b.mark.unwrap().epoch).or_default() += 1;
+            }
+            counts.push(n);
+            for (e, got) in per_epoch(&out) {
+                all.entry(e).or_default().extend(got);
+            }
+            last = out;
+        }
+        prop_assert!(counts.iter().all(|n| *n == counts[0]), "{:?}", counts);
+        for epoch in 0..c.epochs {
+            let got = all.remove(&epoch).unwrap_or_default();
+            let distinct: BTreeSet<i64> = got.iter().copied().collect();
+            prop_assert_eq!(distinct.len(), got.len(), "a row on two ranks");
+            prop_assert_eq!(got.len() as u64, total - total % world as u64);
+        }
+        let y = yaml(dir.path(), &c, 2, Some((world - 1, world)));
+        let joined = rt.block_on(interrupted_at(&y, cut.min(last.len())));
+        same(&joined, &last)?;
+    }
+}
+
+/// Each epoch has its own permutation, and no position keeps its row more than chance would.
+#[test]
+fn each_epoch_is_permuted_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let total = write_dataset(dir.path(), &[vec![500, 500], vec![1000]], 100);
+    let c = Case {
+        groups: Vec::new(),
+        page_rows: 100,
+        batch_rows: 64,
+        max_memory: 4096,
+        batch: 100,
+        epochs: 2,
+        seed: 3,
+    };
+    let out = rt()
+        .block_on(run(
+            Pipeline::from_yaml(&yaml(dir.path(), &c, 2, None)).unwrap(),
+            None,
+        ))
+        .0;
+    let epochs = per_epoch(&out);
+    let (a, b) = (&epochs[&0], &epochs[&1]);
+    assert_eq!(a.len() as u64, total);
+    let fixed = a.iter().zip(b).filter(|(x, y)| x == y).count();
+    let in_place = a
+        .iter()
+        .enumerate()
+        .filter(|(i, v)| *i as i64 == **v)
+        .count();
+    // A uniform permutation keeps ~1 of 2000 rows in place (Poisson(1)).
+    assert!(
+        fixed < 8 && in_place < 8,
+        "{fixed} rows at the same position in both epochs, {in_place} in place"
+    );
+}
+
+/// A block fetches only the pages holding its rows: reading blocks of 20 rows of one row
+/// group of 200,000 rows in pages of 100 costs at most 20 pages per column and block, not
+/// the row group.
+#[test]
+fn a_block_fetches_only_the_pages_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    write_dataset(dir.path(), &[vec![200_000]], 100);
+    let size = std::fs::metadata(dir.path().join("part-000.parquet"))
+        .unwrap()
+        .len();
+    // Two columns of 12 bytes a row: 240 bytes hold 20 rows; one epoch read as 10,000 blocks,
+    // one at a time.
+    let y = format!(
+        "source: {{type: parquet, path: '{}/*.parquet', prefetch: 1}}\n\
+         stages:\n\
+         - {{type: shuffle, mode: global, max_memory: 240, seed: 1, batch_rows: 5}}\n\
+         runtime: {{threads: 2, queue_bytes: 1 KiB}}\n",
+        dir.path().display()
+    );
+    let rt = rt();
+    let (first, metrics) = rt.block_on(async {
+        let mut s = Pipeline::from_yaml(&y).unwrap().stream();
+        let metrics = s.metrics();
+        let first = s.next().await.unwrap().unwrap();
+        (first, metrics)
+    });
+    assert_eq!(first.num_rows(), 5);
+    let read = metrics.source.bytes_read.load(Ordering::Relaxed);
+    let rows = metrics.source.rows.load(Ordering::Relaxed);
+    // The few blocks read ahead by now, each at most 40 pages of ~1 KB.
+    assert!(rows < 1000, "{rows} rows read before the first batch");
+    assert!(
+        read > 0 && read * 10 < size,
+        "{read} bytes read of a {size}-byte file for {rows} rows"
+    );
+}
+
+/// What a global shuffle cannot do is refused with the reason, before reading anything.
+#[test]
+fn settings_a_global_shuffle_cannot_honour_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_dataset(dir.path(), &[vec![10]], 5);
+    let path = format!("{}/*.parquet", dir.path().display());
+    let cases = [
+        (
+            format!("source: {{type: parquet, path: '{path}', shard: drop_last}}\nstages:\n- {{type: shuffle, mode: global}}\n"),
+            "`shard: drop_last` on the source has nothing to decide",
+        ),
+        (
+            format!("source: {{type: parquet, path: '{path}'}}\nstages:\n- {{type: shuffle, mode: global, across_ranks: true}}\n"),
+            "remove `across_ranks`",
+        ),
+        (
+            format!("source: {{type: parquet, path: '{path}'}}\nstages:\n- {{type: shuffle, mode: global}}\n- {{type: shuffle}}\n"),
+            "shuffles it again and adds nothing but memory",
+        ),
+        (
+            "source: {type: kafka, brokers: '127.0.0.1:1', topic: t, format: arrow_ipc, assignment: static}\nstages:\n- {type: shuffle, mode: global}\n".to_string(),
+            "a Kafka stream has neither positions to jump to nor an end",
+        ),
+        (
+            format!("source: {{type: parquet, path: '{path}'}}\nstages:\n- {{type: shuffle, mode: global, group_by_length: {{column: id}}}}\n- {{type: batch, size: 2}}\n"),
+            "`mode: global` has none",
+        ),
+    ];
+    let rt = rt();
+    for (y, want) in cases {
+        let e = rt.block_on(async {
+            let mut s = Pipeline::from_yaml(&y).unwrap().stream();
+            s.next().await.unwrap().unwrap_err().to_string()
+        });
+        assert!(e.contains(want), "{y}\n→ {e}");
+    }
+}
+
+/// A checkpoint of a window shuffle does not resume under a global one (its position would
+/// name other rows): refused, naming the setting.
+#[test]
+fn a_window_checkpoint_is_refused_by_a_global_shuffle() {
+    let dir = tempfile::tempdir().unwrap();
+    write_dataset(dir.path(), &[vec![300, 300]], 50);
+    let y = |mode: &str| {
+        format!(
+            "source: {{type: parquet, path: '{}/*.parquet'}}\nstages:\n- {{type: shuffle, mode: {mode}, buffer_rows: 100, seed: 1, batch_rows: 10}}\nruntime: {{threads: 2}}\n",
+            dir.path().display()
+        )
+    };
+    let rt = rt();
+    let (_, state) = rt.block_on(run(Pipeline::from_yaml(&y("window")).unwrap(), Some(5)));
+    let e = rt.block_on(async {
+        let mut s = Pipeline::from_yaml(&y("global"))
+            .unwrap()
+            .resume_from(state)
+            .stream();
+        s.next().await.unwrap().unwrap_err().to_string()
+    });
+    assert!(e.contains("mode global"), "{e}");
+}

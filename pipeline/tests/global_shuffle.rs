@@ -24,7 +24,13 @@ use sluice_pipeline::{Batch, Pipeline, PipelineMetrics, SourceState};
 /// Writes one Parquet file per entry of `groups` (row counts of its row groups), with pages
 /// of at most `page_rows` rows. Ids run 0.. across files in listing order.
 fn write_dataset(dir: &Path, groups: &[Vec<usize>], page_rows: usize) -> u64 {
+    write_with(dir, groups, page_rows, true)
+}
+
+/// [`write_dataset`], with dictionary encoding tried or not.
+fn write_with(dir: &Path, groups: &[Vec<usize>], page_rows: usize, dictionary: bool) -> u64 {
     let props = WriterProperties::builder()
+        .set_dictionary_enabled(dictionary)
         .set_write_batch_size(page_rows)
         .set_data_page_row_count_limit(page_rows)
         .build();
@@ -274,7 +280,8 @@ fn each_epoch_is_permuted_anew() {
 #[test]
 fn a_block_fetches_only_the_pages_it_needs() {
     let dir = tempfile::tempdir().unwrap();
-    write_dataset(dir.path(), &[vec![200_000]], 100);
+    // Without dictionaries: a dictionary page is fetched with any page of its column chunk.
+    write_with(dir.path(), &[vec![200_000]], 100, false);
     let size = std::fs::metadata(dir.path().join("part-000.parquet"))
         .unwrap()
         .len();
@@ -365,4 +372,26 @@ fn a_window_checkpoint_is_refused_by_a_global_shuffle() {
         s.next().await.unwrap().unwrap_err().to_string()
     });
     assert!(e.contains("mode global"), "{e}");
+}
+
+/// A position is (block, row of it), and the block size comes from `max_memory` over the
+/// files' decoded row size: the same rows written with other pages (another row size) would
+/// put the position elsewhere, so the resume is refused, naming the block size.
+#[test]
+fn a_checkpoint_over_files_of_another_row_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_with(dir.path(), &[vec![3000]], 1000, false);
+    let y = format!(
+        "source: {{type: parquet, path: '{}/*.parquet'}}\nstages:\n- {{type: shuffle, mode: global, max_memory: 8 KiB, seed: 1, batch_rows: 10}}\nruntime: {{threads: 2}}\n",
+        dir.path().display()
+    );
+    let rt = rt();
+    let (_, state) = rt.block_on(run(Pipeline::from_yaml(&y).unwrap(), Some(3)));
+    // The same rows in pages of 2 rows: every page header adds to the row size.
+    write_with(dir.path(), &[vec![3000]], 2, false);
+    let e = rt.block_on(async {
+        let mut s = Pipeline::from_yaml(&y).unwrap().resume_from(state).stream();
+        s.next().await.unwrap().unwrap_err().to_string()
+    });
+    assert!(e.contains("global shuffle block"), "{e}");
 }

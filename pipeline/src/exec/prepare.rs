@@ -161,10 +161,17 @@ impl Pipeline {
                 // The plan (permutation, shares, mix) needs every footer: read them now.
                 p.open_all().await?;
             }
+            let mut order = self.order_settings();
+            if let Some(rows) = p.global_block_rows().await? {
+                // A position is (block, row): the block size (from `max_memory` and the
+                // files' decoded row size) must be the same to resume at the same rows.
+                order.insert(
+                    "global shuffle block".to_string(),
+                    format!("{rows} rows (max_memory over the decoded row size)"),
+                );
+            }
             let files = p.clone();
-            let plan = Arc::new(PlanSource::new(self.order_settings(), move |mark| {
-                files.data_stamp(mark)
-            }));
+            let plan = Arc::new(PlanSource::new(order, move |mark| files.data_stamp(mark)));
             if let Some(then) = self.resume.as_ref().and_then(|s| s.plan.as_ref()) {
                 let mut now = plan.stamp(resume_mark.as_ref());
                 if let Some(d) = then.data.as_ref().filter(|d| d.prefix) {
@@ -308,7 +315,8 @@ impl Pipeline {
             tracing::warn!("{}: {warning}", self.stage_ref(i));
             stage_metrics[i].note(format!("warning: {warning}"));
         }
-        if let (Some(sh), Some(rows)) = (shuffle, source.total_rows()) {
+        let window = shuffle.as_ref().filter(|s| s.mode == ShuffleMode::Window);
+        if let (Some(sh), Some(rows)) = (window, source.total_rows()) {
             let per_epoch = rows / self.config.source.value.epochs();
             if (sh.buffer_rows as u64) * 100 < per_epoch {
                 let i = self.shuffle_index();

@@ -118,6 +118,13 @@ impl Pipeline {
             let value = match &s.value {
                 StageConfig::Shuffle(c) => {
                     // Short enough to keep as text: a refusal can say which setting moved.
+                    if c.mode == crate::stage::ShuffleMode::Global {
+                        // Only what decides a global permutation and its blocks.
+                        let text =
+                            format!("mode global, max_memory {}, seed {}", c.max_memory, c.seed);
+                        out.insert(format!("stages[{i}] ({})", s.value.kind()), text);
+                        continue;
+                    }
                     let mut text = format!(
                         "buffer_rows {}, max_memory {}, seed {}",
                         c.buffer_rows, c.max_memory, c.seed
@@ -127,9 +134,6 @@ impl Pipeline {
                     }
                     if c.across_ranks {
                         text.push_str(", across_ranks true");
-                    }
-                    if c.mode == crate::stage::ShuffleMode::Global {
-                        text.push_str(", mode global");
                     }
                     if let Some(g) = &c.group_by_length {
                         text += &format!(

@@ -92,7 +92,13 @@ fn pages_bytes(file: &ParquetFile, rg: usize, rows: &[u64]) -> u64 {
             bytes += chunk.compressed_size().max(0) as u64;
             continue;
         };
+        // The dictionary page, before the first data page, is fetched with any of them.
+        let (start, _) = chunk.byte_range();
+        let dictionary = pages
+            .first()
+            .map_or(0, |p| (p.offset.max(0) as u64).saturating_sub(start));
         let mut k = 0;
+        let mut any = false;
         for (p, page) in pages.iter().enumerate() {
             let end = pages
                 .get(p + 1)
@@ -102,7 +108,11 @@ fn pages_bytes(file: &ParquetFile, rg: usize, rows: &[u64]) -> u64 {
             }
             if k < rows.len() && rows[k] < end {
                 bytes += page.compressed_page_size.max(0) as u64;
+                any = true;
             }
+        }
+        if any {
+            bytes += dictionary;
         }
     }
     bytes
@@ -153,13 +163,10 @@ impl BlockRead {
             .buffered(2 * threads)
             .try_collect()
             .await?;
-        let bytes = self.emit(rows, order.slots, decoded, origins, out).await?;
         let m = &self.metrics.source;
         m.row_groups.fetch_add(touched, Ordering::Relaxed);
-        m.rows.fetch_add(block.len - self.first, Ordering::Relaxed);
-        m.bytes_decoded.fetch_add(bytes, Ordering::Relaxed);
         m.bytes_read.fetch_add(fetched, Ordering::Relaxed);
-        Ok(())
+        self.emit(rows, order.slots, decoded, origins, out).await
     }
 
     /// Rows `rows` (ascending) of row group `rg` of `file`, decoded as one batch of the
@@ -210,7 +217,8 @@ impl BlockRead {
         source_batch(&file, rg, &rb, &self.schema)
     }
 
-    /// Gathers the decoded rows into delivery order and sends them; returns their bytes.
+    /// Gathers the decoded rows into delivery order and sends them, counting the rows and
+    /// bytes handed over.
     async fn emit(
         &self,
         rows: Vec<(u32, u64)>,
@@ -218,10 +226,10 @@ impl BlockRead {
         decoded: Vec<RecordBatch>,
         origins: Vec<(Origin, u64)>,
         out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,
-    ) -> Result<u64> {
+    ) -> Result<()> {
         let shared = Arc::new((rows, slots, decoded, origins));
         let n = shared.0.len();
-        let (mut at, mut bytes) = (0usize, 0u64);
+        let mut at = 0usize;
         while at < n {
             let (s, batch_rows, epoch) = (shared.clone(), self.batch_rows, self.epoch);
             let (index, first) = (self.index, self.first);
@@ -262,13 +270,16 @@ impl BlockRead {
                     Ok((chunk, size as u64))
                 })
                 .await??;
-            at += chunk.iter().map(|b| b.num_rows()).sum::<usize>();
-            bytes += size;
+            let sent = chunk.iter().map(|b| b.num_rows()).sum::<usize>();
             if out.send(Ok(chunk)).await.is_err() {
                 break;
             }
+            at += sent;
+            let m = &self.metrics.source;
+            m.rows.fetch_add(sent as u64, Ordering::Relaxed);
+            m.bytes_decoded.fetch_add(size, Ordering::Relaxed);
         }
-        Ok(bytes)
+        Ok(())
     }
 }
 

@@ -32,6 +32,11 @@ const GLOBAL_DOMAIN: u64 = 0x676c_6f62; // "glob"
 /// on small domains, where few bits per half weaken each round.
 const ROUNDS: usize = 8;
 
+/// Bytes a block holds per row besides its values: where the row is and where it goes (the
+/// row and its slot, 16 bytes each, the sort order and the row-group lists) and its share of
+/// the lineage being emitted.
+const ROW_OVERHEAD: u64 = 64;
+
 /// A keyed pseudo-random permutation of `0..n`: a balanced Feistel network on the smallest
 /// even number of bits that holds `n - 1`, restricted to `0..n` by cycle-walking (applied
 /// again until the value falls inside; it does, since the cycle through a value inside
@@ -70,7 +75,9 @@ impl Bijection {
 
     /// The row at position `p` (`p < n`).
     pub(crate) fn get(&self, p: u64) -> u64 {
-        debug_assert!(p < self.n);
+        // Positions come from the plan, which has none past the epoch's rows (a value
+        // outside would walk forever).
+        assert!(p < self.n, "position {p} of a permutation of {}", self.n);
         let mut x = self.feistel(p);
         while x >= self.n {
             x = self.feistel(x);
@@ -108,12 +115,12 @@ impl GlobalPlan {
             rows += u.len;
             bytes += u.decoded_bytes();
         }
-        let row_bytes = bytes.div_ceil(rows.max(1)).max(1);
+        let row_bytes = bytes.div_ceil(rows.max(1)) + ROW_OVERHEAD;
         GlobalPlan {
             units,
             starts,
             rows,
-            block_rows: (settings.max_memory / row_bytes).max(1),
+            block_rows: (settings.max_memory / row_bytes).clamp(1, u32::MAX as u64),
         }
     }
 
@@ -176,7 +183,8 @@ impl Block {
         let units = &self.plan.units;
         let rows = self.len.saturating_sub(from);
         let decoded: u64 = units.iter().map(Unit::decoded_bytes).sum();
-        let decoded = (decoded as u128 * rows as u128 / self.plan.rows.max(1) as u128) as u64;
+        let decoded = (decoded as u128 * rows as u128 / self.plan.rows.max(1) as u128) as u64
+            + rows * ROW_OVERHEAD;
         let mut fetched: Vec<u64> = units.iter().map(Unit::fetched_bytes).collect();
         fetched.sort_unstable_by(|a, b| b.cmp(a));
         decoded + fetched.iter().take(concurrent).sum::<u64>()

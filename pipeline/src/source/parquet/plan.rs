@@ -62,6 +62,14 @@ impl ParquetSource {
         .boxed()
     }
 
+    /// Rows per block of a global shuffle (`None` without one): part of every position.
+    pub(crate) async fn global_block_rows(&self) -> Result<Option<u64>> {
+        match self.global {
+            Some(_) => Ok(Some(self.global_plan().await?.block_rows)),
+            None => Ok(None),
+        }
+    }
+
     /// The global shuffle's plan over every file (planned once, shared by clones).
     async fn global_plan(&self) -> Result<Arc<GlobalPlan>> {
         if let Some(plan) = self.global_plan.get() {

@@ -191,36 +191,43 @@ fn quality(ids: &[i64], rows_per_group: i64) -> (f64, f64, f64) {
     (rho, disp / n / n, same_group)
 }
 
+/// The `id` of every row, in output order, of a pipeline reading only `id` from the files in
+/// `dir` through `stages` (YAML list items; empty: no stages).
+async fn ids_through(dir: &Path, stages: &str) -> Vec<i64> {
+    let stages = match stages {
+        "" => String::new(),
+        s => format!("stages:\n{s}"),
+    };
+    let yaml = format!(
+        "source: {{type: parquet, path: '{}/*.parquet', columns: [id]}}\n{stages}runtime: {{threads: 2}}\n",
+        dir.display()
+    );
+    collect(&yaml, usize::MAX)
+        .await
+        .iter()
+        .flat_map(|b| {
+            b.data
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_shuffle_mixes_well() {
     let dir = tempfile::tempdir().unwrap();
     // 128k rows in 64 row groups of 2,000 (two files).
     write(dir.path(), 2, 32, 2000, false);
-    let run = |stages: &str| {
-        format!(
-            "source: {{type: parquet, path: '{}/*.parquet', columns: [id]}}\nstages:\n{stages}runtime: {{threads: 2}}\n",
-            dir.path().display()
-        )
-    };
-    let ids = |bs: Vec<Batch>| -> Vec<i64> {
-        bs.iter()
-            .flat_map(|b| {
-                b.data
-                    .column(0)
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .to_vec()
-            })
-            .collect()
-    };
-    let plain = ids(collect(&run("  []\n").replace("stages:\n  []\n", ""), usize::MAX).await);
+    let plain = ids_through(dir.path(), "").await;
     let (rho0, disp0, same0) = quality(&plain, 2000);
     assert!(
         rho0 > 0.999 && disp0 < 1e-9 && same0 > 0.99,
         "the statistic detects no shuffle"
     );
     // Defaults: buffer_rows 16384, row groups permuted.
-    let shuffled = ids(collect(&run("  - {type: shuffle, seed: 1}\n"), usize::MAX).await);
+    let shuffled = ids_through(dir.path(), "  - {type: shuffle, seed: 1}\n").await;
     let mut sorted = shuffled.clone();
     sorted.sort_unstable();
     assert_eq!(sorted, plain, "every row exactly once");
@@ -260,29 +267,12 @@ async fn global_shuffle_mixes_like_a_perfect_permutation() {
     use rand::seq::SliceRandom;
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), 2, 32, 2000, false);
-    let run = |stage: &str| {
-        format!(
-            "source: {{type: parquet, path: '{}/*.parquet', columns: [id]}}\nstages:\n  - {stage}\nruntime: {{threads: 2}}\n",
-            dir.path().display()
-        )
-    };
-    let ids = |bs: Vec<Batch>| -> Vec<i64> {
-        bs.iter()
-            .flat_map(|b| {
-                b.data
-                    .column(0)
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .to_vec()
-            })
-            .collect()
-    };
-    let window = ids(collect(&run("{type: shuffle, seed: 1}"), usize::MAX).await);
-    let global = ids(collect(
-        &run("{type: shuffle, mode: global, seed: 1, max_memory: 128 KiB}"),
-        usize::MAX,
+    let window = ids_through(dir.path(), "  - {type: shuffle, seed: 1}\n").await;
+    let global = ids_through(
+        dir.path(),
+        "  - {type: shuffle, mode: global, seed: 1, max_memory: 128 KiB}\n",
     )
-    .await);
+    .await;
     let mut sorted = global.clone();
     sorted.sort_unstable();
     assert_eq!(

@@ -6,29 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 
 use super::ParquetFile;
 use super::global::Block;
-use super::read::{DECODE_CHUNK_BYTES, decode_error, failing_column, fetch, source_batch};
+use super::read::{
+    DECODE_CHUNK_BYTES, UnitRead, decode_error, failing_column, fetch, source_batch,
+};
 use crate::batch::{Batch, Lineage, LineageSpan, Mark, Name, Origin};
 use crate::error::{Error, Result};
-use crate::runtime::CpuPool;
-use crate::runtime::metrics::PipelineMetrics;
-
-/// How one block is read: where it sits in the plan and what to read it with.
-pub(super) struct BlockRead {
-    pub(super) index: u64,
-    /// Rows of the block already delivered (a resumed run).
-    pub(super) first: u64,
-    pub(super) epoch: u64,
-    pub(super) batch_rows: usize,
-    pub(super) pool: CpuPool,
-    pub(super) schema: SchemaRef,
-    pub(super) metrics: Arc<PipelineMetrics>,
-}
 
 /// A block's rows sorted for reading: per row group touched, its rows in file order; and for
 /// each position in delivery order, where its row lands among the decoded ones.
@@ -118,11 +105,11 @@ fn pages_bytes(file: &ParquetFile, rg: usize, rows: &[u64]) -> u64 {
     bytes
 }
 
-impl BlockRead {
-    /// Reads the block's rows from `self.first` on and hands them to `out` in delivery order,
+impl UnitRead {
+    /// Reads a global shuffle's block from its row `self.first` on and hands them to `out` in delivery order,
     /// in batches of `batch_rows`, a chunk of batches at a time. Returns early (`Ok`) when
     /// `out` is gone.
-    pub(super) async fn run(
+    pub(super) async fn run_block(
         &self,
         block: &Block,
         out: &tokio::sync::mpsc::Sender<Result<Vec<Batch>>>,

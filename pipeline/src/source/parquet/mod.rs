@@ -26,7 +26,6 @@ use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use self::columns::{Slot, schema_difference};
 use self::files::{Files, FilesState, Seen, list_objects, open_file};
-use self::gather::BlockRead;
 use self::global::{Block, GlobalPlan};
 use self::mix::{Mixed, check_mix};
 use self::read::UnitRead;
@@ -368,31 +367,18 @@ impl ParquetSource {
                     let (tx, rx) = tokio::sync::mpsc::channel(1);
                     let (pool, schema, metrics) = (pool.clone(), schema.clone(), metrics.clone());
                     tokio::spawn(async move {
+                        let read = UnitRead {
+                            index,
+                            first,
+                            epoch,
+                            batch_rows,
+                            pool,
+                            schema,
+                            metrics,
+                        };
                         let done = match unit {
-                            Work::Rows(unit) => {
-                                let read = UnitRead {
-                                    index,
-                                    first,
-                                    epoch,
-                                    batch_rows,
-                                    pool,
-                                    schema,
-                                    metrics,
-                                };
-                                read.run(&unit, &tx).await
-                            }
-                            Work::Block(block) => {
-                                let read = BlockRead {
-                                    index,
-                                    first,
-                                    epoch,
-                                    batch_rows,
-                                    pool,
-                                    schema,
-                                    metrics,
-                                };
-                                read.run(&block, &tx).await
-                            }
+                            Work::Rows(unit) => read.run(&unit, &tx).await,
+                            Work::Block(block) => read.run_block(&block, &tx).await,
                         };
                         if let Err(e) = done {
                             let _ = tx.send(Err(e)).await;

@@ -79,9 +79,11 @@ impl Unit {
     }
 }
 
-/// How one unit is read: where it sits in the plan and what to read it with.
+/// How one unit (or a global shuffle's block, `gather.rs`) is read: where it sits in the plan
+/// and what to read it with.
 pub(super) struct UnitRead {
     pub(super) index: u64,
+    /// The first row of the unit to read (rows before it were delivered before a resume).
     pub(super) first: u64,
     pub(super) epoch: u64,
     pub(super) batch_rows: usize,

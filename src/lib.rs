@@ -18,11 +18,12 @@ pub mod report;
 
 pub use job::{
     CheckpointConfig, Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport, mib,
-    peak_rss_bytes, process_cpu_seconds,
+    peak_rss_bytes,
 };
 #[cfg(feature = "torch")]
 pub use sluice_loader as loader;
 pub use sluice_pipeline as pipeline;
+pub use sluice_pipeline::runtime::{loader_cpu_seconds, process_cpu_seconds};
 pub use sluice_sinks as sinks;
 #[cfg(feature = "torch")]
 pub use sluice_trainer as trainer;

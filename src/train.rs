@@ -71,9 +71,7 @@ pub(crate) async fn train(
         metrics: Some(training.clone()),
         progress: bar.clone().map(progress_callback),
     };
-    let handle = tokio::runtime::Handle::current();
-    let result =
-        tokio::task::spawn_blocking(move || sluice::trainer::train(&job, &options, &handle)).await;
+    let result = run_training(job, options).await;
     watcher.abort();
     for t in background {
         t.abort();
@@ -88,7 +86,7 @@ pub(crate) async fn train(
             return ExitCode::FAILURE;
         }
         Err(e) => {
-            eprintln!("error: the training task failed: {e}");
+            eprintln!("error: the training thread failed: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -123,6 +121,36 @@ pub(crate) async fn train(
         return ExitCode::from(crate::signals::INTERRUPTED);
     }
     ExitCode::SUCCESS
+}
+
+/// Runs the training loop on a thread of its own, named `sluice-train` rather than one of
+/// the async runtime's blocking threads (named `sluice-io`, the loader's): the loader's CPU
+/// share counts the threads by name. `Err` when the thread could not start or panicked.
+async fn run_training(
+    job: TrainJob,
+    options: TrainOptions,
+) -> Result<Result<TrainReport, sluice::trainer::TrainError>, String> {
+    let handle = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("sluice-train".into())
+        .spawn(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                sluice::trainer::train(&job, &options, &handle)
+            }));
+            let _ = tx.send(out.map_err(|p| {
+                p.downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into())
+            }));
+        })
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    match rx.await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(panic)) => Err(format!("it panicked: {panic}")),
+        Err(_) => Err("it ended without a result".into()),
+    }
 }
 
 /// Applies `--backend` and `--workers` to the job (checking it again after `--workers`);
@@ -282,6 +310,13 @@ fn print_summary(config: &Path, r: &TrainReport) {
         r.data_wait_seconds,
         r.allreduce_seconds
     );
+    if let (Some(cpu), Some(share)) = (r.loader_cpu_seconds, r.loader_host_cpu_share) {
+        out!(
+            "  loader   {cpu:.2} CPU-s on its own threads: {:.0}% of the host's {} core(s) over the run",
+            100.0 * share,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+    }
     if r.data_stall_per_rank.len() > 1 {
         let (slowest, max) = r
             .data_stall_per_rank

@@ -56,6 +56,13 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
     // Rank 0's loader readiness: a share of its batches after the first.
     let ready = r["data_readiness"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&ready), "{ready}");
+    // The loader's own threads took some CPU, a share of the host's (not the training's).
+    let loader = r["loader_cpu_seconds"].as_f64().unwrap();
+    let share = r["loader_host_cpu_share"].as_f64().unwrap();
+    assert!(
+        loader > 0.0 && share > 0.0 && share <= 1.0,
+        "{loader} s, {share}"
+    );
     let eval = r["evals"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(eval["rows"], 360, "the whole test split, each row once");
     let acc = eval["accuracy"].as_f64().unwrap();
@@ -68,7 +75,8 @@ fn quickstart_trains_to_95_percent_with_two_workers() {
         stdout.contains("eval     accuracy")
             && stdout.contains("data     ready ")
             && stdout.contains("% of batches, stall")
-            && stdout.contains("data     per rank: "),
+            && stdout.contains("data     per rank: ")
+            && stdout.contains("CPU-s on its own threads: "),
         "{stdout}"
     );
 }

@@ -350,18 +350,6 @@ pub fn peak_rss_bytes() -> Option<u64> {
         .map(|kib| kib * 1024)
 }
 
-/// This process's CPU time so far (`/proc/self/stat`: user + system ticks of all its
-/// threads), in seconds; `None` where there is no such file.
-pub fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // After the command name in parentheses: state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // In USER_HZ ticks, which Linux fixes at 100 per second for userspace (the kernel's
-    // own HZ is converted); read here rather than through `sysconf`, which needs `unsafe`.
-    Some(ticks as f64 / 100.0)
-}
-
 /// Bytes in MiB, for reports.
 pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
@@ -639,8 +627,8 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
             .collect(),
         rows_per_second: g(&m.source.rows) as f64 / secs,
         mb_per_second: g(&m.source.bytes_decoded) as f64 / 1e6 / secs,
-        cpu_seconds: process_cpu_seconds(),
-        host_cpu_share: process_cpu_seconds().map(|cpu| {
+        cpu_seconds: sluice_pipeline::runtime::process_cpu_seconds(),
+        host_cpu_share: sluice_pipeline::runtime::process_cpu_seconds().map(|cpu| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             cpu / (secs * cores as f64)
         }),

@@ -211,6 +211,15 @@ pub struct TrainReport {
     pub evals: Vec<EvalReport>,
     /// Seconds of this run.
     pub seconds: f64,
+    /// CPU seconds of this process's loader threads (the pipelines' CPU pools and async
+    /// runtime, not the training loop or libtorch's threads) up to the end of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loader_cpu_seconds: Option<f64>,
+    /// `loader_cpu_seconds` over the run's wall time × the host's cores: the loader's share
+    /// of the host's CPU (SPDL keeps it ≤ 40 % so the trainer's kernel launches are not
+    /// starved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loader_host_cpu_share: Option<f64>,
     /// Rows per second (all ranks) in this run.
     pub rows_per_second: f64,
     /// Fraction of the training loop's time spent waiting for data (rank 0).

@@ -4,9 +4,11 @@
 //! downward instead of reaching up into the executor.
 
 pub(crate) mod channel;
+mod cpu;
 pub mod metrics;
 mod pool;
 pub(crate) mod recycle;
 
+pub use self::cpu::{loader_cpu_seconds, process_cpu_seconds};
 pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
 pub use self::pool::CpuPool;

@@ -36,6 +36,8 @@ impl CpuPool {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("sluice-cpu-{i}"))
+            // The loader's CPU time outlives its threads (`sluice train`'s loader share).
+            .exit_handler(|_| super::cpu::retire_current_thread())
             .build()
             .map_err(|e| {
                 threads_error(format!(

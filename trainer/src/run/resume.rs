@@ -158,6 +158,8 @@ pub(super) fn already_complete(
         rows_per_second: 0.0,
         data_stall_fraction: 0.0,
         data_readiness: None,
+        loader_cpu_seconds: None,
+        loader_host_cpu_share: None,
         data_stall_per_rank: Vec::new(),
         data_stall_max: 0.0,
         data_wait_seconds: 0.0,

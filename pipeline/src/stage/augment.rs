@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, PrimitiveArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, RecordBatch};
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type, SchemaRef};
 use chacha20::ChaCha8Rng;
 use rand::SeedableRng;
@@ -174,23 +174,17 @@ pub(crate) fn words<'a>(
 }
 
 trait Float: ArrowPrimitiveType {
-    /// `out[i] = row[i] + std · zᵢ`, the `zᵢ` standard normal samples from `rng`,
+    /// `row[i] += std · zᵢ` in place, the `zᵢ` standard normal samples from `rng`,
     /// positioned at the start of the row's stream; `scratch` is reused between rows.
-    fn gaussian(
-        row: &[Self::Native],
-        std: f64,
-        rng: &mut ChaCha8Rng,
-        out: &mut [Self::Native],
-        scratch: &mut Vec<u8>,
-    );
+    fn gaussian(row: &mut [Self::Native], std: f64, rng: &mut ChaCha8Rng, scratch: &mut Vec<u8>);
     /// `v · scale`.
     fn scaled(v: Self::Native, scale: f64) -> Self::Native;
     fn is_nan(v: Self::Native) -> bool;
 }
 
 impl Float for Float32Type {
-    fn gaussian(row: &[f32], std: f64, rng: &mut ChaCha8Rng, out: &mut [f32], s: &mut Vec<u8>) {
-        super::normal::noise_row_f32(rng, row, std as f32, out, s);
+    fn gaussian(row: &mut [f32], std: f64, rng: &mut ChaCha8Rng, s: &mut Vec<u8>) {
+        super::normal::noise_row_f32(rng, row, std as f32, s);
     }
     fn scaled(v: f32, scale: f64) -> f32 {
         v * scale as f32
@@ -201,10 +195,10 @@ impl Float for Float32Type {
 }
 
 impl Float for Float64Type {
-    fn gaussian(row: &[f64], std: f64, rng: &mut ChaCha8Rng, out: &mut [f64], _: &mut Vec<u8>) {
-        for (o, v) in out.iter_mut().zip(row) {
+    fn gaussian(row: &mut [f64], std: f64, rng: &mut ChaCha8Rng, _: &mut Vec<u8>) {
+        for v in row {
             let z: f64 = StandardNormal.sample(rng);
-            *o = v + std * z;
+            *v += std * z;
         }
     }
     fn scaled(v: f64, scale: f64) -> f64 {
@@ -215,29 +209,29 @@ impl Float for Float64Type {
     }
 }
 
-/// Applies `noise` to `values` (row `r` owns `values[r*width .. (r+1)*width]`).
+/// Applies `noise` to `values` in place (row `r` owns `values[r*width .. (r+1)*width]`).
 fn augment_values<T: Float>(
-    values: &PrimitiveArray<T>,
+    values: &mut [T::Native],
     width: usize,
     ids: &[u64],
     key: [u8; 32],
     noise: Noise,
-) -> PrimitiveArray<T> {
+) {
     match noise {
-        Noise::Gaussian { std } => per_row(values, width, ids, key, |rng, row, out, scratch| {
-            T::gaussian(row, std, rng, out, scratch)
+        Noise::Gaussian { std } => per_row::<T>(values, width, ids, key, |rng, row, scratch| {
+            T::gaussian(row, std, rng, scratch)
         }),
         Noise::Dropout { p, scale } => {
             let drop = Chance::new(p);
-            per_row(values, width, ids, key, move |rng, row, out, buf| {
-                for ((o, v), w) in out.iter_mut().zip(row).zip(words(rng, row.len(), buf)) {
+            per_row::<T>(values, width, ids, key, move |rng, row, buf| {
+                let n = row.len();
+                for (v, w) in row.iter_mut().zip(words(rng, n, buf)) {
                     // A dropped NaN stays NaN (as PyTorch's multiply-by-mask dropout): dropout
                     // never turns a missing value into a number.
-                    let keep = T::scaled(*v, scale);
-                    *o = if drop.hit(w) && !T::is_nan(*v) {
+                    *v = if drop.hit(w) && !T::is_nan(*v) {
                         T::Native::default()
                     } else {
-                        keep
+                        T::scaled(*v, scale)
                     };
                 }
             })
@@ -245,29 +239,21 @@ fn augment_values<T: Float>(
     }
 }
 
-/// `f(rng, row, out, scratch)` over every row, `rng` at the start of the row's own stream of
-/// the generator keyed by `key`.
+/// `f(rng, row, scratch)` over every row, `rng` at the start of the row's own stream of the
+/// generator keyed by `key`.
 fn per_row<T: Float>(
-    values: &PrimitiveArray<T>,
+    values: &mut [T::Native],
     width: usize,
     ids: &[u64],
     key: [u8; 32],
-    f: impl Fn(&mut ChaCha8Rng, &[T::Native], &mut [T::Native], &mut Vec<u8>),
-) -> PrimitiveArray<T> {
+    f: impl Fn(&mut ChaCha8Rng, &mut [T::Native], &mut Vec<u8>),
+) {
     let mut rng = ChaCha8Rng::from_seed(key);
-    let src = values.values();
-    let width = width.max(1);
-    let mut out = vec![T::Native::default(); src.len()];
     let mut scratch = Vec::new();
-    for ((row, dst), id) in src
-        .chunks_exact(width)
-        .zip(out.chunks_exact_mut(width))
-        .zip(ids)
-    {
+    for (row, id) in values.chunks_exact_mut(width.max(1)).zip(ids) {
         rng.set_stream(*id);
-        f(&mut rng, row, dst, &mut scratch);
+        f(&mut rng, row, &mut scratch);
     }
-    PrimitiveArray::<T>::new(out.into(), values.nulls().cloned())
 }
 
 /// A float column's values as rows of `width`: the column itself (width 1), or a fixed-size
@@ -293,29 +279,28 @@ pub(crate) fn map_float_rows(
     }
 }
 
+/// `noise` over a float32 or float64 column or fixed-size list of them, in place when the
+/// batch held the only reference to its values ([`owned`](super::owned)).
 fn augment_column(
-    col: &ArrayRef,
+    col: ArrayRef,
     ids: &[u64],
     key: [u8; 32],
     noise: Noise,
 ) -> std::result::Result<ArrayRef, String> {
-    map_float_rows(col, |values, width| match values.data_type() {
-        DataType::Float32 => Ok(Arc::new(augment_values(
-            values.as_primitive::<Float32Type>(),
-            width,
-            ids,
-            key,
-            noise,
-        ))),
-        DataType::Float64 => Ok(Arc::new(augment_values(
-            values.as_primitive::<Float64Type>(),
-            width,
-            ids,
-            key,
-            noise,
-        ))),
-        other => Err(format!("unsupported type {other}")),
-    })
+    use super::owned::{rewritable, rewrite_rows};
+    let t = col.data_type().clone();
+    if rewritable::<Float32Type>(&t) {
+        rewrite_rows::<Float32Type>(col, |v, width| {
+            augment_values::<Float32Type>(v, width, ids, key, noise)
+        })
+    } else if rewritable::<Float64Type>(&t) {
+        rewrite_rows::<Float64Type>(col, |v, width| {
+            augment_values::<Float64Type>(v, width, ids, key, noise)
+        })
+    } else {
+        return Err(format!("unsupported type {t}"));
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// [`row_ids`] of a batch whose lineage covers each of its rows (else a bug, reported).
@@ -334,13 +319,14 @@ pub(crate) fn batch_row_ids(stage: &StageRef, batch: &Batch) -> Result<Vec<u64>>
 impl super::Transform for Augment {
     fn apply(&self, batch: Batch) -> Result<Batch> {
         let ids = batch_row_ids(&self.stage, &batch)?;
-        let mut cols = batch.data.columns().to_vec();
+        let mut batch = batch;
+        let mut cols = super::take_columns(&mut batch);
         for (i, key) in &self.columns {
-            cols[*i] =
-                augment_column(&cols[*i], &ids, *key, self.noise).map_err(|m| Error::Stage {
-                    stage: self.stage.clone(),
-                    message: m,
-                })?;
+            let col = std::mem::replace(&mut cols[*i], super::placeholder());
+            cols[*i] = augment_column(col, &ids, *key, self.noise).map_err(|m| Error::Stage {
+                stage: self.stage.clone(),
+                message: m,
+            })?;
         }
         let data = RecordBatch::try_new(self.schema.clone(), cols).map_err(|e| Error::Arrow {
             context: self.stage.to_string(),

@@ -9,6 +9,7 @@ pub(crate) mod image;
 mod kernels;
 mod mixup;
 mod normal;
+mod owned;
 mod pixels;
 pub(crate) mod rebatch;
 pub(crate) mod registry;
@@ -216,6 +217,19 @@ pub(crate) fn literal_array(value: &Literal, ty: &DataType) -> Result<ArrayRef, 
 }
 
 /// Replaces some columns of a batch, keeping lineage.
+/// The columns of `batch`, moved out of it (its data is left empty until [`with_columns`]
+/// puts new ones back), so that a stage holding the only reference to a column's buffers can
+/// rewrite them in place (see [`owned`]).
+pub(crate) fn take_columns(batch: &mut Batch) -> Vec<ArrayRef> {
+    let empty = RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty()));
+    std::mem::replace(&mut batch.data, empty).into_parts().1
+}
+
+/// A column that holds nothing, left where one was taken out of a `Vec` of columns.
+pub(crate) fn placeholder() -> ArrayRef {
+    arrow::array::new_null_array(&arrow::datatypes::DataType::Null, 0)
+}
+
 pub(crate) fn with_columns(
     stage: &StageRef,
     batch: Batch,

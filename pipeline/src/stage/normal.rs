@@ -18,25 +18,23 @@ use rand::Rng;
 
 use super::ziggurat_tables::{F, K, R, W};
 
-/// `out[i] = row[i] + std · zᵢ` for one row, the `zᵢ` independent standard normal samples
+/// `row[i] += std · zᵢ` for one row, in place, the `zᵢ` independent standard normal samples
 /// drawn from `rng`, positioned at the start of the row's stream. Value `i` takes word `i` on
 /// the fast path; the values the fast path rejects (1.5 %) then draw, in order, from the
 /// words after the row's. Bit-identical with and without AVX2 (the same IEEE operations,
 /// never fused).
 pub(crate) fn noise_row_f32<G: Rng + ?Sized>(
     rng: &mut G,
-    row: &[f32],
+    row: &mut [f32],
     std: f32,
-    out: &mut [f32],
     scratch: &mut Vec<u8>,
 ) {
-    assert_eq!(row.len(), out.len(), "noise_row_f32: lengths");
     let n = row.len();
     scratch.clear();
     scratch.resize(5 * n, 0);
     let (words, rejected) = scratch.split_at_mut(4 * n);
     rng.fill_bytes(words);
-    if fast_row(words, row, std, out, rejected) == 0 {
+    if fast_row(words, row, std, rejected) == 0 {
         return;
     }
     // 32 flags at a time (an OR without early exit, vectorised): a row of 128 has two
@@ -53,7 +51,8 @@ pub(crate) fn noise_row_f32<G: Rng + ?Sized>(
                 Some(x) => signed(x, r),
                 None => standard_normal_f32(rng),
             };
-            out[i] = row[i] + std * z;
+            // The fast path left the rejected value as it was.
+            row[i] += std * z;
         }
     }
 }
@@ -72,16 +71,16 @@ fn signed(x: f32, r: u32) -> f32 {
     f32::from_bits(x.to_bits() ^ ((r & 0x100) << 23))
 }
 
-/// The fast path over a row (rejected values are written too, and rewritten by the caller,
-/// who finds them flagged in `rejected`); returns how many it rejected.
-fn fast_row(words: &[u8], row: &[f32], std: f32, out: &mut [f32], rejected: &mut [u8]) -> u32 {
+/// The fast path over a row, in place (rejected values are left as they were, for the
+/// caller, who finds them flagged in `rejected`); returns how many it rejected.
+fn fast_row(words: &[u8], row: &mut [f32], std: f32, rejected: &mut [u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { fast_row_avx2(words, row, std, out, rejected) };
+        return unsafe { fast_row_avx2(words, row, std, rejected) };
     }
-    fast_row_body(words, row, std, out, rejected)
+    fast_row_body(words, row, std, rejected)
 }
 
 /// [`fast_row`] compiled for AVX2 (the table lookups become gathers).
@@ -91,26 +90,23 @@ fn fast_row(words: &[u8], row: &[f32], std: f32, out: &mut [f32], rejected: &mut
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx2")]
-unsafe fn fast_row_avx2(
-    words: &[u8],
-    row: &[f32],
-    std: f32,
-    out: &mut [f32],
-    rejected: &mut [u8],
-) -> u32 {
-    fast_row_body(words, row, std, out, rejected)
+unsafe fn fast_row_avx2(words: &[u8], row: &mut [f32], std: f32, rejected: &mut [u8]) -> u32 {
+    fast_row_body(words, row, std, rejected)
 }
 
 #[inline(always)]
-fn fast_row_body(words: &[u8], row: &[f32], std: f32, out: &mut [f32], rejected: &mut [u8]) -> u32 {
+fn fast_row_body(words: &[u8], row: &mut [f32], std: f32, rejected: &mut [u8]) -> u32 {
     let mut count = 0;
-    for (((w, v), o), bad) in words.chunks_exact(4).zip(row).zip(out).zip(rejected) {
+    for ((w, v), bad) in words.chunks_exact(4).zip(row).zip(rejected) {
         let r = word(w);
         let layer = (r & 0xff) as usize;
         let m = r >> 9;
-        *o = v + std * signed(m as f32 * W[layer], r);
-        *bad = u8::from(m >= K[layer]);
-        count += u32::from(*bad);
+        let reject = m >= K[layer];
+        let noisy = *v + std * signed(m as f32 * W[layer], r);
+        // A select, not a branch: the loop stays vectorised.
+        *v = if reject { *v } else { noisy };
+        *bad = u8::from(reject);
+        count += u32::from(reject);
     }
     count
 }
@@ -237,11 +233,12 @@ mod tests {
     #[test]
     fn rows_follow_the_standard_normal() {
         let mut rng = ChaCha8Rng::seed_from_u64(8);
-        let (zeros, mut out, mut words) = (vec![0.0f32; 125], vec![0.0f32; 125], Vec::new());
+        let (mut out, mut words) = (vec![0.0f32; 125], Vec::new());
         let mut xs = Vec::with_capacity(1_000_000);
         for row in 0..8000 {
             rng.set_stream(row);
-            noise_row_f32(&mut rng, &zeros, 1.0, &mut out, &mut words);
+            out.fill(0.0);
+            noise_row_f32(&mut rng, &mut out, 1.0, &mut words);
             xs.extend(out.iter().map(|x| f64::from(*x)));
         }
         assert_standard_normal(xs);
@@ -251,8 +248,8 @@ mod tests {
     fn value_i_of_a_row_takes_word_i_unless_rejected() {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         let row: Vec<f32> = (0..1000).map(|i| i as f32 / 7.0).collect();
-        let (mut out, mut words) = (vec![0.0f32; 1000], Vec::new());
-        noise_row_f32(&mut rng, &row, 0.25, &mut out, &mut words);
+        let (mut out, mut words) = (row.clone(), Vec::new());
+        noise_row_f32(&mut rng, &mut out, 0.25, &mut words);
         let mut fresh = ChaCha8Rng::seed_from_u64(9);
         let (mut rejected, mut after) = (0, ChaCha8Rng::seed_from_u64(9));
         after.set_word_pos(1000);
@@ -273,12 +270,12 @@ mod tests {
         assert!((5..40).contains(&rejected), "{rejected} rejected");
         assert!(rng.get_word_pos() > after.get_word_pos());
         // The vectorised fast path and the portable one agree bit for bit.
-        let mut portable = vec![0.0f32; 1000];
-        let mut vectorised = vec![0.0f32; 1000];
+        let mut portable = row.clone();
+        let mut vectorised = row.clone();
         let (words, flags) = words.split_at(4000);
         let (mut flags_p, mut flags_v) = (vec![0u8; 1000], vec![0u8; 1000]);
-        let a = fast_row_body(words, &row, 0.25, &mut portable, &mut flags_p);
-        let b = fast_row(words, &row, 0.25, &mut vectorised, &mut flags_v);
+        let a = fast_row_body(words, &mut portable, 0.25, &mut flags_p);
+        let b = fast_row(words, &mut vectorised, 0.25, &mut flags_v);
         assert_eq!(a, rejected);
         assert_eq!(a, b);
         assert_eq!(flags_p, flags_v);

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sluice::observe::{Observed, Sampler};
 use sluice::report::{Curves, Report};
 use sluice::trainer::config::Backend;
-use sluice::trainer::{Progress, TrainJob, TrainOptions, TrainReport, TrainingMetrics};
+use sluice::trainer::{LoaderCpu, Progress, TrainJob, TrainOptions, TrainReport, TrainingMetrics};
 
 use crate::{
     Observe, ProgressMode, SAMPLE_EVERY, check_output_flags, interrupt_signal, print_error,
@@ -79,7 +79,7 @@ pub(crate) async fn train(
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let report = match result {
+    let mut report = match result {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             print_error(&e);
@@ -90,6 +90,7 @@ pub(crate) async fn train(
             return ExitCode::FAILURE;
         }
     };
+    report.loader = LoaderCpu::measure(report.seconds);
     if report.rank != 0 {
         // Under mpirun every rank runs this; rank 0 speaks for the job.
         return if report.interrupted {
@@ -310,10 +311,11 @@ fn print_summary(config: &Path, r: &TrainReport) {
         r.data_wait_seconds,
         r.allreduce_seconds
     );
-    if let (Some(cpu), Some(share)) = (r.loader_cpu_seconds, r.loader_host_cpu_share) {
+    if let Some(l) = &r.loader {
         out!(
-            "  loader   {cpu:.2} CPU-s on its own threads: {:.0}% of the host's {} core(s) over the run",
-            100.0 * share,
+            "  loader   {:.2} CPU-s on its own threads: {:.0}% of the host's {} core(s) over the run",
+            l.loader_cpu_seconds,
+            100.0 * l.loader_host_cpu_share,
             std::thread::available_parallelism().map_or(1, |n| n.get())
         );
     }

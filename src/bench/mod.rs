@@ -49,6 +49,10 @@ pub(crate) struct BenchArgs {
     /// Also write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Leave out a variant (`raw`, `sluice`, `global`, `python`, `floor`, `dataloader`,
+    /// `numpy`); may be given more than once. Its row says it was skipped.
+    #[arg(long = "skip", value_name = "VARIANT")]
+    skip: Vec<String>,
     /// Keep the generated dataset in DIR (reused when it already holds this workload's
     /// files for the same row count) instead of a temporary directory.
     #[arg(long)]
@@ -219,6 +223,9 @@ fn measure_variants(
         if let Some(why) = peers.missing(variant) {
             skipped = Some(why.clone());
         }
+        if args.skip.iter().any(|v| v == variant) {
+            skipped = Some("--skip".to_string());
+        }
         for _ in 0..args.repeat.max(1) {
             if skipped.is_some() {
                 break;
@@ -324,7 +331,12 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     };
     let data = args.data.clone().unwrap_or_else(|| dir.path().join("data"));
     let stamp = data.join(".sluice-bench");
-    let wanted = format!("{} {rows} {}", w.name(), args.layout.name());
+    let (files, groups, per_group) = args.layout.shape(w, rows);
+    let wanted = format!(
+        "{} {rows} {} {files}x{groups}x{per_group}",
+        w.name(),
+        args.layout.name()
+    );
     let generated = if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         Ok(())
     } else {

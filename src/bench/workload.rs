@@ -70,13 +70,21 @@ pub(crate) enum Layout {
 }
 
 impl Layout {
-    /// Files and row groups per file.
-    fn shape(self, workload: Workload) -> (usize, usize) {
-        match (self, workload) {
+    /// Files, row groups per file and rows per row group for `rows` rows: the shape of the
+    /// default size; a larger dataset gets more files of the same row groups, as a dataset
+    /// grows (so memory that depends on the row group, not the data, stays put), a smaller
+    /// one smaller row groups.
+    pub(super) fn shape(self, workload: Workload, rows: usize) -> (usize, usize, usize) {
+        let (files, groups) = match (self, workload) {
             (Layout::Compressed, Workload::Images) => (8, 3),
             (Layout::Compressed, Workload::Tabular) => (8, 4),
             (Layout::Uncompressed, _) => (20, 10),
+        };
+        let per_group = workload.default_rows().div_ceil(files * groups);
+        if rows <= workload.default_rows() {
+            return (files, groups, rows.div_ceil(files * groups));
         }
+        (rows.div_ceil(per_group * groups), groups, per_group)
     }
 
     fn properties(self) -> WriterProperties {
@@ -108,8 +116,15 @@ pub(super) fn generate(
     rows: usize,
     layout: Layout,
 ) -> std::io::Result<()> {
-    let (files, groups) = layout.shape(workload);
-    let per_group = rows.div_ceil(files * groups);
+    let (files, groups, per_group) = layout.shape(workload, rows);
+    // A kept directory may hold the files of another shape: the glob would read them too.
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("train-") && name.ends_with(".parquet") {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
         state ^= state << 13;

@@ -211,15 +211,10 @@ pub struct TrainReport {
     pub evals: Vec<EvalReport>,
     /// Seconds of this run.
     pub seconds: f64,
-    /// CPU seconds of this process's loader threads (the pipelines' CPU pools and async
-    /// runtime, not the training loop or libtorch's threads) up to the end of the run.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub loader_cpu_seconds: Option<f64>,
-    /// `loader_cpu_seconds` over the run's wall time × the host's cores: the loader's share
-    /// of the host's CPU (SPDL keeps it ≤ 40 % so the trainer's kernel launches are not
-    /// starved).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub loader_host_cpu_share: Option<f64>,
+    /// The loader's CPU (rank 0 of a process, filled in by the caller once every local rank
+    /// has finished: the loader threads are the process's).
+    #[serde(flatten)]
+    pub loader: Option<LoaderCpu>,
     /// Rows per second (all ranks) in this run.
     pub rows_per_second: f64,
     /// Fraction of the training loop's time spent waiting for data (rank 0).
@@ -254,4 +249,29 @@ pub struct TrainReport {
     /// what the data gives, whichever is less; unknown for a stream without epochs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total_steps: Option<u64>,
+}
+
+/// The CPU the loader took in a process that also trains.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LoaderCpu {
+    /// CPU seconds of this process's loader threads (the pipelines' CPU pools and async
+    /// runtime, not the training loop or libtorch's threads) up to the end of the run.
+    pub loader_cpu_seconds: f64,
+    /// `loader_cpu_seconds` over the run's wall time × the host's cores: the loader's share
+    /// of the host's CPU (SPDL keeps it ≤ 40 % so the trainer's kernel launches are not
+    /// starved).
+    pub loader_host_cpu_share: f64,
+}
+
+impl LoaderCpu {
+    /// The loader threads' CPU so far, as a share of `seconds` of the host's cores; `None`
+    /// where `/proc` cannot tell.
+    pub fn measure(seconds: f64) -> Option<LoaderCpu> {
+        let cpu = sluice_pipeline::runtime::loader_cpu_seconds()?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Some(LoaderCpu {
+            loader_cpu_seconds: cpu,
+            loader_host_cpu_share: cpu / (seconds.max(1e-9) * cores as f64),
+        })
+    }
 }

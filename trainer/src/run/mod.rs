@@ -226,9 +226,6 @@ pub(crate) fn worker(
     let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
     drop(run.stream);
     let stalls = gather_stalls(grads.as_ref(), stats.stall_fraction())?;
-    let seconds = started.elapsed().as_secs_f64();
-    // The process's loader threads: all ranks of a local group share them.
-    let loader_cpu_seconds = sluice_pipeline::runtime::loader_cpu_seconds();
     Ok(Some(TrainReport {
         rank,
         world_size: world,
@@ -239,12 +236,8 @@ pub(crate) fn worker(
         rows_untrained: untrained,
         last_loss: run.last_loss,
         evals: run.evals,
-        seconds,
-        loader_cpu_seconds,
-        loader_host_cpu_share: loader_cpu_seconds.map(|cpu| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            cpu / (seconds.max(1e-9) * cores as f64)
-        }),
+        seconds: started.elapsed().as_secs_f64(),
+        loader: None,
         rows_per_second: run.rows_this_run as f64 / loop_time.as_secs_f64().max(1e-9),
         data_stall_fraction: stats.stall_fraction(),
         data_readiness: stats.readiness(),

@@ -589,7 +589,7 @@ mod tests {
             url: Name::from("file:///s.parquet"),
             row_group: 0,
         };
-        let batch = Batch::new(data, Lineage::new(origin, 0, 333, 0));
+        let batch = Batch::new(data, Lineage::new(origin.clone(), 0, 333, 0));
         let (mean, std) = (3.25f64, 7.5f64);
         let stage = Standardize {
             stage: StageRef {
@@ -645,6 +645,20 @@ mod tests {
             Arc::new(Float64Array::from(vec![std])),
         );
         assert_eq!(bits(out.data.column(1)), bits(&want64));
+        // Columns no one else holds are rewritten in place (`owned`): the same bits.
+        let fresh = |a: &ArrayRef, n: u32| {
+            arrow::compute::take(a, &arrow::array::UInt32Array::from_iter_values(0..n), None)
+                .unwrap()
+        };
+        let data = RecordBatch::try_new(
+            stage.schema.clone(),
+            vec![fresh(&list, 333), fresh(&x64, 333)],
+        );
+        let owned = Batch::new(data.unwrap(), Lineage::new(origin, 0, 333, 0));
+        let again = stage.apply(owned).unwrap();
+        let values = again.data.column(0).as_fixed_size_list().values().clone();
+        assert_eq!(bits(&values), bits(&want32));
+        assert_eq!(bits(again.data.column(1)), bits(&want64));
     }
 
     /// NaN passes through `clip` (numpy, torch); ±inf and out-of-range values take the bounds.

@@ -220,9 +220,7 @@ pub(crate) fn worker(
         evals: Vec::new(),
         interrupted: false,
     };
-    let loop_started = Instant::now();
-    steps::train_loop(&mut ctx, &mut run)?;
-    let loop_time = loop_started.elapsed();
+    let loop_time = steps::train_loop(&mut ctx, &mut run)?;
     let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
     drop(run.stream);
     let stalls = gather_stalls(grads.as_ref(), stats.stall_fraction())?;

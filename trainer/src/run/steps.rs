@@ -43,8 +43,12 @@ async fn next_or_stop<S: futures::Stream + Unpin>(
 }
 
 /// Trains until `trainer.steps` is reached, the data ends, another rank runs out of data or
-/// a stop is agreed (then `run.interrupted` is set).
-pub(super) fn train_loop(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+/// a stop is agreed (then `run.interrupted` is set). Returns the loop's time.
+pub(super) fn train_loop(
+    ctx: &mut Ctx<'_>,
+    run: &mut Run<'_>,
+) -> Result<std::time::Duration, TrainError> {
+    let started = std::time::Instant::now();
     let job = ctx.job;
     let tc = &job.trainer;
     loop {
@@ -67,7 +71,7 @@ pub(super) fn train_loop(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), Tra
             break;
         }
     }
-    Ok(())
+    Ok(started.elapsed())
 }
 
 /// The next batch, or `None` when this rank takes no more steps: its data ended, or a stop

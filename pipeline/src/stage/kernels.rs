@@ -589,7 +589,7 @@ mod tests {
             url: Name::from("file:///s.parquet"),
             row_group: 0,
         };
-        let batch = Batch::new(data, Lineage::new(origin.clone(), 0, 333, 0));
+        let batch = Batch::new(data, Lineage::new(origin, 0, 333, 0));
         let (mean, std) = (3.25f64, 7.5f64);
         let stage = Standardize {
             stage: StageRef {

@@ -395,3 +395,65 @@ fn a_checkpoint_over_files_of_another_row_size_is_refused() {
     });
     assert!(e.contains("global shuffle block"), "{e}");
 }
+
+/// `--elastic`: 2 ranks interrupted 3 batches into epoch 0 continue on 3. The batches the
+/// old ranks still owed are each delivered once, as the old ranks would have made them
+/// (the new ranks replay the old ranks' block reads), then every new rank continues as a
+/// run on 3 ranks would from epoch 1.
+#[test]
+fn a_rescaled_global_shuffle_delivers_every_owed_batch_once_then_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    write_dataset(dir.path(), &[vec![40, 33], vec![25], vec![50, 17]], 5);
+    let c = Case {
+        groups: Vec::new(),
+        page_rows: 5,
+        batch_rows: 9,
+        max_memory: 900,
+        batch: 6,
+        epochs: 2,
+        seed: 41,
+    };
+    let rt = rt();
+    let rank = |r: usize, w: usize, state: Option<SourceState>, limit: Option<usize>| {
+        let mut p = Pipeline::from_yaml(&yaml(dir.path(), &c, 2, Some((r, w)))).unwrap();
+        if let Some(s) = state {
+            let s = serde_json::to_string(&s).unwrap();
+            p = p.resume_from(serde_json::from_str(&s).unwrap());
+        }
+        rt.block_on(run(p, limit))
+    };
+    let (old, new, k) = (2, 3, 3);
+    let reference: Vec<Vec<Batch>> = (0..old).map(|r| rank(r, old, None, None).0).collect();
+    let n = reference[0].len() / 2;
+    assert!(n > k, "{n} batches per epoch");
+    let states: Vec<SourceState> = (0..old).map(|r| rank(r, old, None, Some(k)).1).collect();
+    let template = Pipeline::from_yaml(&yaml(dir.path(), &c, 1, None)).unwrap();
+    // The states are block + row positions: the batch count is not in them, and is given
+    // (as `sluice train --elastic` gives its steps).
+    let e = template.rescale(&states, None, new).unwrap_err();
+    assert!(e.contains("with `mode: global`, give them"), "{e}");
+    let dealt = template.rescale(&states, Some(k as u64), new).unwrap();
+    let outs: Vec<Vec<Batch>> = (0..new)
+        .map(|j| rank(j, new, Some(dealt[j].clone()), None).0)
+        .collect();
+    let share = |s: &SourceState| {
+        let r = s.rescaled.as_ref().unwrap();
+        let real: u64 = r.runs.iter().map(|x| x.end - x.first).sum();
+        (r.batches as usize, real as usize)
+    };
+    let (p, _) = share(&dealt[0]);
+    let owed: Vec<Batch> = reference.iter().flat_map(|r| r[k..n].to_vec()).collect();
+    let mut delivered = Vec::new();
+    for (j, o) in outs.iter().enumerate() {
+        let (batches, real) = share(&dealt[j]);
+        assert_eq!(batches, p);
+        delivered.extend(o[..real].iter().cloned());
+        assert!(o[real..p].iter().all(|b| b.num_rows() == 0));
+    }
+    same(&delivered, &owed).unwrap();
+    for (j, o) in outs.iter().enumerate() {
+        let plain = rank(j, new, None, None).0;
+        let per_epoch = plain.len() / 2;
+        same(&o[p..], &plain[per_epoch..]).unwrap();
+    }
+}

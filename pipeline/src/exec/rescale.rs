@@ -93,7 +93,7 @@ impl Pipeline {
             }
             (Some(d), _) | (None, Some(d)) => d,
             (None, None) => {
-                return Err("the batches each rank delivered in the epoch are not known (without a `shuffle` the states do not tell them: give them)".into());
+                return Err("the batches each rank delivered in the epoch are not known (only a window `shuffle`'s states tell them; without one, or with `mode: global`, give them)".into());
             }
         };
         let owed = n.checked_sub(done).ok_or(

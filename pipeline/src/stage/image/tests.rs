@@ -5,8 +5,12 @@ use super::colour::{Adjust, Colour, shift_hue};
 use super::geometry::Geometry;
 use super::*;
 use crate::batch::{Lineage, Name, Origin};
-use arrow::array::{AsArray, BinaryArray, FixedSizeBinaryArray};
-use arrow::datatypes::{DataType, Float32Type, Schema};
+#[cfg(feature = "image")]
+use arrow::array::BinaryArray;
+use arrow::array::{AsArray, FixedSizeBinaryArray};
+#[cfg(feature = "image")]
+use arrow::datatypes::Schema;
+use arrow::datatypes::{DataType, Float32Type};
 
 fn stage_ref() -> StageRef {
     StageRef {
@@ -583,6 +587,7 @@ fn brightness_scales_within_its_range() {
 }
 
 #[test]
+#[cfg(feature = "image")] // encodes its PNGs and JPEGs with the `image` crate
 fn png_and_jpeg_decode() {
     use image::ImageEncoder;
     let (h, w) = (6usize, 5usize);
@@ -623,6 +628,7 @@ fn png_and_jpeg_decode() {
 /// numpy's `pad` of an `h`×`w` grid of pixels by `py` rows and `px` columns on each side
 /// (at most one image width, so one reflection), written out per mode: the reference
 /// for `pad_if_needed`, which pads the padded image again.
+#[cfg(feature = "image")]
 fn np_pad(
     img: &[Vec<Vec<f32>>],
     py: usize,
@@ -660,6 +666,7 @@ fn np_pad(
 /// two steps: reflecting the reflection), for every mode; the window is drawn from the
 /// whole twice-padded image. Without it, a small image is an error that says so.
 #[test]
+#[cfg(feature = "image")] // encodes its PNGs and JPEGs with the `image` crate
 fn pad_if_needed_pads_small_images_twice_like_torchvision() {
     use image::ImageEncoder;
     // (height, width): short in both axes, in one, and large enough.
@@ -774,6 +781,7 @@ fn pad_if_needed_pads_small_images_twice_like_torchvision() {
 }
 
 #[test]
+#[cfg(feature = "image")] // decodes PNG/JPEG bytes
 fn bad_images_fail_with_lineage_or_are_skipped() {
     let arr = BinaryArray::from_opt_vec(vec![
         Some(&[1u8; 12][..]),

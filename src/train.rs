@@ -139,12 +139,7 @@ async fn run_training(
             let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 sluice::trainer::train(&job, &options, &handle)
             }));
-            let _ = tx.send(out.map_err(|p| {
-                p.downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into())
-            }));
+            let _ = tx.send(out.map_err(|p| sluice::pipeline::runtime::panic_message(p.as_ref())));
         })
         .map_err(|e| format!("cannot start it: {e}"))?;
     match rx.await {

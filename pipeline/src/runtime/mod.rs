@@ -11,4 +11,4 @@ pub(crate) mod recycle;
 
 pub use self::cpu::{loader_cpu_seconds, process_cpu_seconds};
 pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
-pub use self::pool::CpuPool;
+pub use self::pool::{CpuPool, panic_message};

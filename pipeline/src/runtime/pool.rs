@@ -69,17 +69,22 @@ impl CpuPool {
         });
         match rx.await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(panic)) => {
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::Internal(format!("CPU task panicked: {msg}")))
-            }
+            Ok(Err(panic)) => Err(Error::Internal(format!(
+                "CPU task panicked: {}",
+                panic_message(panic.as_ref())
+            ))),
             Err(_) => Err(Error::Internal("CPU pool dropped a task".into())),
         }
     }
+}
+
+/// What a panicking thread or task left as its message.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// A problem with `runtime.threads` found when the pool starts (a config built in code, or

@@ -317,9 +317,8 @@ pub(crate) fn batch_row_ids(stage: &StageRef, batch: &Batch) -> Result<Vec<u64>>
 }
 
 impl super::Transform for Augment {
-    fn apply(&self, batch: Batch) -> Result<Batch> {
+    fn apply(&self, mut batch: Batch) -> Result<Batch> {
         let ids = batch_row_ids(&self.stage, &batch)?;
-        let mut batch = batch;
         let mut cols = super::take_columns(&mut batch);
         for (i, key) in &self.columns {
             let col = std::mem::replace(&mut cols[*i], super::placeholder());

@@ -216,7 +216,6 @@ pub(crate) fn literal_array(value: &Literal, ty: &DataType) -> Result<ArrayRef, 
     Ok(cast)
 }
 
-/// Replaces some columns of a batch, keeping lineage.
 /// The columns of `batch`, moved out of it (its data is left empty until [`with_columns`]
 /// puts new ones back), so that a stage holding the only reference to a column's buffers can
 /// rewrite them in place (see [`owned`]).
@@ -230,6 +229,7 @@ pub(crate) fn placeholder() -> ArrayRef {
     arrow::array::new_null_array(&arrow::datatypes::DataType::Null, 0)
 }
 
+/// Replaces some columns of a batch, keeping lineage.
 pub(crate) fn with_columns(
     stage: &StageRef,
     batch: Batch,

@@ -83,7 +83,7 @@ pub fn train(
                 Ok(h) => h.join().unwrap_or_else(|p| {
                     Err(TrainError::Internal(format!(
                         "a training thread panicked: {}",
-                        panic_message(&p)
+                        sluice_pipeline::runtime::panic_message(p.as_ref())
                     )))
                 }),
                 Err(e) => Err(TrainError::Internal(format!(
@@ -120,14 +120,6 @@ pub(crate) fn gather_results(
         return Err(e);
     }
     report.ok_or_else(|| TrainError::Internal("rank 0 returned no report".into()))
-}
-
-/// What a panicking thread left as its message.
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// One rank's training loop and its report (counts over all ranks; data stall and

@@ -170,6 +170,9 @@ impl Tree {
             Tree::Float(f) => {
                 let _ = write!(out, "{f:?}");
             }
+            // A YAML 1.1 boolean word stays plain: read back by the section's own reader it
+            // is then whatever the file's text was (`y`, a tensor's name, or `yes`, a flag).
+            Tree::Str(s) if is_yaml11_bool(s) => out.push_str(s),
             Tree::Str(s) => quote(out, s),
             Tree::List(items) => {
                 out.push('[');
@@ -199,6 +202,37 @@ impl Tree {
             }
         }
     }
+}
+
+/// Reads YAML text into a [`Tree`] with YAML 1.2's booleans (only `true`/`false`): read as
+/// YAML 1.1, a key or value `y`, `n`, `on`, `no`… would turn into a boolean here while the
+/// section's typed reader keeps it text (`y:` in `loader.tensors`).
+fn read_tree(text: &str) -> std::result::Result<Tree, serde_saphyr::Error> {
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    serde_saphyr::from_str_with_options(text, options)
+}
+
+/// `y`, `Yes`, `OFF`…: words YAML 1.1 reads as booleans and YAML 1.2 as text.
+fn is_yaml11_bool(s: &str) -> bool {
+    matches!(
+        s,
+        "y" | "Y"
+            | "yes"
+            | "Yes"
+            | "YES"
+            | "n"
+            | "N"
+            | "no"
+            | "No"
+            | "NO"
+            | "on"
+            | "On"
+            | "ON"
+            | "off"
+            | "Off"
+            | "OFF"
+    )
 }
 
 /// A YAML double-quoted scalar (JSON's escapes are YAML's), `$` doubled (see `to_yaml`).
@@ -279,7 +313,7 @@ impl ConfigDocument {
         let problem = |path: &str, message: String| {
             ConfigError::unlocated(&format!("override {path}"), message)
         };
-        let mut tree: Tree = serde_saphyr::from_str(self.text()).map_err(|e| {
+        let mut tree: Tree = read_tree(self.text()).map_err(|e| {
             ConfigErrors(vec![problem(
                 "(any)",
                 format!("{origin} cannot take overrides: {e}"),
@@ -294,7 +328,7 @@ impl ConfigDocument {
                 ));
                 continue;
             };
-            let value: Tree = match serde_saphyr::from_str(text) {
+            let value: Tree = match read_tree(text) {
                 Ok(v) => v,
                 Err(e) => {
                     errors.push(problem(
@@ -370,6 +404,30 @@ mod tests {
         assert!(
             d.origin()
                 .starts_with("p.yaml (overridden: stages[0].seed, source.path)")
+        );
+    }
+
+    /// `y` (a tensor's name) and `yes` (a YAML 1.1 flag) come back as the file had them: the
+    /// key stays the text `y`, the value stays a word the typed reader takes as it did.
+    #[test]
+    fn yaml_11_boolean_words_survive_an_override() {
+        let d =
+            doc("loader: {tensors: {x: {column: a}, y: {column: label}}}\nflag: yes\nname: 'no'\n");
+        let d = over(d, &[("loader.prefetch", "2")]).unwrap();
+        let tree: serde_json::Value = serde_saphyr::from_str(d.text()).unwrap();
+        assert_eq!(
+            tree["loader"]["tensors"]["y"]["column"],
+            "label",
+            "{}",
+            d.text()
+        );
+        assert_eq!(tree["loader"]["prefetch"], 2);
+        assert_eq!(tree["flag"], true, "{}", d.text());
+        let name: std::collections::BTreeMap<String, String> =
+            serde_saphyr::from_str(&format!("name: {}", "no")).unwrap();
+        assert_eq!(
+            name["name"], "no",
+            "a text field reads the plain word as text"
         );
     }
 

@@ -32,10 +32,14 @@ fn load(doc: &ConfigDocument) -> Result<Job, Box<JobError>> {
     }
 }
 
-pub(crate) async fn validate(configs: &[PathBuf], no_data: bool) -> ExitCode {
+pub(crate) async fn validate(
+    configs: &[PathBuf],
+    overrides: &[(String, String)],
+    no_data: bool,
+) -> ExitCode {
     let mut failed = false;
     for path in configs {
-        let loaded = ConfigDocument::from_path(path)
+        let loaded = crate::config_document(path, overrides)
             .map_err(|e| Box::new(JobError::from(e)))
             .and_then(|doc| load(&doc).map(|job| (doc, job)));
         let (doc, job) = match loaded {

@@ -59,6 +59,11 @@ struct Cli {
     /// Only errors.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     quiet: bool,
+    /// Change a setting of the config file without editing it (`run`, `train`, `validate`):
+    /// `--set trainer.optimizer.lr=0.03`, `--set 'stages[0].seed=3'`; the value is YAML.
+    /// Repeatable; checked like the file's own settings.
+    #[arg(long = "set", value_name = "PATH=VALUE", global = true, value_parser = parse_override)]
+    set: Vec<(String, String)>,
     #[command(subcommand)]
     command: Command,
 }
@@ -196,6 +201,26 @@ enum Command {
     },
 }
 
+/// `PATH=VALUE` → the pair (the value is everything after the first `=`).
+fn parse_override(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((path, value)) if !path.trim().is_empty() => {
+            Ok((path.trim().to_string(), value.to_string()))
+        }
+        _ => Err(format!(
+            "`{s}` is not PATH=VALUE: write e.g. --set trainer.optimizer.lr=0.03"
+        )),
+    }
+}
+
+/// The config file at `path` with the `--set` overrides applied.
+pub(crate) fn config_document(
+    path: &std::path::Path,
+    overrides: &[(String, String)],
+) -> Result<sluice::pipeline::ConfigDocument, sluice::pipeline::Error> {
+    sluice::pipeline::ConfigDocument::from_path(path)?.with_overrides(overrides)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let level = match (cli.quiet, cli.verbose) {
@@ -234,6 +259,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let overrides = cli.set;
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Run {
@@ -244,7 +270,7 @@ fn main() -> ExitCode {
                 observe,
             } => {
                 run(
-                    &config,
+                    (&config, &overrides),
                     progress,
                     summary_json.as_deref(),
                     resume,
@@ -265,7 +291,7 @@ fn main() -> ExitCode {
                 observe,
             } => {
                 train::train(
-                    &config,
+                    (&config, &overrides),
                     progress,
                     summary_json.as_deref(),
                     (resume, elastic),
@@ -292,7 +318,7 @@ fn main() -> ExitCode {
                 variant,
                 threads,
             } => bench::child(&data, workload, &variant, threads).await,
-            Command::Validate { configs, no_data } => validate(&configs, no_data).await,
+            Command::Validate { configs, no_data } => validate(&configs, &overrides, no_data).await,
             Command::Inspect { paths, rows } => inspect(&paths, rows).await,
         }
     });
@@ -344,7 +370,7 @@ async fn start_observing(
 /// usage error: exit code 2. (The default report directory is not checked: a report that
 /// cannot be written there is a warning.)
 async fn run(
-    config: &Path,
+    (config, overrides): (&Path, &[(String, String)]),
     progress: ProgressMode,
     summary_json: Option<&Path>,
     resume: bool,
@@ -355,7 +381,11 @@ async fn run(
         return code;
     }
     let interrupt = interrupt_signal().shared();
-    let job = match Job::from_path(config) {
+    let loaded = match config_document(config, overrides) {
+        Ok(doc) => Job::from_document(&doc),
+        Err(e) => Err(JobError::from(e)),
+    };
+    let job = match loaded {
         Ok(j) => j,
         Err(e) => {
             print_error(&e);

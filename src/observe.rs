@@ -477,6 +477,27 @@ fn training_families(t: &TrainingMetrics) -> Vec<Family> {
             ns(load(&t.allreduce_ns)),
         ),
         one(
+            F::counter(
+                "train_wire_bytes",
+                "Gradient (local SGD: parameter) bytes rank 0 sent, compressed as configured",
+            ),
+            load(&t.wire_bytes) as f64,
+        ),
+        one(
+            F::counter(
+                "train_dense_bytes",
+                "What rank 0's exchanges would have sent as plain f32 gradients",
+            ),
+            load(&t.dense_bytes) as f64,
+        ),
+        one(
+            F::counter(
+                "train_compression_seconds",
+                "Seconds rank 0 spent compressing and decompressing gradients",
+            ),
+            ns(load(&t.compress_ns)),
+        ),
+        one(
             F::gauge("train_eval_accuracy", "Accuracy of the latest evaluation"),
             t.eval_accuracy(),
         ),

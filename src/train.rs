@@ -17,7 +17,7 @@ use crate::{
 };
 
 pub(crate) async fn train(
-    config: &Path,
+    (config, overrides): (&Path, &[(String, String)]),
     progress: ProgressMode,
     summary_json: Option<&Path>,
     (resume, elastic): (bool, bool),
@@ -29,7 +29,10 @@ pub(crate) async fn train(
         return code;
     }
     let interrupt = interrupt_signal();
-    let mut job = match TrainJob::from_path(config) {
+    let mut job = match crate::config_document(config, overrides)
+        .map_err(sluice::trainer::TrainError::from)
+        .and_then(|doc| TrainJob::from_document(&doc))
+    {
         Ok(j) => j,
         Err(e) => {
             print_error(&e);
@@ -306,6 +309,14 @@ fn print_summary(config: &Path, r: &TrainReport) {
         r.data_wait_seconds,
         r.allreduce_seconds
     );
+    if r.world_size > 1 && r.wire.wire_bytes != r.wire.dense_bytes {
+        out!(
+            "  wire     {:.2} MB sent by rank 0 ({:.1}% of plain f32 gradients), {:.2} s compressing",
+            r.wire.wire_bytes as f64 / 1e6,
+            100.0 * r.wire.wire_bytes as f64 / (r.wire.dense_bytes as f64).max(1.0),
+            r.wire.compression_seconds
+        );
+    }
     if let Some(l) = &r.loader {
         out!(
             "  loader   {:.2} CPU-s on its own threads: {:.0}% of the host's {} core(s) over the run",

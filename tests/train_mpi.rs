@@ -35,3 +35,52 @@ fn mpirun_two_ranks_train_the_quickstart() {
     let acc = eval["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.95, "test accuracy {acc}");
 }
+
+/// Top-k with error feedback, PowerSGD and local SGD under `mpirun -np 2` end with the
+/// parameters the thread backend gives for the same job (two ranks: the same data, and sums
+/// of two values are the same in either order), so the compression hooks and the parameter
+/// averaging run over MPI as they do over threads.
+#[test]
+fn mpirun_compression_and_local_sgd_match_the_thread_backend() {
+    let modes = [
+        "  allreduce: {workers: 2, compression: {type: topk, ratio: 0.05}}\n",
+        "  allreduce: {workers: 2, compression: {type: powersgd, rank: 2, start_step: 5}}\n",
+        "  allreduce: {workers: 2, compression: bf16}\n  accumulate: 2\n",
+        "  allreduce: {workers: 2}\n  sync: {type: local_sgd, every: 4}\n",
+    ];
+    for extra in modes {
+        let yaml = format!(
+            "{}  checkpoint: {{path: state/train.ckpt, every_steps: 1000}}\n",
+            crate::train_sync::job(32, 2, 1_000_000, extra)
+        );
+        let threads = tempfile::tempdir().unwrap();
+        std::fs::write(threads.path().join("job.yaml"), &yaml).unwrap();
+        assert_ok(&run_in_for(
+            threads.path(),
+            &["train", "job.yaml"],
+            std::time::Duration::from_secs(300),
+        ));
+        let mpi = tempfile::tempdir().unwrap();
+        std::fs::write(mpi.path().join("job.yaml"), &yaml).unwrap();
+        let output = std::process::Command::new("mpirun")
+            .args(["-np", "2"])
+            .arg(assert_cmd::cargo::cargo_bin!("sluice"))
+            .args(["train", "job.yaml", "--backend", "mpi"])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            .current_dir(mpi.path())
+            .output()
+            .unwrap();
+        assert_ok(&output);
+        let (want_meta, want) =
+            read_train_checkpoint(&threads.path().join("state/train.ckpt")).unwrap();
+        let (got_meta, got) = read_train_checkpoint(&mpi.path().join("state/train.ckpt")).unwrap();
+        assert!(
+            got_meta.complete && got_meta.step == want_meta.step,
+            "{extra}"
+        );
+        assert_eq!(got_meta.rows_trained, want_meta.rows_trained, "{extra}");
+        assert_same_parameters(&got, &want, &format!("the thread backend ({extra})"));
+    }
+}

@@ -19,3 +19,5 @@ mod train_mpi;
 mod train_s3;
 #[path = "train_stop.rs"]
 mod train_stop;
+#[path = "train_sync.rs"]
+mod train_sync;

@@ -36,6 +36,27 @@ pub struct CheckpointMeta {
     /// resume, which passes over the rest of that epoch, reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<EpochProgress>,
+    /// How the replicas were kept together (`trainer.sync`, `trainer.allreduce.compression`),
+    /// when each rank had state of its own; then its tensors are `rank<N>.<name>`. Absent in
+    /// checkpoints of older versions and of plain synchronous runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<String>,
+}
+
+impl CheckpointMeta {
+    /// Metadata of no run: for a bundle of tensors sent between ranks (only they are read).
+    pub fn empty() -> CheckpointMeta {
+        CheckpointMeta {
+            version: 1,
+            step: 0,
+            world_size: 0,
+            pipeline: Vec::new(),
+            rows_trained: 0,
+            complete: false,
+            epoch: None,
+            sync: None,
+        }
+    }
 }
 
 /// Rows trained so far in one epoch, all ranks.
@@ -149,6 +170,7 @@ mod tests {
                 rows: 40,
                 steps: Some(4),
             }),
+            sync: Some("local".into()),
         };
         let bytes = encode(
             &meta,

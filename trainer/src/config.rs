@@ -9,6 +9,8 @@
 //!   epochs: 10
 //!   eval: {path: ../data/digits/test.parquet, every_steps: 50}
 //!   allreduce: {backend: local, workers: 2, bucket_mb: 25, compression: none}
+//!   sync: allreduce               # or {type: local_sgd, every: 8}
+//!   accumulate: 1
 //!   checkpoint: {path: ../out/train.ckpt, every_steps: 100}
 //! ```
 
@@ -46,6 +48,15 @@ pub struct TrainerConfig {
     /// Gradient averaging between workers.
     #[serde(default)]
     pub allreduce: AllReduceConfig,
+    /// `allreduce` (every step) or `local_sgd` (parameters averaged every `every` steps).
+    /// Default: allreduce.
+    #[serde(default, deserialize_with = "name_or_tagged")]
+    pub sync: SyncConfig,
+    /// Micro-batches per optimizer step: gradients of this many consecutive batches are
+    /// summed (weighted by rows) before one all-reduce and one update — a step on
+    /// `accumulate × batch_size` rows per rank in the memory of one batch. Default: 1.
+    #[serde(default = "default_accumulate")]
+    pub accumulate: u64,
     /// Checkpoints for `--resume`.
     #[serde(default)]
     pub checkpoint: Option<TrainCheckpointConfig>,
@@ -67,6 +78,9 @@ fn default_input() -> String {
 }
 fn default_target() -> String {
     "y".into()
+}
+fn default_accumulate() -> u64 {
+    1
 }
 fn default_check_every() -> u64 {
     100
@@ -247,8 +261,9 @@ pub struct AllReduceConfig {
     /// and reduced bucket by bucket). Default: 25.
     #[serde(default = "default_bucket_mb")]
     pub bucket_mb: f64,
-    /// `fp16` halves the bytes exchanged (sums accumulate in f32, rounded once). Default: none.
-    #[serde(default)]
+    /// Gradient compression: `none`, `fp16`, `bf16`, `topk`, `powersgd` (see
+    /// [`Compression`]). Default: none.
+    #[serde(default, deserialize_with = "name_or_tagged")]
     pub compression: Compression,
 }
 
@@ -281,15 +296,124 @@ pub enum Backend {
     Mpi,
 }
 
-/// Gradient compression.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+/// Gradient compression (`trainer.allreduce.compression`): a name (`none`, `fp16`, `bf16`,
+/// `topk`, `powersgd`, the last two with their defaults) or a map with `type:`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Compression {
     /// f32.
     #[default]
     None,
-    /// f16 on the wire.
+    /// f16 on the wire (sums accumulate in f32, rounded once).
     Fp16,
+    /// bfloat16 on the wire: f32's range, 8 bits of mantissa (sums accumulate in f32).
+    Bf16,
+    /// Each rank sends only the `ratio` largest-magnitude values of each bucket, as
+    /// (u32 index, f32 value) pairs; what it did not send is added to its next step's gradient
+    /// (error feedback) unless `error_feedback: false`.
+    Topk {
+        /// Share of each bucket's values sent (0 < ratio ≤ 1). Default: 0.01.
+        #[serde(default = "default_topk_ratio")]
+        ratio: f64,
+        /// Keep what was not sent for the next step. Default: true.
+        #[serde(default = "default_true")]
+        error_feedback: bool,
+    },
+    /// PowerSGD (Vogels et al., PyTorch's `powerSGD_hook`): each gradient matrix `M`
+    /// (`[rows, rest]`) travels as two rank-`rank` factors `P = M·Q` and `Q = Mᵀ·P̂`, `Q` warm-started
+    /// from the previous step; vectors and matrices too small to gain go dense. Plain f32
+    /// all-reduce before step `start_step`.
+    Powersgd {
+        /// Rank of the approximation. Default: 2.
+        #[serde(default = "default_powersgd_rank")]
+        rank: usize,
+        /// Steps of plain all-reduce first (PyTorch: `start_powerSGD_iter`). Default: 10.
+        #[serde(default = "default_powersgd_start")]
+        start_step: u64,
+        /// Keep the approximation's error for the next step. Default: true.
+        #[serde(default = "default_true")]
+        error_feedback: bool,
+    },
+}
+
+fn default_topk_ratio() -> f64 {
+    0.01
+}
+fn default_powersgd_rank() -> usize {
+    2
+}
+fn default_powersgd_start() -> u64 {
+    10
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Compression {
+    /// Whether each rank keeps state of its own across steps (error-feedback residuals), which
+    /// a checkpoint must hold per rank.
+    pub fn has_rank_state(&self) -> bool {
+        matches!(
+            self,
+            Compression::Topk {
+                error_feedback: true,
+                ..
+            } | Compression::Powersgd {
+                error_feedback: true,
+                ..
+            }
+        )
+    }
+}
+
+/// `trainer.sync`: how replicas stay together. A name (`allreduce`, `local_sgd`) or a map
+/// with `type:`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SyncConfig {
+    /// Every step all-reduces the gradients (synchronous data parallelism).
+    #[default]
+    Allreduce,
+    /// Post-local SGD: after `start_step` synchronous steps, each rank steps on its own
+    /// gradients and the parameters are averaged every `every` steps (optimizer state stays
+    /// per rank, as in PyTorch's `PostLocalSGDOptimizer`).
+    LocalSgd {
+        /// Average the parameters every this many steps. Default: 8.
+        #[serde(default = "default_local_every")]
+        every: u64,
+        /// Synchronous steps first. Default: 0.
+        #[serde(default)]
+        start_step: u64,
+    },
+}
+
+fn default_local_every() -> u64 {
+    8
+}
+
+/// Deserializes a `type:`-tagged enum from its map or from its bare name (`fp16` for
+/// `{type: fp16}`), so that the common case stays one word in YAML.
+pub(crate) fn name_or_tagged<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a name or a map with `type:`")
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<T, E> {
+            T::deserialize(serde::de::value::MapDeserializer::new(std::iter::once((
+                "type", s,
+            ))))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(V(std::marker::PhantomData))
 }
 
 /// `trainer.checkpoint`.

@@ -15,7 +15,7 @@ use sluice_pipeline::{ConfigErrors, PipelineConfig};
 use crate::TrainError;
 use crate::config::TrainerConfig;
 pub use crate::metrics::EvalReport;
-use crate::metrics::TrainingMetrics;
+use crate::metrics::{ReduceCost, TrainingMetrics};
 
 /// A training job: the pipeline plus `loader:` and `trainer:`.
 #[derive(Debug, Clone)]
@@ -108,6 +108,13 @@ impl TrainJob {
             return Err(TrainError::Config(
                 "trainer.allreduce.bucket_mb must be a positive number".into(),
             ));
+        }
+        if let crate::config::Compression::Topk { ratio, .. } = t.allreduce.compression
+            && !(ratio > 0.0 && ratio <= 1.0)
+        {
+            return Err(TrainError::Config(format!(
+                "trainer.allreduce.compression.ratio: {ratio} is out of range: the share of each bucket's values sent, 0 < ratio ≤ 1 (e.g. 0.01)"
+            )));
         }
         if t.optimizer.lr() <= 0.0 || !t.optimizer.lr().is_finite() {
             return Err(TrainError::Config(
@@ -233,6 +240,9 @@ pub struct TrainReport {
     pub data_wait_seconds: f64,
     /// Seconds in collectives (handshakes + gradient all-reduce, rank 0).
     pub allreduce_seconds: f64,
+    /// What rank 0's gradient exchanges sent in this run.
+    #[serde(flatten)]
+    pub wire: WireReport,
     /// Where the checkpoint went, if any.
     pub checkpoint: Option<String>,
     /// Whether a stop was requested (SIGTERM/SIGINT): the checkpoint covers what was done.
@@ -249,6 +259,27 @@ pub struct TrainReport {
     /// what the data gives, whichever is less; unknown for a stream without epochs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total_steps: Option<u64>,
+}
+
+/// What a rank's gradient exchanges sent in a run.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct WireReport {
+    /// Gradient (or, under local SGD, parameter) bytes sent, compressed as configured.
+    pub wire_bytes: u64,
+    /// What the same steps would have sent as plain f32 gradients.
+    pub dense_bytes: u64,
+    /// Seconds compressing and decompressing (outside the collectives).
+    pub compression_seconds: f64,
+}
+
+impl From<&ReduceCost> for WireReport {
+    fn from(c: &ReduceCost) -> WireReport {
+        WireReport {
+            wire_bytes: c.wire_bytes,
+            dense_bytes: c.dense_bytes,
+            compression_seconds: c.compress.as_secs_f64(),
+        }
+    }
 }
 
 /// The CPU the loader took in a process that also trains.

@@ -27,7 +27,7 @@ pub mod sync;
 mod trainer;
 
 pub use config::TrainerConfig;
-pub use job::{EvalReport, LoaderCpu, Progress, TrainJob, TrainOptions, TrainReport};
+pub use job::{EvalReport, LoaderCpu, Progress, TrainJob, TrainOptions, TrainReport, WireReport};
 pub use metrics::TrainingMetrics;
 pub use run::train;
 pub use trainer::{StepReport, Trainer, TrainerOptions};

@@ -13,6 +13,20 @@ use sluice_pipeline::PipelineMetrics;
 /// a week-long run keeps its whole shape in bounded memory.
 const MAX_POINTS: usize = 4096;
 
+/// What one gradient exchange cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReduceCost {
+    /// Time in the collective.
+    pub collective: Duration,
+    /// Time compressing and decompressing (selection, factorisation, conversions), outside
+    /// the collective.
+    pub compress: Duration,
+    /// Payload bytes this rank sent.
+    pub wire_bytes: u64,
+    /// What the same gradients would have cost as f32 (`4 × values`).
+    pub dense_bytes: u64,
+}
+
 /// One step of rank 0, as recorded in the history.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct StepPoint {
@@ -54,6 +68,12 @@ pub struct TrainingMetrics {
     pub data_wait_ns: AtomicU64,
     /// Nanoseconds rank 0 spent in collectives.
     pub allreduce_ns: AtomicU64,
+    /// Gradient bytes rank 0 sent (compressed as configured).
+    pub wire_bytes: AtomicU64,
+    /// What the same gradients would have been as f32.
+    pub dense_bytes: AtomicU64,
+    /// Nanoseconds rank 0 spent compressing and decompressing gradients.
+    pub compress_ns: AtomicU64,
     eval_accuracy: AtomicU64,
     eval_loss: AtomicU64,
     pipelines: Mutex<Vec<(usize, Arc<PipelineMetrics>)>>,
@@ -71,6 +91,9 @@ impl Default for TrainingMetrics {
             step_ns: AtomicU64::new(0),
             data_wait_ns: AtomicU64::new(0),
             allreduce_ns: AtomicU64::new(0),
+            wire_bytes: AtomicU64::new(0),
+            dense_bytes: AtomicU64::new(0),
+            compress_ns: AtomicU64::new(0),
             eval_accuracy: AtomicU64::new(f64::NAN.to_bits()),
             eval_loss: AtomicU64::new(f64::NAN.to_bits()),
             pipelines: Mutex::new(Vec::new()),
@@ -111,7 +134,7 @@ impl TrainingMetrics {
         lr: f64,
         waited: Duration,
         step_time: Duration,
-        allreduce: Duration,
+        exchange: &ReduceCost,
     ) {
         self.steps.store(step, Ordering::Relaxed);
         self.rows.fetch_add(rows, Ordering::Relaxed);
@@ -121,7 +144,13 @@ impl TrainingMetrics {
             .fetch_add(nanos(waited), Ordering::Relaxed);
         self.step_ns.fetch_add(nanos(step_time), Ordering::Relaxed);
         self.allreduce_ns
-            .fetch_add(nanos(allreduce), Ordering::Relaxed);
+            .fetch_add(nanos(exchange.collective), Ordering::Relaxed);
+        self.wire_bytes
+            .fetch_add(exchange.wire_bytes, Ordering::Relaxed);
+        self.dense_bytes
+            .fetch_add(exchange.dense_bytes, Ordering::Relaxed);
+        self.compress_ns
+            .fetch_add(nanos(exchange.compress), Ordering::Relaxed);
         if let Ok(mut h) = self.history.lock()
             && step.is_multiple_of(h.stride)
         {
@@ -216,7 +245,7 @@ mod tests {
                 0.1,
                 Duration::ZERO,
                 Duration::ZERO,
-                Duration::ZERO,
+                &ReduceCost::default(),
             );
         }
         let (steps, _) = m.history();

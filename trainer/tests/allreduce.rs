@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use sluice_pipeline::collective::{Collective, LocalCollective, SingleRank};
-use sluice_trainer::config::{Compression, OptimizerConfig};
+use sluice_trainer::config::{Compression, OptimizerConfig, SyncConfig};
 use sluice_trainer::{Trainer, TrainerOptions};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
@@ -58,7 +58,17 @@ fn on_ranks<T: Send>(
     compression: Compression,
     f: impl Fn(usize, &nn::Sequential, Trainer) -> T + Sync,
 ) -> Vec<T> {
+    on_ranks_with(world, options(compression), f)
+}
+
+/// [`on_ranks`] with any trainer options.
+fn on_ranks_with<T: Send>(
+    world: usize,
+    opts: TrainerOptions,
+    f: impl Fn(usize, &nn::Sequential, Trainer) -> T + Sync,
+) -> Vec<T> {
     tch::set_num_threads(1);
+    let opts = &opts;
     let group = LocalCollective::group(world);
     let f = &f;
     std::thread::scope(|s| {
@@ -71,7 +81,7 @@ fn on_ranks<T: Send>(
                     let vs = nn::VarStore::new(Device::Cpu);
                     let m = model(&vs);
                     let coll: Arc<dyn Collective> = Arc::new(c);
-                    let t = Trainer::new(&vs, options(compression), coll).unwrap();
+                    let t = Trainer::new(&vs, opts.clone(), coll).unwrap();
                     f(rank, &m, t)
                 })
             })
@@ -88,7 +98,17 @@ fn train(
     rows: i64,
     compression: Compression,
 ) -> Vec<Vec<(String, Vec<f32>)>> {
-    on_ranks(world, compression, |rank, m, mut t| {
+    train_with(world, steps, rows, options(compression))
+}
+
+/// [`train`] with any trainer options.
+fn train_with(
+    world: usize,
+    steps: usize,
+    rows: i64,
+    opts: TrainerOptions,
+) -> Vec<Vec<(String, Vec<f32>)>> {
+    on_ranks_with(world, opts, |rank, m, mut t| {
         let batches = data(steps, rows);
         for (x, y) in &batches {
             let x = x.chunk(world as i64, 0)[rank].shallow_clone();
@@ -153,6 +173,158 @@ fn fp16_compression_stays_within_tolerance() {
     // parameters (|p| ~ 0.1–1) move by well under 1e-2.
     assert!(d < 1e-2, "fp16 vs f32 all-reduce: max |Δ| = {d}");
     assert!(d > 0.0, "fp16 must actually round something");
+}
+
+#[test]
+fn bf16_compression_stays_within_tolerance() {
+    let exact = train(2, 8, 32, Compression::None);
+    let bf = train(2, 8, 32, Compression::Bf16);
+    assert_eq!(bf[0], bf[1], "replicas identical with bf16 too");
+    let d = max_diff(&exact[0], &bf[0]);
+    // bf16 keeps ~2–3 significant digits (8 bits of mantissa): a looser bound than fp16's.
+    assert!(d < 5e-2, "bf16 vs f32 all-reduce: max |Δ| = {d}");
+    assert!(d > 0.0, "bf16 must actually round something");
+}
+
+/// Top-k sending every value (ratio 1) is the dense all-reduce; at 1% it sends 8 bytes per
+/// value sent (u32 index + f32), ≤ ~2% of the dense bytes.
+#[test]
+fn top_k_at_ratio_one_is_dense_and_at_one_percent_sends_two_percent() {
+    let exact = train(2, 8, 32, Compression::None);
+    let all = Compression::Topk {
+        ratio: 1.0,
+        error_feedback: true,
+    };
+    let dense_topk = train(2, 8, 32, all);
+    let d = max_diff(&exact[0], &dense_topk[0]);
+    assert!(d < 1e-6, "top-k at ratio 1 vs f32: max |Δ| = {d}");
+    let one_percent = TrainerOptions {
+        bucket_bytes: 25 << 20,
+        ..options(Compression::Topk {
+            ratio: 0.01,
+            error_feedback: true,
+        })
+    };
+    let costs = on_ranks_with(2, one_percent, |rank, m, mut t| {
+        let (x, y) = &data(1, 32)[0];
+        let x = x.chunk(2, 0)[rank].shallow_clone();
+        let y = y.chunk(2, 0)[rank].shallow_clone();
+        let loss = m.forward(&x).cross_entropy_for_logits(&y);
+        t.step(&loss, 16).unwrap().unwrap().exchange
+    });
+    for c in costs {
+        // 676 values: 7 sent (⌈6.76⌉), 56 of 2,704 bytes.
+        assert_eq!(c.dense_bytes, 676 * 4);
+        assert_eq!(c.wire_bytes, 7 * 8);
+        assert!((c.wire_bytes as f64) / (c.dense_bytes as f64) <= 0.021);
+    }
+}
+
+/// With one row per rank, each step's summed gradient matrices have rank ≤ 2: PowerSGD at
+/// rank 2 recovers them (up to rounding), error feedback and all, and sends less.
+#[test]
+fn powersgd_recovers_a_low_rank_gradient_and_sends_less() {
+    let low = Compression::Powersgd {
+        rank: 2,
+        start_step: 0,
+        error_feedback: true,
+    };
+    // One step: the projection is exact to rounding.
+    let d = max_diff(
+        &train(2, 1, 2, Compression::None)[0],
+        &train(2, 1, 2, low)[0],
+    );
+    assert!(
+        d < 1e-6,
+        "PowerSGD rank 2 on a rank-2 gradient: max |Δ| = {d}"
+    );
+    // Six: `Q` warm-started from the last step can be ill-conditioned for the next gradient,
+    // so rounding grows through Gram–Schmidt (and momentum carries it): still small.
+    let exact = train(2, 6, 2, Compression::None);
+    let approx = train(2, 6, 2, low);
+    assert_eq!(approx[0], approx[1], "replicas identical under PowerSGD");
+    let d = max_diff(&exact[0], &approx[0]);
+    assert!(
+        d < 1e-3,
+        "PowerSGD rank 2 on rank-2 gradients, 6 steps: max |Δ| = {d}"
+    );
+    let cost = on_ranks(2, low, |rank, m, mut t| {
+        let (x, y) = &data(1, 2)[0];
+        let x = x.chunk(2, 0)[rank].shallow_clone();
+        let y = y.chunk(2, 0)[rank].shallow_clone();
+        let loss = m.forward(&x).cross_entropy_for_logits(&y);
+        t.step(&loss, 1).unwrap().unwrap().exchange
+    });
+    // Factors: l1 (32×16) 2·(32+16), l2 (4×32) 2·(4+32); biases dense: 32 + 4 values.
+    assert_eq!(cost[0].wire_bytes, 4 * (2 * 48 + 2 * 36 + 36));
+    assert_eq!(cost[0].dense_bytes, 676 * 4);
+}
+
+/// Local SGD averaging after every step is synchronous all-reduce (SGD with momentum and
+/// weight decay is linear in the gradients); with `every: 4` the replicas differ between
+/// averagings and agree after each.
+#[test]
+fn local_sgd_every_step_equals_synchronous_allreduce() {
+    let sync = train(2, 8, 32, Compression::None);
+    let local = |every| TrainerOptions {
+        sync: SyncConfig::LocalSgd {
+            every,
+            start_step: 0,
+        },
+        ..options(Compression::None)
+    };
+    let every1 = train_with(2, 8, 32, local(1));
+    assert_eq!(every1[0], every1[1]);
+    let d = max_diff(&sync[0], &every1[0]);
+    assert!(d < 1e-6, "local SGD every 1 vs all-reduce: max |Δ| = {d}");
+    let apart = on_ranks_with(2, local(4), |rank, m, mut t| {
+        let mut seen = Vec::new();
+        for (x, y) in &data(8, 32) {
+            let x = x.chunk(2, 0)[rank].shallow_clone();
+            let y = y.chunk(2, 0)[rank].shallow_clone();
+            let loss = m.forward(&x).cross_entropy_for_logits(&y);
+            let rep = t.step(&loss, 16).unwrap().unwrap();
+            seen.push((rep.step, t.replicas_in_sync(), params(&t)));
+        }
+        seen
+    });
+    for ((step, in_sync, a), (_, _, b)) in apart[0].iter().zip(&apart[1]) {
+        assert_eq!(*in_sync, step % 4 == 0, "step {step}");
+        assert_eq!(
+            a == b,
+            *in_sync,
+            "step {step}: replicas agree only after averaging"
+        );
+    }
+    assert!(
+        max_diff(&apart[0][7].2, &sync[0]) > 1e-4,
+        "every 4 is not all-reduce"
+    );
+}
+
+/// Two micro-batches of B accumulated (`backward` then `step`) equal one step of 2B, on one
+/// rank and on two.
+#[test]
+fn accumulating_two_batches_of_b_equals_one_step_of_2b() {
+    for world in [1usize, 2] {
+        let whole = train(world, 6, 32, Compression::None);
+        let accumulated = on_ranks(world, Compression::None, |rank, m, mut t| {
+            for (x, y) in &data(6, 32) {
+                let x = x.chunk(world as i64, 0)[rank].shallow_clone();
+                let y = y.chunk(world as i64, 0)[rank].shallow_clone();
+                let (xs, ys) = (x.chunk(2, 0), y.chunk(2, 0));
+                let rows = xs[0].size()[0] as usize;
+                let l0 = m.forward(&xs[0]).cross_entropy_for_logits(&ys[0]);
+                t.backward(&l0, rows).unwrap();
+                let l1 = m.forward(&xs[1]).cross_entropy_for_logits(&ys[1]);
+                let rep = t.step(&l1, rows).unwrap().unwrap();
+                assert_eq!(rep.rows, 32);
+            }
+            params(&t)
+        });
+        let d = max_diff(&whole[0], &accumulated[0]);
+        assert!(d < 1e-5, "{world} rank(s), 2×B vs 2B: max |Δ| = {d}");
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ use sluice_pipeline::checkpoint::{CheckpointFile, Pending};
 
 use super::{Ctx, Run};
 use crate::TrainError;
-use crate::checkpoint::{CheckpointMeta, encode};
+use crate::checkpoint::{CheckpointMeta, decode, encode};
 use crate::trainer::Trainer;
 
 impl Ctx<'_> {
@@ -25,8 +25,18 @@ impl Ctx<'_> {
         let Some(loc) = location else { return Ok(()) };
         let mine = serde_json::to_vec(state).map_err(|e| TrainError::Internal(e.to_string()))?;
         let all = trainer.collective().all_gather(mine)?;
+        // Each rank's own state (error-feedback residuals, local-SGD replicas), when any.
+        let own = if trainer.has_rank_state() {
+            let mine = encode(
+                &crate::checkpoint::CheckpointMeta::empty(),
+                &trainer.rank_state_tensors(),
+            )?;
+            trainer.collective().all_gather(mine)?
+        } else {
+            Vec::new()
+        };
         let written = if self.rank == 0 {
-            self.write_checkpoint(trainer, loc, &all, rows_trained, complete)
+            self.write_checkpoint(trainer, loc, (&all, &own), rows_trained, complete)
         } else {
             Ok(())
         };
@@ -53,7 +63,7 @@ impl Ctx<'_> {
         &self,
         trainer: &Trainer,
         file: &CheckpointFile,
-        states: &[Vec<u8>],
+        (states, own): (&[Vec<u8>], &[Vec<u8>]),
         rows_trained: u64,
         complete: bool,
     ) -> Result<(), TrainError> {
@@ -70,8 +80,19 @@ impl Ctx<'_> {
             rows_trained,
             complete,
             epoch: self.epoch,
+            sync: (!own.is_empty()).then(|| trainer.sync_description()),
         };
-        let bytes = encode(&meta, &trainer.state_tensors())?;
+        let mut tensors = trainer.state_tensors();
+        for (rank, bytes) in own.iter().enumerate() {
+            let (_, theirs) = decode(bytes)
+                .map_err(|e| TrainError::Internal(format!("rank {rank}'s own state: {e}")))?;
+            tensors.extend(
+                theirs
+                    .into_iter()
+                    .map(|(n, t)| (format!("rank{rank}.{n}"), t)),
+            );
+        }
+        let bytes = encode(&meta, &tensors)?;
         self.handle
             .block_on(file.write(bytes))
             .map_err(TrainError::from)?;

@@ -35,6 +35,7 @@ use crate::TrainError;
 use crate::checkpoint::EpochProgress;
 use crate::config::Backend;
 pub use crate::job::{EvalReport, Progress, ProgressFn, TrainJob, TrainOptions, TrainReport};
+use crate::metrics::ReduceCost;
 use crate::metrics::TrainingMetrics;
 use crate::trainer::Trainer;
 pub use eval::eval_stages;
@@ -154,42 +155,34 @@ pub(crate) fn worker(
     let epochs = config.source.value.epochs();
     resume::continue_finished(&mut resumed, &config, epochs, tc, rank);
     let checkpoint_url = location.as_ref().map(CheckpointFile::url);
-    if let Some((meta, _)) = &resumed
-        && meta.complete
-    {
-        let report = resume::already_complete(meta, rank, world, started, checkpoint_url);
-        return Ok(Some(report));
+    if let Some((meta, _)) = resumed.as_ref().filter(|(m, _)| m.complete) {
+        let url = checkpoint_url;
+        return Ok(Some(resume::already_complete(
+            meta,
+            (rank, world),
+            started,
+            url,
+        )));
     }
 
     // The data.
-    let setup::Input {
-        stream,
-        stats,
-        frozen,
-        source_rows,
-        acker,
-        metrics,
-        live,
-        first,
-        shape,
-    } = setup::open_data(job, rank, config, data, &resumed, options, handle)?;
-    let live_steps = live.as_ref().filter(|_| rank == 0); // step counters are rank 0's
+    let input = setup::open_data(job, rank, config, data, &resumed, options, handle)?;
+    let live_steps = input.live.as_ref().filter(|_| rank == 0); // step counters are rank 0's
 
     // The model: rank 0's initial weights, broadcast.
     let vs = VarStore::new(device);
-    let model = setup::build_model(&vs, tc, &shape)?;
-    let total_steps = setup::total_steps(job, source_rows, epochs, &resumed, grads.as_ref())?;
+    let model = setup::build_model(&vs, tc, &input.shape)?;
+    let total_steps = setup::total_steps(job, input.source_rows, epochs, &resumed, grads.as_ref())?;
     let mut trainer = setup::new_trainer(&vs, tc, total_steps, grads.clone())?;
     resume::restore(&mut trainer, &resumed, live_steps, rank)?;
     let start_step = trainer.steps();
-    let log = setup::open_log(job, rank, resumed.is_some())?;
 
     let mut ctx = Ctx {
         job,
         rank,
         world,
         handle,
-        frozen: &frozen,
+        frozen: &input.frozen,
         model: model.as_ref(),
         device,
         epoch: resumed.as_ref().and_then(|(m, _)| m.epoch),
@@ -197,11 +190,11 @@ pub(crate) fn worker(
     let mut run = Run {
         options,
         trainer,
-        stream,
-        first,
+        stream: input.stream,
+        first: input.first,
         location,
-        acker,
-        log,
+        acker: input.acker,
+        log: setup::open_log(job, rank, resumed.is_some())?,
         live_steps,
         total_steps,
         last_state: resume::position(&resumed, rank),
@@ -211,10 +204,13 @@ pub(crate) fn worker(
         last_loss: None,
         evals: Vec::new(),
         interrupted: false,
+        exhausted: false,
+        exchange: ReduceCost::default(),
     };
     let loop_time = steps::train_loop(&mut ctx, &mut run)?;
     let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
     drop(run.stream);
+    let stats = &input.stats;
     let stalls = gather_stalls(grads.as_ref(), stats.stall_fraction())?;
     Ok(Some(TrainReport {
         rank,
@@ -235,10 +231,11 @@ pub(crate) fn worker(
         data_stall_per_rank: stalls,
         data_wait_seconds: stats.waited().as_secs_f64(),
         allreduce_seconds: run.trainer.collective_time.as_secs_f64(),
+        wire: (&run.exchange).into(),
         checkpoint: checkpoint_url,
         interrupted: run.interrupted,
         already_complete: false,
-        notes: pipeline_notes(&metrics),
+        notes: pipeline_notes(&input.metrics),
         elastic,
         total_steps,
     }))
@@ -320,4 +317,8 @@ struct Run<'a> {
     evals: Vec<EvalReport>,
     /// Whether a stop ended the run (no final evaluation or complete checkpoint then).
     interrupted: bool,
+    /// Whether the stream has ended (it is not polled again).
+    exhausted: bool,
+    /// What this run's exchanges cost, summed.
+    exchange: ReduceCost,
 }

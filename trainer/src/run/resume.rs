@@ -139,8 +139,7 @@ pub(super) fn continue_finished(
 /// The report of a run whose checkpoint says it is complete: nothing is left to train.
 pub(super) fn already_complete(
     meta: &CheckpointMeta,
-    rank: usize,
-    world: usize,
+    (rank, world): (usize, usize),
     started: Instant,
     checkpoint_url: Option<String>,
 ) -> TrainReport {
@@ -163,6 +162,7 @@ pub(super) fn already_complete(
         data_stall_max: 0.0,
         data_wait_seconds: 0.0,
         allreduce_seconds: 0.0,
+        wire: Default::default(),
         checkpoint: checkpoint_url,
         interrupted: false,
         already_complete: true,
@@ -182,12 +182,50 @@ pub(super) fn restore(
 ) -> Result<(), TrainError> {
     if let Some((meta, tensors)) = resumed {
         trainer.restore(tensors, meta.step)?;
+        restore_rank_state(trainer, meta, tensors, rank);
         if let Some(m) = live_steps {
             m.resumed(meta.step, meta.rows_trained);
         }
         tracing::info!(rank, step = meta.step, "resumed from the checkpoint");
     }
     Ok(())
+}
+
+/// This rank's own state (error-feedback residuals, its local-SGD replica), from the
+/// checkpoint's `rank<N>.` tensors when it was written by as many ranks. Otherwise — another
+/// number of ranks (`--elastic`), another `sync`/`compression`, or none kept — every rank goes
+/// on from the shared state (rank 0's replica; residuals from zero), which is said in the log.
+fn restore_rank_state(
+    trainer: &mut Trainer,
+    meta: &CheckpointMeta,
+    tensors: &BTreeMap<String, Tensor>,
+    rank: usize,
+) {
+    let prefix = format!("rank{rank}.");
+    let mine: BTreeMap<String, Tensor> = tensors
+        .iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix(&prefix)
+                .map(|n| (n.to_string(), v.shallow_clone()))
+        })
+        .collect();
+    let same_world = meta.world_size == trainer.world_size();
+    let same_sync = meta.sync.as_deref() == Some(trainer.sync_description().as_str());
+    if !mine.is_empty() && same_world && same_sync {
+        if let Err(e) = trainer.restore_rank(&mine) {
+            tracing::warn!(
+                rank,
+                "the checkpoint's per-rank state does not fit: {e}; going on from the shared state"
+            );
+        }
+    } else if trainer.has_rank_state() && meta.step > 0 && rank == 0 {
+        tracing::warn!(
+            "the checkpoint holds no per-rank state for this run ({}; it was written with {} by {} ranks): every rank goes on from rank 0's replica, error-feedback residuals from zero",
+            trainer.sync_description(),
+            meta.sync.as_deref().unwrap_or("synchronous all-reduce"),
+            meta.world_size
+        );
+    }
 }
 
 /// Turns `meta` (written by `meta.world_size` ranks) into a checkpoint for `world` ranks:
@@ -274,26 +312,35 @@ pub(super) fn elastic_resume(
 }
 
 /// The length in steps of a run resumed from `meta` (its states for this run's ranks, as
-/// `elastic_resume` leaves them too), with `steps` per epoch and `epochs` epochs: the steps
-/// taken, the rest of the current epoch (or of a rescaled one's share), the epochs after it.
-/// `None` when the checkpoint does not say where in its epoch it is (older versions). (For a
-/// run that never changed its number of ranks this is `epochs × steps`; after a rescale the
+/// `elastic_resume` leaves them too), with `batches` per rank per epoch, `epochs` epochs and
+/// `acc` batches per step (`trainer.accumulate`, within an epoch): the steps taken, the rest
+/// of the current epoch (or of a rescaled one's share), the epochs after it. `None` when the
+/// checkpoint does not say where in its epoch it is (older versions). (For a run that never
+/// changed its number of ranks this is `epochs × ⌈batches / acc⌉`; after a rescale the
 /// earlier epochs had other counts.)
-pub(super) fn resumed_length(meta: &CheckpointMeta, epochs: u64, steps: u64) -> Option<u64> {
+pub(super) fn resumed_length(
+    meta: &CheckpointMeta,
+    epochs: u64,
+    batches: u64,
+    acc: u64,
+) -> Option<u64> {
+    let per_epoch = batches.div_ceil(acc);
     let state = meta.pipeline.first();
     if let Some(r) = state.and_then(|s| s.rescaled.as_deref()) {
-        let left = r.batches.saturating_sub(r.delivered);
-        return Some(meta.step + left + epochs.saturating_sub(r.then.epoch) * steps);
+        let left = r.batches.saturating_sub(r.delivered).div_ceil(acc);
+        return Some(meta.step + left + epochs.saturating_sub(r.then.epoch) * per_epoch);
     }
     if let Some(p) = meta.epoch {
         let done = p.steps?;
         return Some(
-            meta.step + steps.saturating_sub(done) + epochs.saturating_sub(p.epoch + 1) * steps,
+            meta.step
+                + batches.saturating_sub(done).div_ceil(acc)
+                + epochs.saturating_sub(p.epoch + 1) * per_epoch,
         );
     }
     // At the start of an epoch (a run continued at the next epoch on other ranks).
     let at = state?.parquet.filter(|m| m.is_epoch_start())?;
-    Some(meta.step + epochs.saturating_sub(at.epoch) * steps)
+    Some(meta.step + epochs.saturating_sub(at.epoch) * per_epoch)
 }
 
 /// This rank's pipeline position in the checkpoint resumed (the start without one).

@@ -150,13 +150,19 @@ pub(super) fn total_steps(
         // (or, with drop_last, dropped) batch.
         (Some((size, drop_last)), Some(rows)) if size > 0 => {
             let (size, per_epoch) = (size as u64, rows / epochs);
-            let steps = if drop_last {
+            let batches = if drop_last {
                 per_epoch / size
             } else {
                 per_epoch.div_ceil(size)
             };
+            // With `accumulate`, a step takes that many batches of one epoch (the epoch's last
+            // step takes what is left).
+            let acc = tc.accumulate.max(1);
+            let steps = batches.div_ceil(acc);
             Some(match resumed {
-                Some((meta, _)) => resumed_length(meta, epochs, steps).unwrap_or(epochs * steps),
+                Some((meta, _)) => {
+                    resumed_length(meta, epochs, batches, acc).unwrap_or(epochs * steps)
+                }
                 None => epochs * steps,
             })
         }
@@ -199,6 +205,7 @@ pub(super) fn new_trainer(
             total_steps,
             bucket_bytes: (tc.allreduce.bucket_mb * 1e6) as usize,
             compression: tc.allreduce.compression,
+            sync: tc.sync,
         },
         grads,
     )

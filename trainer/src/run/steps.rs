@@ -61,10 +61,10 @@ pub(super) fn train_loop(
         let Some(batch) = next_batch(ctx, run)? else {
             break;
         };
-        let Some((rep, step_time)) = take_step(ctx, run, &batch)? else {
+        let Some((rep, step_time, group)) = take_step(ctx, run, batch)? else {
             break;
         };
-        count_step(ctx, run, &batch, &rep, step_time);
+        count_step(ctx, run, &group, &rep, step_time);
         after_step(ctx, run, &rep)?;
         if rep.stop_requested {
             run.interrupted = true;
@@ -82,18 +82,41 @@ fn next_batch(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<Option<TensorBatch
     if let Some(b) = run.first.take() {
         return Ok(Some(b));
     }
-    match ctx
-        .handle
-        .block_on(next_or_stop(&mut run.stream, &run.options.stop))
-    {
-        Some(Some(batch)) => return Ok(Some(batch?)),
-        Some(None) => {}
-        None => run.trainer.request_stop(),
+    match fetch(ctx, run)? {
+        Fetched::Batch(b) => return Ok(Some(*b)),
+        Fetched::End => {}
+        Fetched::Stopped => run.trainer.request_stop(),
     }
     if run.trainer.finish()? {
         stopped_between_steps(ctx, run)?;
     }
     Ok(None)
+}
+
+/// What waiting for the stream's next batch gave.
+enum Fetched {
+    Batch(Box<TensorBatch>),
+    /// The data ended (remembered: the stream is not read again).
+    End,
+    /// A stop came while waiting.
+    Stopped,
+}
+
+fn fetch(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<Fetched, TrainError> {
+    if run.exhausted {
+        return Ok(Fetched::End);
+    }
+    match ctx
+        .handle
+        .block_on(next_or_stop(&mut run.stream, &run.options.stop))
+    {
+        Some(Some(batch)) => Ok(Fetched::Batch(Box::new(batch?))),
+        Some(None) => {
+            run.exhausted = true;
+            Ok(Fetched::End)
+        }
+        None => Ok(Fetched::Stopped),
+    }
 }
 
 /// Some rank was asked to stop while it waited for data, and every rank learnt it in the
@@ -110,16 +133,123 @@ fn stopped_between_steps(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), Tra
     Ok(())
 }
 
-/// Takes the step on `batch` together with the other ranks: its report and the time the step
-/// took after the forward pass; `None` when another rank takes no more steps (its data ended:
-/// `batch` is counted as untrained; or a stop was agreed: every rank has checkpointed).
+/// The batches one optimizer step trained on (more than one with `trainer.accumulate`).
+pub(super) struct Group {
+    /// The last of them: the position after it is the step's.
+    last: TensorBatch,
+    /// How many.
+    batches: u64,
+    /// This rank's rows in them.
+    rows: u64,
+    /// Time this rank waited for them.
+    waited: Duration,
+}
+
+impl Group {
+    fn of(b: TensorBatch) -> Group {
+        Group {
+            batches: 1,
+            rows: b.rows as u64,
+            waited: b.waited,
+            last: b,
+        }
+    }
+
+    fn add(&mut self, b: TensorBatch) {
+        self.batches += 1;
+        self.rows += b.rows as u64;
+        self.waited += b.waited;
+        self.last = b;
+    }
+}
+
+/// The epoch a batch's rows come from (`None` for a stream).
+fn epoch_of(b: &TensorBatch) -> Option<u64> {
+    b.lineage.spans().first().map(|s| s.epoch)
+}
+
+/// Takes the step on `batch` (and, with `trainer.accumulate: N`, the next N−1 batches of the
+/// same epoch: a group ends with its epoch or the data, never spans two) together with the
+/// other ranks: its report, the time the step took after the forward passes, and the
+/// batches; `None` when this rank takes no more steps: another rank's data ended (the
+/// group's rows are counted as untrained), or a stop was agreed (every rank has
+/// checkpointed the position before the group, so a resume reads it again).
 fn take_step(
     ctx: &mut Ctx<'_>,
     run: &mut Run<'_>,
-    batch: &TensorBatch,
-) -> Result<Option<(StepReport, Duration)>, TrainError> {
+    batch: TensorBatch,
+) -> Result<Option<(StepReport, Duration, Group)>, TrainError> {
     let (job, rank) = (ctx.job, ctx.rank);
     let tc = &job.trainer;
+    let accumulate = tc.accumulate.max(1);
+    let mut group = Group::of(batch);
+    let (step_started, stepped) = if accumulate == 1 {
+        let batch = &group.last;
+        if batch.rows == 0 {
+            // Every row of this batch was removed after the last `batch` stage: no forward
+            // pass (the mean loss of no rows is NaN), but the step is taken with the others.
+            (Instant::now(), run.trainer.step_empty()?)
+        } else {
+            let loss = forward_loss(ctx, batch)?;
+            (Instant::now(), run.trainer.step(&loss, batch.rows)?)
+        }
+    } else {
+        micro_backward(ctx, run, &group.last)?;
+        let epoch = epoch_of(&group.last);
+        while group.batches < accumulate {
+            match fetch(ctx, run)? {
+                Fetched::Batch(b) if epoch_of(&b) == epoch => {
+                    micro_backward(ctx, run, &b)?;
+                    group.add(*b);
+                }
+                Fetched::Batch(b) => {
+                    run.first = Some(*b);
+                    break;
+                }
+                Fetched::End => break,
+                Fetched::Stopped => {
+                    run.trainer.request_stop();
+                    if run.trainer.finish()? {
+                        stopped_between_steps(ctx, run)?;
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+        (Instant::now(), run.trainer.step_accumulated()?)
+    };
+    let Some(rep) = stepped else {
+        if run.trainer.stop_agreed() {
+            stopped_between_steps(ctx, run)?;
+            return Ok(None);
+        }
+        run.rows_untrained += group.rows;
+        tracing::warn!(
+            rank,
+            "another rank ran out of data: stopping at step {} with {} batch(es) of {} rows untrained",
+            run.trainer.steps(),
+            group.batches,
+            group.rows
+        );
+        return Ok(None);
+    };
+    let step_time = step_started.elapsed();
+    Ok(Some((rep, step_time, group)))
+}
+
+/// One micro-batch's forward and backward pass, accumulated in the trainer.
+fn micro_backward(ctx: &Ctx<'_>, run: &mut Run<'_>, b: &TensorBatch) -> Result<(), TrainError> {
+    if b.rows > 0 {
+        let loss = forward_loss(ctx, b)?;
+        run.trainer.backward(&loss, b.rows)
+    } else {
+        run.trainer.backward(&tch::Tensor::from(0.0f32), 0)
+    }
+}
+
+/// The model's mean loss on `batch`.
+fn forward_loss(ctx: &Ctx<'_>, batch: &TensorBatch) -> Result<tch::Tensor, TrainError> {
+    let tc = &ctx.job.trainer;
     let (x, y) = match (batch.get(&tc.input), batch.get(&tc.target)) {
         (Some(x), Some(y)) => (x, y),
         _ => {
@@ -128,31 +258,8 @@ fn take_step(
             ));
         }
     };
-    let (step_started, stepped) = if batch.rows == 0 {
-        // Every row of this batch was removed after the last `batch` stage: no forward
-        // pass (the mean loss of no rows is NaN), but the step is taken with the others.
-        (Instant::now(), run.trainer.step_empty()?)
-    } else {
-        let out = ctx.model.forward(x);
-        let loss = loss_of(tc.loss, &out, y, &tc.target, Reduction::Mean)?;
-        (Instant::now(), run.trainer.step(&loss, batch.rows)?)
-    };
-    let Some(rep) = stepped else {
-        if run.trainer.stop_agreed() {
-            stopped_between_steps(ctx, run)?;
-            return Ok(None);
-        }
-        run.rows_untrained += batch.rows as u64;
-        tracing::warn!(
-            rank,
-            "another rank ran out of data: stopping at step {} with a batch of {} rows untrained",
-            run.trainer.steps(),
-            batch.rows
-        );
-        return Ok(None);
-    };
-    let step_time = step_started.elapsed();
-    Ok(Some((rep, step_time)))
+    let out = ctx.model.forward(x);
+    loss_of(tc.loss, &out, y, &tc.target, Reduction::Mean)
 }
 
 /// Counts step `rep`, taken on `batch` (rows, loss, the position after it, the epoch's
@@ -160,12 +267,16 @@ fn take_step(
 fn count_step(
     ctx: &mut Ctx<'_>,
     run: &mut Run<'_>,
-    batch: &TensorBatch,
+    group: &Group,
     rep: &StepReport,
     step_time: Duration,
 ) {
+    let batch = &group.last;
     run.rows_trained += rep.rows;
     run.rows_this_run += rep.rows;
+    run.exchange.wire_bytes += rep.exchange.wire_bytes;
+    run.exchange.dense_bytes += rep.exchange.dense_bytes;
+    run.exchange.compress += rep.exchange.compress;
     if rep.rows > 0 {
         run.last_loss = Some(rep.loss);
     }
@@ -174,13 +285,13 @@ fn count_step(
         match &mut ctx.epoch {
             Some(p) if p.epoch == e => {
                 p.rows += rep.rows;
-                p.steps = p.steps.map(|s| s + 1);
+                p.steps = p.steps.map(|s| s + group.batches);
             }
             _ => {
                 ctx.epoch = Some(EpochProgress {
                     epoch: e,
                     rows: rep.rows,
-                    steps: Some(1),
+                    steps: Some(group.batches),
                 })
             }
         }
@@ -191,9 +302,9 @@ fn count_step(
             rep.rows,
             rep.loss,
             rep.lr,
-            batch.waited,
+            group.waited,
             step_time,
-            rep.allreduce,
+            &rep.exchange,
         );
     }
     if let Some(log) = &mut run.log {
@@ -204,9 +315,10 @@ fn count_step(
                 loss: rep.loss,
                 lr: rep.lr,
                 rows: rep.rows,
-                wait_ms: batch.waited.as_secs_f64() * 1e3,
+                wait_ms: group.waited.as_secs_f64() * 1e3,
                 step_ms: step_time.as_secs_f64() * 1e3,
                 allreduce_ms: rep.allreduce.as_secs_f64() * 1e3,
+                wire_bytes: rep.exchange.wire_bytes,
                 epoch: batch.lineage.spans().first().map(|s| s.epoch),
             },
         );
@@ -218,7 +330,10 @@ fn count_step(
 fn after_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>, rep: &StepReport) -> Result<(), TrainError> {
     let job = ctx.job;
     let tc = &job.trainer;
-    if tc.check_every_steps > 0 && rep.step.is_multiple_of(tc.check_every_steps) {
+    if tc.check_every_steps > 0
+        && rep.step.is_multiple_of(tc.check_every_steps)
+        && run.trainer.replicas_in_sync()
+    {
         run.trainer.check_replicas()?;
     }
     let every = tc.checkpoint.as_ref().map(|c| c.every_steps);
@@ -259,7 +374,8 @@ fn checkpoint_and_log(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainE
 /// Evaluates the model now and records the result: rank 0's live counters and log line, and
 /// the report's list.
 fn evaluate_and_record(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
-    let r = ctx.evaluate(&mut run.trainer)?;
+    // Under local SGD between averagings, the mean of the replicas is evaluated.
+    let r = run.trainer.with_averaged(|t| ctx.evaluate(t))?;
     if let Some(m) = run.live_steps {
         m.record_eval(&r);
     }
@@ -282,6 +398,8 @@ pub(super) fn finish(
     let job = ctx.job;
     let tc = &job.trainer;
     if !run.interrupted {
+        // Local SGD: the run ends with one model.
+        run.trainer.synchronize()?;
         if tc.eval.is_some()
             && run
                 .evals
@@ -308,7 +426,7 @@ pub(super) fn finish(
         }
         pending.acknowledge(true);
     }
-    if tc.check_every_steps > 0 {
+    if tc.check_every_steps > 0 && run.trainer.replicas_in_sync() {
         run.trainer.check_replicas()?;
     }
     if let Some(log) = &mut run.log {
@@ -333,6 +451,8 @@ struct StepLine {
     wait_ms: f64,
     step_ms: f64,
     allreduce_ms: f64,
+    /// Gradient bytes this rank sent (rank 0's).
+    wire_bytes: u64,
     epoch: Option<u64>,
 }
 

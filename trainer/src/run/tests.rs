@@ -18,6 +18,7 @@ fn a_resumed_run_counts_its_length_from_where_it_is() {
         rows_trained: 0,
         complete: false,
         epoch,
+        sync: None,
     };
     let progress = |epoch, steps| {
         Some(EpochProgress {
@@ -28,11 +29,15 @@ fn a_resumed_run_counts_its_length_from_where_it_is() {
     };
     // Never rescaled: epochs × steps, wherever it stopped.
     let plain = meta(14, progress(1, Some(4)), vec![SourceState::default()]);
-    assert_eq!(resumed_length(&plain, 3, 10), Some(30));
+    assert_eq!(resumed_length(&plain, 3, 10, 1), Some(30));
+    // `accumulate: 3`: 4 steps per epoch (3 + 3 + 3 + 1 batches); stopped after 2 steps of
+    // epoch 1 (6 batches): 2 steps left in it, 4 in epoch 2.
+    let grouped = meta(6, progress(1, Some(6)), vec![SourceState::default()]);
+    assert_eq!(resumed_length(&grouped, 3, 10, 3), Some(12));
     // Rescaled earlier (25 steps into epoch 1, its old split had other counts): the rest
     // of epoch 1 and all of epoch 2.
     let later = meta(25, progress(1, Some(4)), vec![SourceState::default()]);
-    assert_eq!(resumed_length(&later, 3, 10), Some(25 + 6 + 10));
+    assert_eq!(resumed_length(&later, 3, 10, 1), Some(25 + 6 + 10));
     // Stopped within a rescaled share: 3 of its 7 batches left, then epochs 1 and 2.
     let share = SourceState {
         rescaled: Some(Box::new(Rescaled {
@@ -49,7 +54,7 @@ fn a_resumed_run_counts_its_length_from_where_it_is() {
         ..SourceState::default()
     };
     let within = meta(18, None, vec![share]);
-    assert_eq!(resumed_length(&within, 3, 10), Some(18 + 3 + 20));
+    assert_eq!(resumed_length(&within, 3, 10, 1), Some(18 + 3 + 20));
     // Continued at the start of epoch 2 on other ranks (`--elastic` without a rescale):
     // that epoch's steps.
     let next = SourceState {
@@ -57,10 +62,10 @@ fn a_resumed_run_counts_its_length_from_where_it_is() {
         ..SourceState::default()
     };
     let at_start = meta(17, None, vec![next]);
-    assert_eq!(resumed_length(&at_start, 3, 10), Some(17 + 10));
+    assert_eq!(resumed_length(&at_start, 3, 10, 1), Some(17 + 10));
     // An older checkpoint without the steps of its epoch.
     let old = meta(14, progress(1, None), vec![SourceState::default()]);
-    assert_eq!(resumed_length(&old, 3, 10), None);
+    assert_eq!(resumed_length(&old, 3, 10, 1), None);
 }
 
 #[test]

@@ -26,6 +26,8 @@
 //! # Ok(()) }
 //! ```
 
+mod replicas;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,9 +37,9 @@ use tch::Tensor;
 use tch::nn::VarStore;
 
 use crate::TrainError;
-use crate::config::{Compression, OptimizerConfig, ScheduleConfig};
+use crate::config::{Compression, OptimizerConfig, ScheduleConfig, SyncConfig};
 use crate::optim::{Optimizer, learning_rate};
-use crate::sync::{GradSync, checksum};
+use crate::sync::{GradSync, ReduceCost, checksum};
 
 /// How a [`Trainer`] updates the model.
 #[derive(Debug, Clone)]
@@ -52,6 +54,8 @@ pub struct TrainerOptions {
     pub bucket_bytes: usize,
     /// Gradient compression on the wire.
     pub compression: Compression,
+    /// Synchronous all-reduce every step, or local SGD with periodic parameter averaging.
+    pub sync: SyncConfig,
 }
 
 impl TrainerOptions {
@@ -68,6 +72,7 @@ impl TrainerOptions {
             total_steps: None,
             bucket_bytes: 25 << 20,
             compression: Compression::None,
+            sync: SyncConfig::Allreduce,
         }
     }
 }
@@ -83,8 +88,10 @@ pub struct StepReport {
     pub rows: u64,
     /// The learning rate applied.
     pub lr: f64,
-    /// Time in the gradient all-reduce.
+    /// Time in the gradient all-reduce (or, under local SGD, the parameter averaging).
     pub allreduce: Duration,
+    /// Bytes this rank sent, the time compressing, and what f32 gradients would have cost.
+    pub exchange: ReduceCost,
     /// Whether some rank asked to stop (SIGTERM/SIGINT): checkpoint now and exit.
     pub stop_requested: bool,
 }
@@ -103,6 +110,15 @@ pub struct Trainer {
     stop_agreed: bool,
     /// Total time in collectives (handshakes and all-reduce).
     pub collective_time: Duration,
+    /// Micro-batches backpropagated since the last step ([`Trainer::backward`]).
+    pending: Option<Pending>,
+}
+
+/// What [`Trainer::backward`] accumulated: rows and the loss summed over them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pending {
+    rows: u64,
+    loss_sum: f64,
 }
 
 /// Per step, every rank says whether it has a batch, how many rows, whether it was asked to
@@ -144,6 +160,7 @@ impl Trainer {
             stop: false,
             stop_agreed: false,
             collective_time: Duration::ZERO,
+            pending: None,
         };
         trainer.broadcast_params()?;
         Ok(trainer)
@@ -154,7 +171,7 @@ impl Trainer {
             return Ok(());
         }
         let mut bytes = if self.collective.rank() == 0 {
-            crate::checkpoint::encode(&empty_meta(), &self.params)?
+            crate::checkpoint::encode(&crate::checkpoint::CheckpointMeta::empty(), &self.params)?
         } else {
             Vec::new()
         };
@@ -226,45 +243,125 @@ impl Trainer {
         self.step_on(None, 0)
     }
 
+    /// The step on what [`Trainer::backward`] accumulated since the last step (the same on
+    /// every rank: each calls it after its micro-batches); like [`Trainer::step`] otherwise.
+    pub fn step_accumulated(&mut self) -> Result<Option<StepReport>, TrainError> {
+        if self.pending.is_none() {
+            self.pending = Some(Pending::default());
+            self.zero_grads();
+        }
+        self.step_on(None, 0)
+    }
+
+    /// Backpropagates one micro-batch without stepping (gradient accumulation, Horovod's
+    /// `backward_passes_per_step`): its gradient, weighted by its `rows`, is added to those of
+    /// the micro-batches before it; the next [`Trainer::step`] (its own batch the last
+    /// micro-batch) exchanges and applies the mean over all of them and all ranks — equal to
+    /// one step on their concatenation. No collective: call it the same number of times on
+    /// every rank between steps.
+    pub fn backward(&mut self, loss: &Tensor, rows: usize) -> Result<(), TrainError> {
+        let pending = match self.pending.take() {
+            Some(p) => p,
+            None => {
+                self.zero_grads();
+                Pending::default()
+            }
+        };
+        let mut p = pending;
+        if rows > 0 {
+            (loss * rows as f64).backward();
+            p.rows += rows as u64;
+            p.loss_sum += loss.double_value(&[]) * rows as f64;
+        }
+        self.pending = Some(p);
+        Ok(())
+    }
+
+    fn zero_grads(&self) {
+        for (_, p) in &self.params {
+            let mut p = p.shallow_clone();
+            p.zero_grad();
+        }
+    }
+
+    /// Makes every gradient defined (zero) on a rank that had no rows to backpropagate (the
+    /// mean loss of no rows would be NaN, and NaN × 0 is NaN).
+    fn define_zero_grads(&self) {
+        let zero = self
+            .params
+            .iter()
+            .map(|(_, p)| p.sum(p.kind()) * 0.0)
+            .reduce(|a, b| a + b);
+        if let Some(zero) = zero {
+            zero.backward();
+        }
+    }
+
     fn step_on(
         &mut self,
         loss: Option<&Tensor>,
         rows: usize,
     ) -> Result<Option<StepReport>, TrainError> {
-        for (_, p) in &self.params {
-            let mut p = p.shallow_clone();
-            p.zero_grad();
-        }
-        let local_loss = match loss.filter(|_| rows > 0) {
-            Some(loss) => {
-                loss.backward();
-                loss.double_value(&[])
-            }
-            None => {
-                // Zero gradients that are defined even before the first step (the mean loss
-                // of no rows would be NaN, and NaN × 0 is NaN).
-                let zero = self
-                    .params
-                    .iter()
-                    .map(|(_, p)| p.sum(p.kind()) * 0.0)
-                    .reduce(|a, b| a + b);
-                if let Some(zero) = zero {
-                    zero.backward();
+        // `summed`: the gradients are Σ rows·∇mean (accumulated), not ∇mean of one batch.
+        let (rows, local_loss, summed) = match self.pending.is_some() {
+            true => {
+                if let Some(loss) = loss {
+                    self.backward(loss, rows)?;
                 }
-                0.0
+                let p = self.pending.take().unwrap_or_default();
+                if p.rows == 0 {
+                    self.define_zero_grads();
+                }
+                let mean = if p.rows > 0 {
+                    p.loss_sum / p.rows as f64
+                } else {
+                    0.0
+                };
+                (p.rows as usize, mean, true)
+            }
+            false => {
+                self.zero_grads();
+                let local_loss = match loss.filter(|_| rows > 0) {
+                    Some(loss) => {
+                        loss.backward();
+                        loss.double_value(&[])
+                    }
+                    None => {
+                        self.define_zero_grads();
+                        0.0
+                    }
+                };
+                (rows, local_loss, false)
             }
         };
         let all = self.handshake(true, rows as u64, local_loss)?;
         if all.ranks_with_data < self.world_size() {
             return Ok(None);
         }
-        let weight = if all.rows > 0 {
-            rows as f64 / all.rows as f64
+        let exchange = if self.local_now() {
+            // Local SGD: this rank's own mean gradient, no exchange; the parameters are
+            // averaged after the update every `every` steps.
+            let weight = match (summed, rows) {
+                (_, 0) => 0.0,
+                (true, r) => 1.0 / r as f64,
+                (false, _) => 1.0,
+            };
+            if weight != 1.0 {
+                self.scale_grads(weight);
+            }
+            ReduceCost {
+                dense_bytes: self.params.iter().map(|(_, p)| p.numel() as u64 * 4).sum(),
+                ..ReduceCost::default()
+            }
         } else {
-            0.0
+            let weight = match (all.rows, summed) {
+                (0, _) => 0.0,
+                (r, true) => 1.0 / r as f64,
+                (r, false) => rows as f64 / r as f64,
+            };
+            self.sync.reduce(&self.params, weight, self.step)?
         };
-        let allreduce = self.sync.reduce(&self.params, weight)?;
-        self.collective_time += allreduce;
+        let mut exchange = exchange;
         let lr = learning_rate(
             &self.options.schedule,
             self.options.optimizer.lr(),
@@ -274,13 +371,21 @@ impl Trainer {
         if all.rows > 0 {
             self.opt.step(lr);
         }
+        let was_local = self.local_now();
         self.step += 1;
+        if was_local && self.replicas_in_sync() {
+            let averaged = self.average_params()?;
+            exchange.collective += averaged.collective;
+            exchange.wire_bytes += averaged.wire_bytes;
+        }
+        self.collective_time += exchange.collective;
         Ok(Some(StepReport {
             step: self.step,
             loss: all.loss,
             rows: all.rows,
             lr,
-            allreduce,
+            allreduce: exchange.collective,
+            exchange,
             stop_requested: all.stop,
         }))
     }
@@ -291,6 +396,7 @@ impl Trainer {
     /// [`Trainer::stop_agreed`] then says on every rank: the run is then interrupted rather
     /// than ended, and every rank should checkpoint where it stands.
     pub fn finish(&mut self) -> Result<bool, TrainError> {
+        self.pending = None;
         self.handshake(false, 0, 0.0).map(|h| h.stop)
     }
 
@@ -368,6 +474,12 @@ impl Trainer {
                 .into_iter()
                 .map(|(n, t)| (format!("optim.{n}"), t)),
         );
+        out.extend(
+            self.sync
+                .shared_state(&self.params)
+                .into_iter()
+                .map(|(n, t)| (format!("sync.{n}"), t)),
+        );
         out
     }
 
@@ -388,6 +500,7 @@ impl Trainer {
         };
         self.load_params(&strip("model."))?;
         self.opt.restore(&strip("optim."), step)?;
+        self.sync.restore(&self.params, &strip("sync."), None);
         self.step = step;
         Ok(())
     }
@@ -404,18 +517,6 @@ struct Handshake {
     rows: u64,
     stop: bool,
     loss: f64,
-}
-
-fn empty_meta() -> crate::checkpoint::CheckpointMeta {
-    crate::checkpoint::CheckpointMeta {
-        version: 1,
-        step: 0,
-        world_size: 0,
-        pipeline: Vec::new(),
-        rows_trained: 0,
-        complete: false,
-        epoch: None,
-    }
 }
 
 #[cfg(test)]

@@ -16,12 +16,13 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 venv="$root/target/services/venv-python"
-want="maturin==1.16.0 pytest numpy pyarrow torch==2.13.0 boto3 confluent-kafka"
+# safetensors and tensorboard: the Rust suite reads what `sluice train` exports with them.
+want="maturin==1.16.0 pytest numpy pyarrow torch==2.13.0 boto3 confluent-kafka safetensors tensorboard"
 stamp="$venv/.sluice-python"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     echo "[python] installing $want into $venv" >&2
-    rm -rf "$venv"
-    python3 -m venv "$venv"
+    # An existing venv keeps what it has (pip adds what is missing); a broken one is rebuilt.
+    [[ -x "$venv/bin/pip" ]] || { rm -rf "$venv"; python3 -m venv "$venv"; }
     tmp="$root/target/services/tmp"
     mkdir -p "$tmp"
     # shellcheck disable=SC2086

@@ -281,3 +281,93 @@ fn set_overrides_the_file_and_is_checked_like_it() {
         String::from_utf8_lossy(&malformed.stderr)
     );
 }
+
+/// The Python of the package's venv (numpy, torch, safetensors, tensorboard), as
+/// scripts/test.sh exports it.
+pub(crate) fn venv_python() -> String {
+    std::env::var("SLUICE_BENCH_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "SLUICE_BENCH_PYTHON is not set: this test reads Sluice's output with Python packages \
+             (safetensors, tensorboard). Run the suite with scripts/test.sh, or set it to \
+             target/services/venv-python/bin/python after scripts/python.sh --build"
+        )
+    })
+}
+
+/// `trainer.export`: every checkpoint is also a model version — `step-N/model.safetensors`
+/// (which Python's `safetensors.torch.load_file` reads to exactly the checkpoint's
+/// parameters), `step-N/manifest.json` (step, rows, last evaluation, source positions), and
+/// `LATEST` naming the newest.
+#[test]
+fn each_checkpoint_is_published_as_a_model_version_python_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "{}  checkpoint: {{path: state/train.ckpt, every_steps: 10}}\n  export: {{path: models}}\n",
+        job(32, 2, 25, "  allreduce: {workers: 2}\n")
+    );
+    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    assert_ok(&run_in_for(
+        dir.path(),
+        &["train", "job.yaml"],
+        Duration::from_secs(300),
+    ));
+    let models = dir.path().join("models");
+    let mut versions: Vec<String> = std::fs::read_dir(&models)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    versions.sort();
+    // Checkpoints at steps 10 and 20, and the final one at 25.
+    assert_eq!(
+        versions,
+        [
+            "step-000000000010",
+            "step-000000000020",
+            "step-000000000025"
+        ]
+    );
+    let latest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(models.join("LATEST")).unwrap()).unwrap();
+    assert_eq!(latest["version"], "step-000000000025");
+    assert_eq!(latest["step"], 25);
+    let newest = models.join("step-000000000025");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(newest.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["step"], 25);
+    assert_eq!(manifest["complete"], true);
+    assert_eq!(manifest["weights"], "model.safetensors");
+    assert_eq!(manifest["eval"]["rows"], 360, "the final evaluation");
+    assert_eq!(
+        manifest["pipeline"].as_array().unwrap().len(),
+        2,
+        "both ranks' positions"
+    );
+
+    let script = "import json, sys\nfrom safetensors.torch import load_file\n\
+                  t = load_file(sys.argv[1])\n\
+                  print(json.dumps({k: v.flatten().tolist() for k, v in t.items()}))\n";
+    let out = std::process::Command::new(venv_python())
+        .args(["-c", script])
+        .arg(newest.join("model.safetensors"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let loaded: std::collections::BTreeMap<String, Vec<f64>> =
+        serde_json::from_slice(&out.stdout).unwrap();
+    let (_, saved) = read_train_checkpoint(&dir.path().join("state/train.ckpt")).unwrap();
+    let model: Vec<(String, Vec<f32>)> = saved
+        .into_iter()
+        .filter_map(|(n, v)| n.strip_prefix("model.").map(|n| (n.to_string(), v)))
+        .collect();
+    assert!(!model.is_empty());
+    assert_eq!(loaded.len(), model.len());
+    for (name, values) in &model {
+        let got: Vec<f32> = loaded[name].iter().map(|&x| x as f32).collect();
+        assert_eq!(&got, values, "`{name}` as Python loads it");
+    }
+}

@@ -60,6 +60,10 @@ pub struct TrainerConfig {
     /// Checkpoints for `--resume`.
     #[serde(default)]
     pub checkpoint: Option<TrainCheckpointConfig>,
+    /// Publish each checkpoint also as a model version (safetensors weights and a JSON
+    /// manifest) for serving. Default: none.
+    #[serde(default)]
+    pub export: Option<ExportConfig>,
     /// Seed of the model's initial weights. Default: 0.
     #[serde(default)]
     pub seed: u64,
@@ -414,6 +418,19 @@ where
         }
     }
     d.deserialize_any(V(std::marker::PhantomData))
+}
+
+/// `trainer.export`: each checkpoint also published under `path` (a folder or object-store
+/// prefix) as `step-<N>/model.safetensors` and `step-<N>/manifest.json`, then `LATEST`
+/// pointed at it (see [`crate::export`]).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportConfig {
+    /// Folder (relative to the config file) or URL prefix of the versions.
+    pub path: String,
+    /// Object-store options for `path`.
+    #[serde(default)]
+    pub storage: sluice_pipeline::storage::StorageConfig,
 }
 
 /// `trainer.checkpoint`.

@@ -121,6 +121,11 @@ impl TrainJob {
                 "trainer.optimizer.lr must be a positive number".into(),
             ));
         }
+        if t.export.is_some() && t.checkpoint.is_none() {
+            return Err(TrainError::Config(
+                "trainer.export publishes each checkpoint as a model version: add `trainer.checkpoint: {path: …, every_steps: N}`".into(),
+            ));
+        }
         if t.checkpoint.as_ref().is_some_and(|c| c.every_steps == 0) {
             return Err(TrainError::Config(
                 "trainer.checkpoint.every_steps must be at least 1".into(),

@@ -17,6 +17,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod export;
 pub mod job;
 pub mod metrics;
 pub mod model;

@@ -7,7 +7,10 @@ use sluice_pipeline::checkpoint::{CheckpointFile, Pending};
 
 use super::{Ctx, Run};
 use crate::TrainError;
+use sluice_pipeline::storage::resolve;
+
 use crate::checkpoint::{CheckpointMeta, decode, encode};
+use crate::export::{LATEST, MANIFEST, Manifest, WEIGHTS, version_name, weights};
 use crate::trainer::Trainer;
 
 impl Ctx<'_> {
@@ -25,6 +28,15 @@ impl Ctx<'_> {
         let Some(loc) = location else { return Ok(()) };
         let mine = serde_json::to_vec(state).map_err(|e| TrainError::Internal(e.to_string()))?;
         let all = trainer.collective().all_gather(mine)?;
+        // The model version to publish (`trainer.export`): under local SGD the mean of the
+        // replicas, which every rank takes part in computing.
+        let export = match &self.job.trainer.export {
+            Some(_) => {
+                let step = trainer.steps();
+                Some(trainer.with_averaged(|t| weights(t.params(), step))?)
+            }
+            None => None,
+        };
         // Each rank's own state (error-feedback residuals, local-SGD replicas), when any.
         let own = if trainer.has_rank_state() {
             let mine = encode(
@@ -37,6 +49,10 @@ impl Ctx<'_> {
         };
         let written = if self.rank == 0 {
             self.write_checkpoint(trainer, loc, (&all, &own), rows_trained, complete)
+                .and_then(|meta| match export {
+                    Some(w) => self.publish(&meta, w),
+                    None => Ok(()),
+                })
         } else {
             Ok(())
         };
@@ -66,7 +82,7 @@ impl Ctx<'_> {
         (states, own): (&[Vec<u8>], &[Vec<u8>]),
         rows_trained: u64,
         complete: bool,
-    ) -> Result<(), TrainError> {
+    ) -> Result<CheckpointMeta, TrainError> {
         let pipeline = states
             .iter()
             .map(|b| serde_json::from_slice::<SourceState>(b))
@@ -97,6 +113,41 @@ impl Ctx<'_> {
             .block_on(file.write(bytes))
             .map_err(TrainError::from)?;
         tracing::info!(step = meta.step, url = %file.url(), "checkpoint written");
+        Ok(meta)
+    }
+
+    /// Rank 0's `trainer.export`: the checkpoint `meta` also published as a model version —
+    /// weights, manifest, then `LATEST` pointed at it (see [`crate::export`]).
+    fn publish(&self, meta: &CheckpointMeta, weights: Vec<u8>) -> Result<(), TrainError> {
+        let Some(ex) = &self.job.trainer.export else {
+            return Ok(());
+        };
+        let version = version_name(meta.step);
+        let put = |name: &str, bytes: Vec<u8>| -> Result<(), TrainError> {
+            let spec = format!("{}/{name}", ex.path.trim_end_matches('/'));
+            let file = CheckpointFile::new(resolve(&spec, &self.job.base_dir, &ex.storage)?);
+            self.handle
+                .block_on(file.write(bytes))
+                .map_err(TrainError::from)
+        };
+        let manifest = Manifest {
+            format: "sluice-model-version/1",
+            step: meta.step,
+            rows_trained: meta.rows_trained,
+            complete: meta.complete,
+            weights: WEIGHTS,
+            eval: self.last_eval.clone(),
+            pipeline: meta.pipeline.clone(),
+            written_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis()),
+            sluice_version: env!("CARGO_PKG_VERSION"),
+        };
+        put(&format!("{version}/{WEIGHTS}"), weights)?;
+        put(&format!("{version}/{MANIFEST}"), to_json(&manifest)?)?;
+        let latest = serde_json::json!({"version": version, "step": meta.step});
+        put(LATEST, to_json(&latest)?)?;
+        tracing::info!(step = meta.step, version, "model version published");
         Ok(())
     }
 }
@@ -114,4 +165,11 @@ pub(super) fn checkpoint_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<()
     )?;
     pending.acknowledge(false);
     Ok(())
+}
+
+/// Pretty JSON and a final newline, for a file people read too.
+fn to_json(v: &impl serde::Serialize) -> Result<Vec<u8>, TrainError> {
+    let mut out = serde_json::to_vec_pretty(v).map_err(|e| TrainError::Internal(e.to_string()))?;
+    out.push(b'\n');
+    Ok(out)
 }

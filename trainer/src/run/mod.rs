@@ -186,6 +186,7 @@ pub(crate) fn worker(
         model: model.as_ref(),
         device,
         epoch: resumed.as_ref().and_then(|(m, _)| m.epoch),
+        last_eval: None,
     };
     let mut run = Run {
         options,
@@ -287,6 +288,8 @@ struct Ctx<'a> {
     device: tch::Device,
     /// The epoch of the last step and the rows trained in it (into the checkpoint).
     epoch: Option<EpochProgress>,
+    /// The last evaluation (into a published model version's manifest).
+    last_eval: Option<EvalReport>,
 }
 
 /// One rank's training state: what the loop works with, and what it counts for the report.

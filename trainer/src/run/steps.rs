@@ -376,6 +376,7 @@ fn checkpoint_and_log(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainE
 fn evaluate_and_record(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
     // Under local SGD between averagings, the mean of the replicas is evaluated.
     let r = run.trainer.with_averaged(|t| ctx.evaluate(t))?;
+    ctx.last_eval = Some(r.clone());
     if let Some(m) = run.live_steps {
         m.record_eval(&r);
     }

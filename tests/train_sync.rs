@@ -371,3 +371,84 @@ fn each_checkpoint_is_published_as_a_model_version_python_loads() {
         assert_eq!(&got, values, "`{name}` as Python loads it");
     }
 }
+
+/// `trainer.tensorboard`: TensorBoard's own reader (the `tensorboard` package's
+/// `EventAccumulator`) finds every documented tag with one point per step (evaluations at
+/// theirs) in rank 0's folder, and each other rank's own tags in `rank<N>/`.
+#[test]
+fn tensorboard_reads_every_documented_tag_at_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = job(
+        32,
+        2,
+        20,
+        "  allreduce: {workers: 2, compression: {type: topk, ratio: 0.1}}\n  tensorboard: tb\n",
+    )
+    .replace("  eval: {path:", "  eval: {every_steps: 10, path:");
+    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    assert_ok(&run_in_for(
+        dir.path(),
+        &["train", "job.yaml"],
+        Duration::from_secs(300),
+    ));
+    let script = "import json, sys\n\
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n\
+        out = {}\n\
+        for d in sys.argv[1:]:\n\
+        \x20   ea = EventAccumulator(d, size_guidance={'scalars': 0})\n\
+        \x20   ea.Reload()\n\
+        \x20   out[d] = {t: [e.step for e in ea.Scalars(t)] for t in ea.Tags()['scalars']}\n\
+        print(json.dumps(out))\n";
+    let (tb, rank1) = (dir.path().join("tb"), dir.path().join("tb/rank1"));
+    let out = std::process::Command::new(venv_python())
+        .args(["-c", script])
+        .arg(&tb)
+        .arg(&rank1)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<u64>>> =
+        serde_json::from_slice(&out.stdout).unwrap();
+    let every_step: Vec<u64> = (1..=20).collect();
+    let per_rank = [
+        "data/wait_ms",
+        "step/ms",
+        "allreduce/ms",
+        "allreduce/wire_bytes",
+        "allreduce/compression_ratio",
+    ];
+    let rank0 = &runs[&tb.display().to_string()];
+    for tag in per_rank.iter().chain(&[
+        "train/loss",
+        "train/learning_rate",
+        "train/rows",
+        "train/rows_per_second",
+    ]) {
+        assert_eq!(
+            rank0.get(*tag),
+            Some(&every_step),
+            "rank 0's `{tag}`: {rank0:?}"
+        );
+    }
+    for tag in ["eval/loss", "eval/accuracy"] {
+        assert_eq!(rank0.get(tag), Some(&vec![10, 20]), "`{tag}`");
+    }
+    assert_eq!(
+        rank0.len(),
+        per_rank.len() + 6,
+        "no undocumented tags: {rank0:?}"
+    );
+    let other = &runs[&rank1.display().to_string()];
+    assert_eq!(
+        other.len(),
+        per_rank.len(),
+        "rank 1 writes its own: {other:?}"
+    );
+    for tag in per_rank {
+        assert_eq!(other.get(tag), Some(&every_step), "rank 1's `{tag}`");
+    }
+}

@@ -60,6 +60,10 @@ pub struct TrainerConfig {
     /// Checkpoints for `--resume`.
     #[serde(default)]
     pub checkpoint: Option<TrainCheckpointConfig>,
+    /// Write TensorBoard event files to this folder (relative to the config file): rank 0's
+    /// scalars in it, every other rank's own in `rank<N>/`. Default: none.
+    #[serde(default)]
+    pub tensorboard: Option<String>,
     /// Publish each checkpoint also as a model version (safetensors weights and a JSON
     /// manifest) for serving. Default: none.
     #[serde(default)]

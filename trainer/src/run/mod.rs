@@ -196,6 +196,7 @@ pub(crate) fn worker(
         location,
         acker: input.acker,
         log: setup::open_log(job, rank, resumed.is_some())?,
+        tensorboard: setup::open_tensorboard(job, rank)?,
         live_steps,
         total_steps,
         last_state: resume::position(&resumed, rank),
@@ -307,6 +308,8 @@ struct Run<'a> {
     acker: Arc<Acknowledger>,
     /// Rank 0's step log.
     log: Option<BufWriter<File>>,
+    /// This rank's TensorBoard event file.
+    tensorboard: Option<crate::tensorboard::EventWriter>,
     /// The live counters, on rank 0 (step counters are rank 0's).
     live_steps: Option<&'a Arc<TrainingMetrics>>,
     /// The run's length in steps, where known.

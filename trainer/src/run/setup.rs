@@ -21,6 +21,7 @@ use crate::config::{Decay, TrainerConfig};
 use crate::job::{TrainJob, TrainOptions};
 use crate::metrics::TrainingMetrics;
 use crate::model::{BoxModel, build, row_shape};
+use crate::tensorboard::EventWriter;
 use crate::trainer::{Trainer, TrainerOptions};
 
 /// Models are created one at a time: libtorch's default generator is process-wide, and
@@ -236,4 +237,22 @@ pub(super) fn open_log(
         }
         _ => None,
     })
+}
+
+/// The rank's TensorBoard event file (`trainer.tensorboard`): rank 0's in the folder, every
+/// other rank's in `rank<N>/` under it (a run of its own in TensorBoard's list).
+pub(super) fn open_tensorboard(
+    job: &TrainJob,
+    rank: usize,
+) -> Result<Option<EventWriter>, TrainError> {
+    let Some(dir) = &job.trainer.tensorboard else {
+        return Ok(None);
+    };
+    let mut dir = job.base_dir.join(dir);
+    if rank > 0 {
+        dir = dir.join(format!("rank{rank}"));
+    }
+    EventWriter::create(&dir)
+        .map(Some)
+        .map_err(|e| TrainError::Config(format!("trainer.tensorboard {}: {e}", dir.display())))
 }

@@ -307,6 +307,32 @@ fn count_step(
             &rep.exchange,
         );
     }
+    if let Some(tb) = &mut run.tensorboard {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let x = &rep.exchange;
+        let mut values = vec![
+            ("data/wait_ms", ms(group.waited)),
+            ("step/ms", ms(step_time)),
+            ("allreduce/ms", ms(rep.allreduce)),
+            ("allreduce/wire_bytes", x.wire_bytes as f64),
+            (
+                "allreduce/compression_ratio",
+                x.wire_bytes as f64 / x.dense_bytes.max(1) as f64,
+            ),
+        ];
+        if ctx.rank == 0 {
+            let busy = (group.waited + step_time).as_secs_f64().max(1e-9);
+            values.extend([
+                ("train/loss", if rep.rows > 0 { rep.loss } else { f64::NAN }),
+                ("train/learning_rate", rep.lr),
+                ("train/rows", rep.rows as f64),
+                ("train/rows_per_second", rep.rows as f64 / busy),
+            ]);
+        }
+        if let Err(e) = tb.scalars(rep.step, &values) {
+            tracing::warn!("tensorboard {}: {e}", tb.path().display());
+        }
+    }
     if let Some(log) = &mut run.log {
         write_line(
             log,
@@ -382,6 +408,15 @@ fn evaluate_and_record(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), Train
     }
     if let Some(log) = &mut run.log {
         write_line(log, &serde_json::json!({"eval": &r}));
+    }
+    if let (Some(tb), 0) = (&mut run.tensorboard, ctx.rank) {
+        let values = [
+            ("eval/loss", r.loss),
+            ("eval/accuracy", r.accuracy.unwrap_or(f64::NAN)),
+        ];
+        if let Err(e) = tb.scalars(r.step, &values) {
+            tracing::warn!("tensorboard {}: {e}", tb.path().display());
+        }
     }
     run.evals.push(r);
     Ok(())

@@ -139,6 +139,10 @@ enum Command {
         /// Also write the summary as JSON to this file.
         #[arg(long)]
         summary_json: Option<PathBuf>,
+        /// End with one JSON line on stdout — `{"step", "loss", "eval_loss", "eval_accuracy",
+        /// "rows_trained", "interrupted"}` — for a tuner to read (with `-q`, the only line).
+        #[arg(long)]
+        metric_json: bool,
         /// Continue from `trainer.checkpoint` if it exists (start fresh if not). Without it,
         /// an existing checkpoint is an error.
         #[arg(long)]
@@ -284,6 +288,7 @@ fn main() -> ExitCode {
                 config,
                 progress,
                 summary_json,
+                metric_json,
                 resume,
                 elastic,
                 workers,
@@ -293,7 +298,7 @@ fn main() -> ExitCode {
                 train::train(
                     (&config, &overrides),
                     progress,
-                    summary_json.as_deref(),
+                    (summary_json.as_deref(), metric_json),
                     (resume, elastic),
                     (workers, backend),
                     &observe,

@@ -19,7 +19,7 @@ use crate::{
 pub(crate) async fn train(
     (config, overrides): (&Path, &[(String, String)]),
     progress: ProgressMode,
-    summary_json: Option<&Path>,
+    (summary_json, metric_json): (Option<&Path>, bool),
     (resume, elastic): (bool, bool),
     (workers, backend): (Option<usize>, Option<String>),
     observe: &Observe,
@@ -112,6 +112,9 @@ pub(crate) async fn train(
         && let Err(code) = write_summary_json(path, &report)
     {
         return code;
+    }
+    if metric_json {
+        print_metric_line(&report);
     }
     if report.interrupted {
         eprintln!(
@@ -243,6 +246,20 @@ fn write_train_report(
 }
 
 /// Writes `--summary-json`: the training report plus this process's peak RSS.
+/// `--metric-json`: the run's final metric as one JSON line on stdout (for a tuner).
+fn print_metric_line(report: &TrainReport) {
+    let eval = report.evals.last();
+    let line = serde_json::json!({
+        "step": report.steps,
+        "loss": report.last_loss,
+        "eval_loss": eval.map(|e| e.loss),
+        "eval_accuracy": eval.and_then(|e| e.accuracy),
+        "rows_trained": report.rows_trained,
+        "interrupted": report.interrupted,
+    });
+    out!("{line}");
+}
+
 fn write_summary_json(path: &Path, report: &TrainReport) -> Result<(), ExitCode> {
     let mut value = serde_json::to_value(report).unwrap_or_default();
     if let (Some(map), Some(rss)) = (value.as_object_mut(), sluice::peak_rss_bytes()) {

@@ -72,7 +72,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         "trainer/src",
         &[
             &["config", "metrics"],
-            &["job", "model", "optim", "sync", "checkpoint"],
+            &["job", "model", "optim", "sync", "checkpoint", "export", "tensorboard"],
             &["trainer", "mpi_backend"],
             &["run"],
         ],

@@ -452,3 +452,41 @@ fn tensorboard_reads_every_documented_tag_at_every_step() {
         assert_eq!(other.get(tag), Some(&every_step), "rank 1's `{tag}`");
     }
 }
+
+/// Evaluation shared out over 2 ranks (batch `i` to rank `i mod 2`, sums reduced) equals the
+/// one-rank evaluation of the same model: with `steps: 0` both evaluate the same initial
+/// weights. `--metric-json` ends stdout with the final metric as one JSON line.
+#[test]
+fn distributed_evaluation_equals_one_rank_and_the_metric_line_says_it() {
+    let eval_of = |workers: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = format!("  allreduce: {{workers: {workers}}}\n");
+        std::fs::write(dir.path().join("job.yaml"), job(32, 1, 0, &extra)).unwrap();
+        let out = run_in_for(
+            dir.path(),
+            &["train", "job.yaml", "-q", "--metric-json"],
+            Duration::from_secs(300),
+        );
+        assert_ok(&out);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(
+            stdout.lines().count(),
+            1,
+            "with -q the metric line alone: {stdout}"
+        );
+        let line: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(line["step"], 0);
+        (
+            line["eval_loss"].as_f64().unwrap(),
+            line["eval_accuracy"].as_f64().unwrap(),
+        )
+    };
+    let (one_loss, one_acc) = eval_of(1);
+    let (two_loss, two_acc) = eval_of(2);
+    assert_eq!(two_acc, one_acc, "the same rows counted correct");
+    assert!(
+        (two_loss - one_loss).abs() < 1e-9 * one_loss.abs().max(1.0),
+        "loss {two_loss} on 2 ranks vs {one_loss} on 1"
+    );
+    assert!(one_acc < 0.5, "an untrained model: {one_acc}");
+}

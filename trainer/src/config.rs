@@ -426,7 +426,7 @@ where
 
 /// `trainer.export`: each checkpoint also published under `path` (a folder or object-store
 /// prefix) as `step-<N>/model.safetensors` and `step-<N>/manifest.json`, then `LATEST`
-/// pointed at it (see [`crate::export`]).
+/// pointed at it (the trainer's `export` module writes them).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExportConfig {

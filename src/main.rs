@@ -41,6 +41,8 @@ mod output;
 mod inspect;
 mod openmp;
 mod signals;
+#[cfg(feature = "torch")]
+mod sweep;
 
 use inspect::{inspect, validate};
 use output::{check_output_flags, print_error, write_report};
@@ -168,6 +170,17 @@ enum Command {
     /// Train (this build leaves out the `torch` feature, so it refuses, naming the feature).
     #[cfg(not(feature = "torch"))]
     Train {
+        /// Whatever was given: the refusal comes first.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Hyperparameter search over a training job: trials as `sluice train` processes with
+    /// `--set` overrides drawn from a space file, weak ones stopped early (`asha`), resumable.
+    #[cfg(feature = "torch")]
+    Sweep(sweep::SweepArgs),
+    /// Sweep (this build leaves out the `torch` feature, so it refuses, naming the feature).
+    #[cfg(not(feature = "torch"))]
+    Sweep {
         /// Whatever was given: the refusal comes first.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -311,6 +324,17 @@ fn main() -> ExitCode {
                 eprintln!(
                     "error: {}",
                     sluice::pipeline::feature_off("`sluice train` (libtorch)", "torch")
+                );
+                ExitCode::FAILURE
+            }
+            // On this (the main) thread: its trials die with the thread that started them.
+            #[cfg(feature = "torch")]
+            Command::Sweep(args) => sweep::sweep(&args),
+            #[cfg(not(feature = "torch"))]
+            Command::Sweep { .. } => {
+                eprintln!(
+                    "error: {}",
+                    sluice::pipeline::feature_off("`sluice sweep` (libtorch)", "torch")
                 );
                 ExitCode::FAILURE
             }

@@ -72,7 +72,15 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         "trainer/src",
         &[
             &["config", "metrics"],
-            &["job", "model", "optim", "sync", "checkpoint", "export", "tensorboard"],
+            &[
+                "job",
+                "model",
+                "optim",
+                "sync",
+                "checkpoint",
+                "export",
+                "tensorboard",
+            ],
             &["trainer", "mpi_backend"],
             &["run"],
         ],
@@ -82,7 +90,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         &[
             &["output", "signals", "observe", "openmp"],
             &["report", "inspect"],
-            &["job", "train", "bench"],
+            &["job", "train", "bench", "sweep"],
         ],
     ),
 ];

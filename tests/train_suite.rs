@@ -7,6 +7,8 @@
 
 mod common;
 
+#[path = "sweep.rs"]
+mod sweep;
 #[path = "torch_parity.rs"]
 mod torch_parity;
 #[path = "train.rs"]

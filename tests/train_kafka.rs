@@ -268,3 +268,96 @@ fn group_offsets_are_committed_only_once_the_checkpoint_covering_them_is_durable
     assert_eq!(committed(&topic, &group, 2), end);
     eprintln!("kafka group: {samples} samples, commits never ahead of the checkpoint");
 }
+
+/// Continuous training's serving side: a Kafka run checkpointing on the clock (`every`; 1ns
+/// makes it every step, so the count is exact) publishes a model version per checkpoint; each
+/// manifest names the offsets its weights have seen (summing to its rows: one row per
+/// message), `LATEST` names the last, and Python's `safetensors` loads its weights.
+#[test]
+fn a_stream_run_publishes_a_model_version_per_checkpoint_naming_its_offsets() {
+    let topic = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kafka::create_topic("train-versions", 2));
+    produce(&topic, 0, 2_000, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = job(&topic, "  until: end\n", 2, 1_000).replace(
+        "every_steps: 1000}",
+        "every_steps: 1000, every: 1ns}\n  export: {path: models}",
+    );
+    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    assert_ok(&run_in_for(
+        dir.path(),
+        &["train", "job.yaml"],
+        Duration::from_secs(300),
+    ));
+    let (meta, params) = read_train_checkpoint(&dir.path().join("state/train.ckpt")).unwrap();
+    assert!(meta.complete);
+    let steps = (1_000u64).div_ceil(32); // 1,000 records a rank, batches of 32
+    assert_eq!(meta.step, steps);
+    let models = dir.path().join("models");
+    let versions: Vec<String> = {
+        let mut v: Vec<String> = std::fs::read_dir(&models)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        versions.len() as u64,
+        steps,
+        "one version per step's checkpoint"
+    );
+    let mut last_rows = 0;
+    for v in &versions {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(models.join(v).join("manifest.json")).unwrap())
+                .unwrap();
+        let rows = m["rows_trained"].as_u64().unwrap();
+        let offsets: i64 = m["pipeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|rank| {
+                // topic → partition → {offset, skip_rows}
+                let topics = rank["kafka"].as_object().cloned().unwrap_or_default();
+                topics.into_iter().flat_map(|(_, parts)| {
+                    parts.as_object().cloned().unwrap_or_default().into_iter()
+                })
+            })
+            .map(|(_, p)| p["offset"].as_i64().unwrap())
+            .sum();
+        assert_eq!(
+            offsets as u64, rows,
+            "{v}: its offsets are the rows it has seen"
+        );
+        assert!(rows > last_rows, "{v}: versions move forward");
+        last_rows = rows;
+    }
+    assert_eq!(last_rows, 2_000);
+    let latest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(models.join("LATEST")).unwrap()).unwrap();
+    assert_eq!(latest["version"], versions.last().unwrap().as_str());
+    let script = "import sys\nfrom safetensors.torch import load_file\n\
+                  print(' '.join(sorted(load_file(sys.argv[1]).keys())))\n";
+    let out = std::process::Command::new(crate::train_sync::venv_python())
+        .args(["-c", script])
+        .arg(
+            models
+                .join(versions.last().unwrap())
+                .join("model.safetensors"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = params
+        .iter()
+        .filter_map(|(n, _)| n.strip_prefix("model.").map(str::to_string))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), names.join(" "));
+}

@@ -446,6 +446,11 @@ pub struct TrainCheckpointConfig {
     /// Write one every this many steps (and on SIGTERM/SIGINT and at the end). Default: 100.
     #[serde(default = "default_every")]
     pub every_steps: u64,
+    /// Also write one when this long has passed since the last (`10m`, `30s`): continuous
+    /// training on a stream checkpoints (and publishes model versions) on the clock, whatever
+    /// the step rate. Rank 0's clock decides, for every rank. Default: steps only.
+    #[serde(default)]
+    pub every: Option<sluice_pipeline::config::HumanDuration>,
     /// Object-store options for `path`.
     #[serde(default)]
     pub storage: sluice_pipeline::storage::StorageConfig,

@@ -208,6 +208,7 @@ pub(crate) fn worker(
         interrupted: false,
         exhausted: false,
         exchange: ReduceCost::default(),
+        last_checkpoint: Instant::now(),
     };
     let loop_time = steps::train_loop(&mut ctx, &mut run)?;
     let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
@@ -327,4 +328,6 @@ struct Run<'a> {
     exhausted: bool,
     /// What this run's exchanges cost, summed.
     exchange: ReduceCost,
+    /// When the last checkpoint was written (or the run started): `checkpoint.every`.
+    last_checkpoint: Instant,
 }

@@ -365,8 +365,10 @@ fn after_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>, rep: &StepReport) -> Result<
     let every = tc.checkpoint.as_ref().map(|c| c.every_steps);
     if every.is_some_and(|e| rep.step.is_multiple_of(e))
         || (rep.stop_requested && run.location.is_some())
+        || checkpoint_due_by_time(ctx, run)?
     {
         checkpoint_and_log(ctx, run)?;
+        run.last_checkpoint = Instant::now();
     }
     if let Some(ev) = &tc.eval
         && ev.every_steps.is_some_and(|e| rep.step.is_multiple_of(e))
@@ -382,6 +384,19 @@ fn after_step(ctx: &mut Ctx<'_>, run: &mut Run<'_>, rep: &StepReport) -> Result<
         });
     }
     Ok(())
+}
+
+/// Whether `checkpoint.every` has passed since the last checkpoint, by rank 0's clock (one
+/// byte broadcast per step, only with `every` set), so that every rank checkpoints together.
+fn checkpoint_due_by_time(ctx: &Ctx<'_>, run: &mut Run<'_>) -> Result<bool, TrainError> {
+    let Some(every) = ctx.job.trainer.checkpoint.as_ref().and_then(|c| c.every) else {
+        return Ok(false);
+    };
+    let mut due = vec![u8::from(
+        ctx.rank == 0 && run.last_checkpoint.elapsed() >= every.0,
+    )];
+    run.trainer.collective().broadcast(&mut due, 0)?;
+    Ok(due.first() == Some(&1))
 }
 
 /// Checkpoints the position after the last step and, when there is a checkpoint, says so

@@ -39,7 +39,7 @@ pub(crate) async fn validate(
 ) -> ExitCode {
     let mut failed = false;
     for path in configs {
-        let loaded = crate::config_document(path, overrides)
+        let loaded = crate::overrides::config_document(path, overrides)
             .map_err(|e| Box::new(JobError::from(e)))
             .and_then(|doc| load(&doc).map(|job| (doc, job)));
         let (doc, job) = match loaded {

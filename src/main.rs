@@ -38,8 +38,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[macro_use]
 mod output;
+mod events;
 mod inspect;
 mod openmp;
+mod overrides;
 mod signals;
 #[cfg(feature = "torch")]
 mod sweep;
@@ -64,7 +66,7 @@ struct Cli {
     /// Change a setting of the config file without editing it (`run`, `train`, `validate`):
     /// `--set trainer.optimizer.lr=0.03`, `--set 'stages[0].seed=3'`; the value is YAML.
     /// Repeatable; checked like the file's own settings.
-    #[arg(long = "set", value_name = "PATH=VALUE", global = true, value_parser = parse_override)]
+    #[arg(long = "set", value_name = "PATH=VALUE", global = true, value_parser = overrides::parse_override)]
     set: Vec<(String, String)>,
     #[command(subcommand)]
     command: Command,
@@ -92,6 +94,10 @@ struct Observe {
     /// Write no run report.
     #[arg(long, conflicts_with = "report")]
     no_report: bool,
+    /// Write TensorBoard event files to DIR: `run`, the pipeline's rows/s each second;
+    /// `train`, as `trainer.tensorboard: DIR`.
+    #[arg(long, value_name = "DIR")]
+    tensorboard: Option<PathBuf>,
 }
 
 impl Observe {
@@ -216,26 +222,6 @@ enum Command {
         #[arg(long, short = 'n', default_value_t = 5)]
         rows: usize,
     },
-}
-
-/// `PATH=VALUE` → the pair (the value is everything after the first `=`).
-fn parse_override(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((path, value)) if !path.trim().is_empty() => {
-            Ok((path.trim().to_string(), value.to_string()))
-        }
-        _ => Err(format!(
-            "`{s}` is not PATH=VALUE: write e.g. --set trainer.optimizer.lr=0.03"
-        )),
-    }
-}
-
-/// The config file at `path` with the `--set` overrides applied.
-pub(crate) fn config_document(
-    path: &std::path::Path,
-    overrides: &[(String, String)],
-) -> Result<sluice::pipeline::ConfigDocument, sluice::pipeline::Error> {
-    sluice::pipeline::ConfigDocument::from_path(path)?.with_overrides(overrides)
 }
 
 fn main() -> ExitCode {
@@ -410,7 +396,7 @@ async fn run(
         return code;
     }
     let interrupt = interrupt_signal().shared();
-    let loaded = match config_document(config, overrides) {
+    let loaded = match overrides::config_document(config, overrides) {
         Ok(doc) => Job::from_document(&doc),
         Err(e) => Err(JobError::from(e)),
     };
@@ -437,6 +423,19 @@ async fn run(
     };
     let (sampler, sampling) = Sampler::start(observed.clone(), SAMPLE_EVERY);
     background.push(sampling);
+    let events = match observe
+        .tensorboard
+        .as_deref()
+        .map(events::PipelineEvents::create)
+    {
+        Some(Ok(e)) => Some(Arc::new(std::sync::Mutex::new(e))),
+        Some(Err(e)) => {
+            eprintln!("error: --tensorboard: {e}");
+            return ExitCode::from(2);
+        }
+        None => None,
+    };
+    background.extend(events.clone().map(|e| events::spawn(e, observed.clone())));
     let bar = progress_bar(progress, prepared.source_rows());
     let ticker = bar.clone().map(|bar| {
         let metrics = prepared.metrics();
@@ -448,6 +447,12 @@ async fn run(
     }
     for t in background {
         t.abort();
+    }
+    if let Some(e) = &events
+        && let Ok(mut e) = e.lock()
+        && let Err(err) = e.write(&observed)
+    {
+        tracing::warn!("--tensorboard: {err}");
     }
     if let Some(bar) = &bar {
         bar.finish_and_clear();

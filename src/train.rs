@@ -29,7 +29,7 @@ pub(crate) async fn train(
         return code;
     }
     let interrupt = interrupt_signal();
-    let mut job = match crate::config_document(config, overrides)
+    let mut job = match crate::overrides::config_document(config, overrides)
         .map_err(sluice::trainer::TrainError::from)
         .and_then(|doc| TrainJob::from_document(&doc))
     {
@@ -39,6 +39,11 @@ pub(crate) async fn train(
             return ExitCode::FAILURE;
         }
     };
+    if let Some(dir) = &observe.tensorboard {
+        // Relative to where the command runs, as every other flag's path.
+        let dir = std::env::current_dir().map_or(dir.clone(), |cwd| cwd.join(dir));
+        job.trainer.tensorboard = Some(dir.display().to_string());
+    }
     if let Err(code) = apply_overrides(&mut job, workers, backend) {
         return code;
     }

@@ -72,15 +72,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         "trainer/src",
         &[
             &["config", "metrics"],
-            &[
-                "job",
-                "model",
-                "optim",
-                "sync",
-                "checkpoint",
-                "export",
-                "tensorboard",
-            ],
+            &["job", "model", "optim", "sync", "checkpoint", "export"],
             &["trainer", "mpi_backend"],
             &["run"],
         ],
@@ -88,8 +80,8 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "src",
         &[
-            &["output", "signals", "observe", "openmp"],
-            &["report", "inspect"],
+            &["output", "signals", "observe", "openmp", "overrides"],
+            &["report", "inspect", "events"],
             &["job", "train", "bench", "sweep"],
         ],
     ),

@@ -377,3 +377,50 @@ fn a_metrics_address_in_use_is_a_usage_error_that_names_it() {
         "{err}"
     );
 }
+
+/// `sluice run --tensorboard DIR`: TensorBoard's reader finds the pipeline's rates and the
+/// rows delivered, whose last point is every row of the run.
+#[test]
+fn run_writes_tensorboard_scalars_tensorboards_reader_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}/train.parquet'}}\nstages:\n  - {{type: cast, columns: {{pixels: float32}}}}\nsink: {{type: null}}\n",
+            common::repo().join("data/digits").display()
+        ),
+    )
+    .unwrap();
+    common::assert_ok(&common::run_in_for(
+        dir.path(),
+        &["run", "job.yaml", "--tensorboard", "tb", "--no-report"],
+        Duration::from_secs(120),
+    ));
+    let script = "import json, sys\n\
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n\
+        ea = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0})\n\
+        ea.Reload()\n\
+        print(json.dumps({t: [e.value for e in ea.Scalars(t)] for t in ea.Tags()['scalars']}))\n";
+    let out = std::process::Command::new(common::venv_python())
+        .args(["-c", script])
+        .arg(dir.path().join("tb"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tags: BTreeMap<String, Vec<f64>> = serde_json::from_slice(&out.stdout).unwrap();
+    for tag in [
+        "pipeline/source_rows_per_second",
+        "pipeline/output_rows_per_second",
+        "stage/0_cast/rows_per_second",
+    ] {
+        assert!(
+            tags.get(tag).is_some_and(|v| !v.is_empty()),
+            "`{tag}` in {tags:?}"
+        );
+    }
+    assert_eq!(tags["pipeline/output_rows"].last(), Some(&1437.0));
+}

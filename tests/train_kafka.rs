@@ -341,7 +341,7 @@ fn a_stream_run_publishes_a_model_version_per_checkpoint_naming_its_offsets() {
     assert_eq!(latest["version"], versions.last().unwrap().as_str());
     let script = "import sys\nfrom safetensors.torch import load_file\n\
                   print(' '.join(sorted(load_file(sys.argv[1]).keys())))\n";
-    let out = std::process::Command::new(crate::train_sync::venv_python())
+    let out = std::process::Command::new(common::venv_python())
         .args(["-c", script])
         .arg(
             models

@@ -282,18 +282,6 @@ fn set_overrides_the_file_and_is_checked_like_it() {
     );
 }
 
-/// The Python of the package's venv (numpy, torch, safetensors, tensorboard), as
-/// scripts/test.sh exports it.
-pub(crate) fn venv_python() -> String {
-    std::env::var("SLUICE_BENCH_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "SLUICE_BENCH_PYTHON is not set: this test reads Sluice's output with Python packages \
-             (safetensors, tensorboard). Run the suite with scripts/test.sh, or set it to \
-             target/services/venv-python/bin/python after scripts/python.sh --build"
-        )
-    })
-}
-
 /// `trainer.export`: every checkpoint is also a model version — `step-N/model.safetensors`
 /// (which Python's `safetensors.torch.load_file` reads to exactly the checkpoint's
 /// parameters), `step-N/manifest.json` (step, rows, last evaluation, source positions), and

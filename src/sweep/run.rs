@@ -102,7 +102,7 @@ struct Job {
 
 impl Job {
     fn read(config: &Path) -> Result<Job, String> {
-        let doc = crate::config_document(config, &[]).map_err(|e| e.to_string())?;
+        let doc = crate::overrides::config_document(config, &[]).map_err(|e| e.to_string())?;
         let job = sluice::trainer::TrainJob::from_document(&doc).map_err(|e| e.to_string())?;
         if job.trainer.eval.is_none() {
             return Err(format!(

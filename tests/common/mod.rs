@@ -441,3 +441,15 @@ pub fn tiny_png() -> Vec<u8> {
         .unwrap();
     png
 }
+
+/// The Python of the package's venv (numpy, torch, safetensors, tensorboard), as
+/// scripts/test.sh exports it.
+pub fn venv_python() -> String {
+    std::env::var("SLUICE_BENCH_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "SLUICE_BENCH_PYTHON is not set: this test reads Sluice's output with Python packages \
+             (safetensors, tensorboard). Run the suite with scripts/test.sh, or set it to \
+             target/services/venv-python/bin/python after scripts/python.sh --build"
+        )
+    })
+}

@@ -25,7 +25,6 @@ mod mpi_backend;
 pub mod optim;
 pub mod run;
 pub mod sync;
-pub mod tensorboard;
 mod trainer;
 
 pub use config::TrainerConfig;

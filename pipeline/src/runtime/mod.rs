@@ -1,6 +1,6 @@
 //! Runtime plumbing shared by sources, stages and the executor: the bounded CPU pool, the
 //! byte-bounded channels between tasks, buffer recycling and the metrics every component
-//! reports into. It knows nothing about what flows through it, so sources and stages import it
+//! reports into (and `tensorboard`, the event files `sluice run` and `sluice train` write them to). It knows nothing about what flows through it, so sources and stages import it
 //! downward instead of reaching up into the executor.
 
 pub(crate) mod channel;
@@ -8,6 +8,7 @@ mod cpu;
 pub mod metrics;
 mod pool;
 pub(crate) mod recycle;
+pub mod tensorboard;
 
 pub use self::cpu::{loader_cpu_seconds, process_cpu_seconds};
 pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};

@@ -310,7 +310,7 @@ struct Run<'a> {
     /// Rank 0's step log.
     log: Option<BufWriter<File>>,
     /// This rank's TensorBoard event file.
-    tensorboard: Option<crate::tensorboard::EventWriter>,
+    tensorboard: Option<sluice_pipeline::runtime::tensorboard::EventWriter>,
     /// The live counters, on rank 0 (step counters are rank 0's).
     live_steps: Option<&'a Arc<TrainingMetrics>>,
     /// The run's length in steps, where known.

@@ -21,8 +21,8 @@ use crate::config::{Decay, TrainerConfig};
 use crate::job::{TrainJob, TrainOptions};
 use crate::metrics::TrainingMetrics;
 use crate::model::{BoxModel, build, row_shape};
-use crate::tensorboard::EventWriter;
 use crate::trainer::{Trainer, TrainerOptions};
+use sluice_pipeline::runtime::tensorboard::EventWriter;
 
 /// Models are created one at a time: libtorch's default generator is process-wide, and
 /// `manual_seed` + initialisation must not interleave between ranks.

@@ -478,3 +478,143 @@ fn distributed_evaluation_equals_one_rank_and_the_metric_line_says_it() {
     );
     assert!(one_acc < 0.5, "an untrained model: {one_acc}");
 }
+
+/// `sync: async` with `staleness: 0` holds every rank's gradient in every update: the
+/// synchronous all-reduce's parameters and optimizer state, bitwise.
+#[test]
+fn async_with_staleness_0_is_synchronous_allreduce() {
+    let run = |extra: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = format!(
+            "{}  checkpoint: {{path: state/train.ckpt, every_steps: 1000}}\n",
+            job(32, 2, 1_000_000, extra)
+        );
+        std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+        assert_ok(&run_in_for(
+            dir.path(),
+            &["train", "job.yaml"],
+            Duration::from_secs(300),
+        ));
+        read_train_checkpoint(&dir.path().join("state/train.ckpt")).unwrap()
+    };
+    let (sync_meta, sync) = run("  allreduce: {workers: 2}\n");
+    let (async_meta, parameter_server) =
+        run("  allreduce: {workers: 2}\n  sync: {type: async, staleness: 0}\n");
+    assert_eq!(async_meta.step, sync_meta.step);
+    assert_eq!(async_meta.rows_trained, sync_meta.rows_trained);
+    assert_eq!(
+        async_meta.pipeline, sync_meta.pipeline,
+        "every rank ends where it did"
+    );
+    assert_same_parameters(&parameter_server, &sync, "synchronous all-reduce");
+}
+
+/// With `staleness: 2` on 3 ranks no applied gradient is more than 2 versions stale (the
+/// server's own step log records each update's staleness per rank), every row is trained
+/// once, and the digits are learnt.
+#[test]
+fn async_staleness_stays_within_its_bound_and_trains_the_digits() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "{}  log: steps.jsonl\n",
+        job(
+            32,
+            5,
+            1_000_000,
+            "  allreduce: {workers: 3}\n  sync: {type: async, staleness: 2}\n"
+        )
+    );
+    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    let out = run_in_for(
+        dir.path(),
+        &["train", "job.yaml", "--summary-json", "s.json"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    let log = std::fs::read_to_string(dir.path().join("steps.jsonl")).unwrap();
+    let (mut rows, mut updates, mut most) = (0u64, 0u64, 0u64);
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let Some(staleness) = v.get("staleness") else {
+            continue;
+        };
+        updates += 1;
+        rows += v["rows"].as_u64().unwrap();
+        for s in staleness.as_array().unwrap() {
+            most = most.max(s.as_u64().unwrap());
+        }
+    }
+    assert!(most <= 2, "a gradient {most} versions stale");
+    assert_eq!(
+        rows,
+        r["rows_trained"].as_u64().unwrap(),
+        "the log's rows are the run's"
+    );
+    assert_eq!(r["steps"].as_u64().unwrap(), updates);
+    assert_eq!(rows % 5, 0);
+    assert!(
+        rows >= 5 * (1437 - 2),
+        "every row of 5 epochs (3 equal shares): {rows}"
+    );
+    assert!(accuracy(&r) > 0.9, "{}", accuracy(&r));
+    let notes = r["notes"].to_string();
+    assert!(notes.contains("parameter server"), "{notes}");
+}
+
+/// A SIGKILLed `sync: async` run resumed from the server's checkpoint applies every
+/// record's gradient exactly once over both runs (the rows match an uninterrupted run's;
+/// the parameters need not, with staleness above 0).
+#[test]
+fn async_resumes_with_every_record_applied_exactly_once() {
+    let extra = "  allreduce: {workers: 2}\n  sync: {type: async, staleness: 2}\n";
+    let yaml = |steps| {
+        format!(
+            "{}  checkpoint: {{path: state/train.ckpt, every_steps: 10}}\n",
+            job(32, 3, steps, extra)
+        )
+    };
+    let reference = tempfile::tempdir().unwrap();
+    std::fs::write(reference.path().join("job.yaml"), yaml(1_000_000)).unwrap();
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["train", "job.yaml"],
+        Duration::from_secs(300),
+    ));
+    let (want, _) = read_train_checkpoint(&reference.path().join("state/train.ckpt")).unwrap();
+    assert!(want.complete);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), yaml(1_000_000)).unwrap();
+    let mut child = spawn_sluice(dir.path(), &["train", "job.yaml"]);
+    let ckpt = dir.path().join("state/train.ckpt");
+    wait_for(
+        "a checkpoint past step 20",
+        Duration::from_secs(120),
+        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (at_kill, _) = read_train_checkpoint(&ckpt).unwrap();
+    assert!(
+        !at_kill.complete,
+        "the run had finished when it was killed: the machine was too fast for this test's window"
+    );
+    assert_ok(&run_in_for(
+        dir.path(),
+        &["train", "job.yaml", "--resume"],
+        Duration::from_secs(300),
+    ));
+    let (got, _) = read_train_checkpoint(&ckpt).unwrap();
+    assert!(got.complete);
+    assert_eq!(
+        got.rows_trained, want.rows_trained,
+        "every record once (killed at step {})",
+        at_kill.step
+    );
+    assert_eq!(
+        got.pipeline, want.pipeline,
+        "every rank read to the same end"
+    );
+}

@@ -393,6 +393,20 @@ pub enum SyncConfig {
         #[serde(default)]
         start_step: u64,
     },
+    /// A parameter server with bounded staleness (the `local` backend): each rank pushes its
+    /// gradient and takes the parameters the server answers with, without waiting for the
+    /// others; an update is held back only while it would leave a rank still computing more
+    /// than `staleness` versions behind. `staleness: 0` is synchronous all-reduce.
+    Async {
+        /// The most versions a gradient's parameters may be behind when it is applied.
+        /// Default: 2.
+        #[serde(default = "default_staleness")]
+        staleness: u64,
+    },
+}
+
+fn default_staleness() -> u64 {
+    2
 }
 
 fn default_local_every() -> u64 {

@@ -121,6 +121,9 @@ impl TrainJob {
                 "trainer.optimizer.lr must be a positive number".into(),
             ));
         }
+        if matches!(t.sync, crate::config::SyncConfig::Async { .. }) {
+            check_async(t)?;
+        }
         if t.export.is_some() && t.checkpoint.is_none() {
             return Err(TrainError::Config(
                 "trainer.export publishes each checkpoint as a model version: add `trainer.checkpoint: {path: …, every_steps: N}`".into(),
@@ -309,5 +312,35 @@ impl LoaderCpu {
             loader_cpu_seconds: cpu,
             loader_host_cpu_share: cpu / (seconds.max(1e-9) * cores as f64),
         })
+    }
+}
+
+/// What `sync: async` (the parameter server) does not combine with, each refused by name.
+fn check_async(t: &crate::config::TrainerConfig) -> Result<(), TrainError> {
+    use crate::config::{Backend, Compression, Decay};
+    let clash = if t.allreduce.backend == Backend::Mpi {
+        Some(
+            "`allreduce.backend: mpi` (the server's messages are point to point, built for the `local` backend only)",
+        )
+    } else if t.allreduce.compression != Compression::None {
+        Some("`allreduce.compression` (gradients go to the server whole)")
+    } else if t.accumulate > 1 {
+        Some("`accumulate` (each batch is a push)")
+    } else if t.schedule.decay == Decay::Cosine {
+        Some("`schedule.decay: cosine` (the number of updates depends on how pushes group)")
+    } else if t.export.is_some() {
+        Some("`export` (the server does not publish model versions yet)")
+    } else if t.checkpoint.as_ref().is_some_and(|c| c.every.is_some()) {
+        Some("`checkpoint.every` (the server checkpoints every `every_steps` updates)")
+    } else if t.eval.as_ref().is_some_and(|e| e.every_steps.is_some()) {
+        Some("`eval.every_steps` (evaluation runs at the end)")
+    } else {
+        None
+    };
+    match clash {
+        Some(what) => Err(TrainError::Config(format!(
+            "trainer.sync: async does not combine with {what}: remove one of them"
+        ))),
+        None => Ok(()),
     }
 }

@@ -42,12 +42,25 @@ impl Optimizer {
 
     /// Applies one update with learning rate `lr`, from the parameters' `.grad()`.
     pub fn step(&mut self, lr: f64) {
+        self.step_by(lr, |p| p.grad());
+    }
+
+    /// Applies one update with learning rate `lr` from `grads` (one per parameter, in order):
+    /// a parameter server's update from gradients that did not come from its own backward.
+    pub fn step_with(&mut self, lr: f64, grads: &[Tensor]) {
+        let mut next = grads.iter();
+        self.step_by(lr, |_| {
+            next.next().map(Tensor::shallow_clone).unwrap_or_default()
+        });
+    }
+
+    fn step_by(&mut self, lr: f64, mut grad_of: impl FnMut(&Tensor) -> Tensor) {
         let first = self.steps == 0;
         self.steps += 1;
         let t = self.steps as i32;
         tch::no_grad(|| {
             for ((_, p), st) in self.params.iter().zip(self.state.iter_mut()) {
-                let g = p.grad();
+                let g = grad_of(p);
                 if !g.defined() {
                     continue;
                 }

@@ -8,10 +8,12 @@
 //! ranks: one for the pipeline's row exchange and one for the step handshake, gradients,
 //! evaluation and checkpoints, so the two never interleave.
 
+mod async_steps;
 mod checkpoint;
 mod eval;
 mod loss;
 mod resume;
+mod server;
 mod setup;
 mod steps;
 #[cfg(test)]
@@ -33,7 +35,7 @@ use tokio::runtime::Handle;
 
 use crate::TrainError;
 use crate::checkpoint::EpochProgress;
-use crate::config::Backend;
+use crate::config::{Backend, SyncConfig};
 pub use crate::job::{EvalReport, Progress, ProgressFn, TrainJob, TrainOptions, TrainReport};
 use crate::metrics::ReduceCost;
 use crate::metrics::TrainingMetrics;
@@ -55,17 +57,38 @@ pub fn train(
     let world = match job.trainer.allreduce.backend {
         Backend::Local => job.trainer.allreduce.workers,
         Backend::Mpi => {
-            let rank =
-                move |rank, grads, data| match worker(job, rank, grads, data, options, handle)? {
-                    Some(report) => Ok(report),
-                    None => Err(TrainError::Internal("no report".into())),
-                };
+            let rank = move |rank, grads, data| match worker(
+                job, rank, grads, data, options, handle, None,
+            )? {
+                Some(report) => Ok(report),
+                None => Err(TrainError::Internal("no report".into())),
+            };
             return crate::mpi_backend::with_world(Box::new(rank));
         }
     };
     let grads = LocalCollective::group(world);
     let data = LocalCollective::group(world);
-    let results: Vec<Result<Option<TrainReport>, TrainError>> = std::thread::scope(|s| {
+    // `sync: async`: the parameter server runs on this thread, each rank linked to it.
+    let (mut links, server) = match job.trainer.sync {
+        SyncConfig::Async { staleness } => {
+            let (to_server, rx) = std::sync::mpsc::channel();
+            let (to, from): (Vec<_>, Vec<_>) =
+                (0..world).map(|_| std::sync::mpsc::channel()).unzip();
+            let links = from
+                .into_iter()
+                .map(|from_server| {
+                    Some(server::Link {
+                        to_server: to_server.clone(),
+                        from_server,
+                    })
+                })
+                .collect();
+            let location = resume::checkpoint_location(job)?;
+            (links, Some((rx, to, location, staleness)))
+        }
+        _ => ((0..world).map(|_| None).collect::<Vec<_>>(), None),
+    };
+    let (results, served) = std::thread::scope(|s| {
         let handles: Vec<_> = grads
             .into_iter()
             .zip(data)
@@ -73,12 +96,18 @@ pub fn train(
             .map(|(rank, (g, d))| {
                 let g: Arc<dyn Collective> = Arc::new(g);
                 let d: Arc<dyn Collective> = Arc::new(d);
+                let link = links[rank].take();
                 std::thread::Builder::new()
                     .name(format!("sluice-rank{rank}"))
-                    .spawn_scoped(s, move || worker(job, rank, g, d, options, handle))
+                    .spawn_scoped(s, move || {
+                        rank_thread(job, rank, (g, d), options, handle, link)
+                    })
             })
             .collect();
-        handles
+        let served = server.map(|(rx, to, location, staleness)| {
+            server::serve(job, options, handle, location, rx, to, staleness)
+        });
+        let results: Vec<Result<Option<TrainReport>, TrainError>> = handles
             .into_iter()
             .map(|h| match h {
                 Ok(h) => h.join().unwrap_or_else(|p| {
@@ -91,9 +120,55 @@ pub fn train(
                     "cannot start a training thread: {e}"
                 ))),
             })
-            .collect()
+            .collect();
+        (results, served)
     });
-    gather_results(results)
+    match served {
+        // The server names the rank that failed and stopped the others.
+        Some(Err(e)) => Err(e),
+        Some(Ok(s)) => gather_results(results).map(|mut r| {
+            r.notes.push(format!(
+                "parameter server: {} updates, staleness at most {} (bound {})",
+                s.updates,
+                s.max_staleness,
+                match job.trainer.sync {
+                    SyncConfig::Async { staleness } => staleness,
+                    _ => 0,
+                }
+            ));
+            r
+        }),
+        None => gather_results(results),
+    }
+}
+
+/// A rank's thread: its worker, and under `sync: async` a failure (or panic) told to the
+/// parameter server, so that it stops the others instead of waiting for this rank.
+fn rank_thread(
+    job: &TrainJob,
+    rank: usize,
+    (grads, data): (Arc<dyn Collective>, Arc<dyn Collective>),
+    options: &TrainOptions,
+    handle: &Handle,
+    link: Option<server::Link>,
+) -> Result<Option<TrainReport>, TrainError> {
+    let tell = link.as_ref().map(|l| l.to_server.clone());
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        worker(job, rank, grads, data, options, handle, link)
+    }))
+    .unwrap_or_else(|p| {
+        Err(TrainError::Internal(format!(
+            "a training thread panicked: {}",
+            sluice_pipeline::runtime::panic_message(p.as_ref())
+        )))
+    });
+    if let (Err(e), Some(tell)) = (&result, tell) {
+        let _ = tell.send(server::ToServer::Failed {
+            rank,
+            error: e.to_string(),
+        });
+    }
+    result
 }
 
 /// The root cause among the ranks' results (a rank that failed makes the others fail with
@@ -132,6 +207,7 @@ pub(crate) fn worker(
     data: Arc<dyn Collective>,
     options: &TrainOptions,
     handle: &Handle,
+    link: Option<server::Link>,
 ) -> Result<Option<TrainReport>, TrainError> {
     let _enter = handle.enter();
     let started = Instant::now();
@@ -210,8 +286,7 @@ pub(crate) fn worker(
         exchange: ReduceCost::default(),
         last_checkpoint: Instant::now(),
     };
-    let loop_time = steps::train_loop(&mut ctx, &mut run)?;
-    let untrained = steps::finish(&mut ctx, &mut run, grads.as_ref())?;
+    let (loop_time, untrained) = run_loop(&mut ctx, &mut run, link.as_ref(), grads.as_ref())?;
     drop(run.stream);
     let stats = &input.stats;
     let stalls = gather_stalls(grads.as_ref(), stats.stall_fraction())?;
@@ -242,6 +317,27 @@ pub(crate) fn worker(
         elastic,
         total_steps,
     }))
+}
+
+/// The training loop and the end of the run: synchronous steps, or under `sync: async` the
+/// parameter server's rank loop. Returns the loop's time and the rows left untrained.
+fn run_loop(
+    ctx: &mut Ctx<'_>,
+    run: &mut Run<'_>,
+    link: Option<&server::Link>,
+    grads: &dyn Collective,
+) -> Result<(std::time::Duration, u64), TrainError> {
+    match link {
+        Some(link) => {
+            let started = Instant::now();
+            async_steps::async_loop(ctx, run, link)?;
+            Ok((started.elapsed(), 0))
+        }
+        None => {
+            let loop_time = steps::train_loop(ctx, run)?;
+            Ok((loop_time, steps::finish(ctx, run, grads)?))
+        }
+    }
 }
 
 /// Every rank's data-stall fraction, by rank (every rank calls this at the same point).

@@ -94,7 +94,7 @@ fn next_batch(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<Option<TensorBatch
 }
 
 /// What waiting for the stream's next batch gave.
-enum Fetched {
+pub(super) enum Fetched {
     Batch(Box<TensorBatch>),
     /// The data ended (remembered: the stream is not read again).
     End,
@@ -102,7 +102,7 @@ enum Fetched {
     Stopped,
 }
 
-fn fetch(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<Fetched, TrainError> {
+pub(super) fn fetch(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<Fetched, TrainError> {
     if run.exhausted {
         return Ok(Fetched::End);
     }
@@ -248,7 +248,7 @@ fn micro_backward(ctx: &Ctx<'_>, run: &mut Run<'_>, b: &TensorBatch) -> Result<(
 }
 
 /// The model's mean loss on `batch`.
-fn forward_loss(ctx: &Ctx<'_>, batch: &TensorBatch) -> Result<tch::Tensor, TrainError> {
+pub(super) fn forward_loss(ctx: &Ctx<'_>, batch: &TensorBatch) -> Result<tch::Tensor, TrainError> {
     let tc = &ctx.job.trainer;
     let (x, y) = match (batch.get(&tc.input), batch.get(&tc.target)) {
         (Some(x), Some(y)) => (x, y),
@@ -414,7 +414,7 @@ fn checkpoint_and_log(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainE
 
 /// Evaluates the model now and records the result: rank 0's live counters and log line, and
 /// the report's list.
-fn evaluate_and_record(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
+pub(super) fn evaluate_and_record(ctx: &mut Ctx<'_>, run: &mut Run<'_>) -> Result<(), TrainError> {
     // Under local SGD between averagings, the mean of the replicas is evaluated.
     let r = run.trainer.with_averaged(|t| ctx.evaluate(t))?;
     ctx.last_eval = Some(r.clone());

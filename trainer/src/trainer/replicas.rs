@@ -17,7 +17,7 @@ impl Trainer {
     pub(super) fn local_now(&self) -> bool {
         match self.options.sync {
             SyncConfig::LocalSgd { start_step, .. } => self.step >= start_step,
-            SyncConfig::Allreduce => false,
+            SyncConfig::Allreduce | SyncConfig::Async { .. } => false,
         }
     }
 
@@ -28,7 +28,7 @@ impl Trainer {
             SyncConfig::LocalSgd { every, start_step } => {
                 self.step <= start_step || (self.step - start_step).is_multiple_of(every.max(1))
             }
-            SyncConfig::Allreduce => true,
+            SyncConfig::Allreduce | SyncConfig::Async { .. } => true,
         }
     }
 
@@ -158,5 +158,37 @@ impl Trainer {
         self.sync
             .restore(&self.params, &shared, Some(&strip("sync.")));
         Ok(())
+    }
+
+    /// This rank's gradient of `loss` (mean over `rows > 0` rows; `None`: no rows, zeros), one
+    /// f32 CPU tensor per parameter, in order — what a rank pushes to a parameter server.
+    pub fn gradients(&mut self, loss: Option<&Tensor>) -> Vec<Tensor> {
+        self.zero_grads();
+        if let Some(loss) = loss {
+            loss.backward();
+        }
+        self.params
+            .iter()
+            .map(|(_, p)| {
+                let g = p.grad();
+                if g.defined() {
+                    g.to_device(tch::Device::Cpu)
+                        .to_kind(tch::Kind::Float)
+                        .copy()
+                } else {
+                    Tensor::zeros(p.size(), (tch::Kind::Float, tch::Device::Cpu))
+                }
+            })
+            .collect()
+    }
+
+    /// Takes a parameter server's parameters (`values` in order) as of `version` updates.
+    pub fn set_params(&mut self, values: &[Tensor], version: u64) {
+        for ((_, p), v) in self.params.iter().zip(values) {
+            let mut p = p.shallow_clone();
+            let v = v.to_device(p.device()).to_kind(p.kind());
+            tch::no_grad(|| p.copy_(&v));
+        }
+        self.step = version;
     }
 }

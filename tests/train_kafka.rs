@@ -361,3 +361,45 @@ fn a_stream_run_publishes_a_model_version_per_checkpoint_naming_its_offsets() {
         .collect();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), names.join(" "));
 }
+
+/// Under `sync: async` a rank that fails mid-run (here: a malformed record on its partition,
+/// with no dead-letter destination) stops every rank: the run fails naming the rank and the
+/// record, and the server's checkpoint keeps every update it had applied.
+#[test]
+fn an_async_rank_that_fails_stops_every_rank_naming_it() {
+    let topic = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kafka::create_topic("train-async-fail", 2));
+    produce(&topic, 0, 2_000, 2);
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kafka::produce(
+            &topic,
+            std::iter::once((1, b"{not json".to_vec())),
+        ));
+    produce(&topic, 2_000, 2_400, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = job(&topic, "  until: end\n", 2, 5).replace(
+        "  check_every_steps: 10\n",
+        "  sync: {type: async, staleness: 2}\n",
+    );
+    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    let out = run_in_for(dir.path(), &["train", "job.yaml"], Duration::from_secs(300));
+    assert!(
+        !out.status.success(),
+        "a malformed record must stop the run"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("rank 1 failed"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{topic}/1 offset 1000")),
+        "{stderr}"
+    );
+    let (meta, _) = read_train_checkpoint(&dir.path().join("state/train.ckpt")).unwrap();
+    assert!(!meta.complete);
+    assert!(
+        meta.rows_trained > 0 && meta.rows_trained < 2_400,
+        "{}",
+        meta.rows_trained
+    );
+}

@@ -403,3 +403,68 @@ fn an_async_rank_that_fails_stops_every_rank_naming_it() {
         meta.rows_trained
     );
 }
+
+/// The same failure under `on_failure: continue`: the other rank trains its partition to the
+/// end, the run succeeds and names the failed rank, and the checkpoint is not complete — a
+/// `--resume` with a dead-letter destination trains the failed rank's remaining records.
+#[test]
+fn an_async_rank_that_fails_under_continue_leaves_its_rest_for_the_resume() {
+    let topic = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kafka::create_topic("train-async-continue", 2));
+    produce(&topic, 0, 2_000, 2);
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kafka::produce(
+            &topic,
+            std::iter::once((1, b"{not json".to_vec())),
+        ));
+    produce(&topic, 2_000, 2_400, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |source_extra: &str| {
+        job(&topic, source_extra, 2, 5).replace(
+            "  check_every_steps: 10\n",
+            "  sync: {type: async, staleness: 2, on_failure: continue}\n",
+        )
+    };
+    std::fs::write(dir.path().join("job.yaml"), yaml("  until: end\n")).unwrap();
+    let out = run_in_for(
+        dir.path(),
+        &["train", "job.yaml", "--summary-json", "s.json"],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    let notes = r["notes"].to_string();
+    assert!(
+        notes.contains("rank 1 failed and the others went on"),
+        "{notes}"
+    );
+    let ckpt = dir.path().join("state/train.ckpt");
+    let (meta, _) = read_train_checkpoint(&ckpt).unwrap();
+    assert!(!meta.complete, "a failed rank's data is not all trained");
+    let pos = positions(&meta, &topic);
+    assert_eq!(pos[&0], 1_200, "rank 0 read its partition to the end");
+    assert!(
+        pos[&1] <= 1_000,
+        "rank 1 stopped at the bad record: {pos:?}"
+    );
+    // Resumed with the bad record diverted: rank 1's rest is trained, every good record once.
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        yaml("  until: end\n  dead_letter: {type: file, path: dead}\n"),
+    )
+    .unwrap();
+    assert_ok(&run_in_for(
+        dir.path(),
+        &["train", "job.yaml", "--resume"],
+        Duration::from_secs(300),
+    ));
+    let (meta, _) = read_train_checkpoint(&ckpt).unwrap();
+    assert!(meta.complete);
+    assert_eq!(
+        meta.rows_trained, 2_400,
+        "every good record once over both runs"
+    );
+}

@@ -402,7 +402,23 @@ pub enum SyncConfig {
         /// Default: 2.
         #[serde(default = "default_staleness")]
         staleness: u64,
+        /// A rank that fails: `stop` every rank (the default), or `continue` with the others
+        /// (the failed rank's remaining data is left untrained, said in the summary, and the
+        /// checkpoint is not marked complete, so `--resume` trains it).
+        #[serde(default)]
+        on_failure: OnFailure,
     },
+}
+
+/// What a parameter server does when a rank fails.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// Stop every rank; the run fails naming the rank.
+    #[default]
+    Stop,
+    /// Go on with the other ranks.
+    Continue,
 }
 
 fn default_staleness() -> u64 {

@@ -101,7 +101,8 @@ pub(super) fn async_loop(
             run.rows_this_run = rows_trained.saturating_sub(run.rows_trained);
             run.rows_trained = rows_trained;
             run.log = super::setup::open_log(ctx.job, rank, true)?;
-            if ctx.job.trainer.eval.is_some() {
+            // Rank 0 evaluates alone (see `Ctx::evaluate`).
+            if rank == 0 && ctx.job.trainer.eval.is_some() {
                 evaluate_and_record(ctx, run)?;
             }
             Ok(())

@@ -18,9 +18,13 @@ use crate::trainer::Trainer;
 
 impl Ctx<'_> {
     /// Runs the held-out data through the model; ranks share the batches (batch `i` goes to
-    /// rank `i mod world`) and sum their counts, so every row counts exactly once.
+    /// rank `i mod world`) and sum their counts, so every row counts exactly once (under
+    /// `sync: async`, rank 0 alone).
     pub(super) fn evaluate(&mut self, trainer: &mut Trainer) -> Result<EvalReport, TrainError> {
         let job = self.job;
+        // Under `sync: async` rank 0 evaluates alone, at the end: a rank that failed under
+        // `on_failure: continue` cannot join a collective.
+        let alone = matches!(job.trainer.sync, crate::config::SyncConfig::Async { .. });
         let Some(ev) = &job.trainer.eval else {
             return Err(TrainError::Internal("no eval section".into()));
         };
@@ -53,7 +57,7 @@ impl Ctx<'_> {
         let (mut loss_sum, mut correct, mut rows) = (0.0f64, 0u64, 0u64);
         let mut i = 0usize;
         while let Some(batch) = self.handle.block_on(stream.next()).transpose()? {
-            let mine = i % self.world == self.rank;
+            let mine = alone || i % self.world == self.rank;
             i += 1;
             if !mine {
                 continue;
@@ -90,7 +94,10 @@ impl Ctx<'_> {
         msg.extend_from_slice(&loss_sum.to_le_bytes());
         msg.extend_from_slice(&correct.to_le_bytes());
         msg.extend_from_slice(&rows.to_le_bytes());
-        let all = trainer.collective().all_gather(msg)?;
+        let all = match alone {
+            true => vec![msg],
+            false => trainer.collective().all_gather(msg)?,
+        };
         let (mut l, mut c, mut n) = (0.0, 0u64, 0u64);
         for m in all {
             let w = |k: usize| {

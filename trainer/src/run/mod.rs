@@ -70,7 +70,10 @@ pub fn train(
     let data = LocalCollective::group(world);
     // `sync: async`: the parameter server runs on this thread, each rank linked to it.
     let (mut links, server) = match job.trainer.sync {
-        SyncConfig::Async { staleness } => {
+        SyncConfig::Async {
+            staleness,
+            on_failure,
+        } => {
             let (to_server, rx) = std::sync::mpsc::channel();
             let (to, from): (Vec<_>, Vec<_>) =
                 (0..world).map(|_| std::sync::mpsc::channel()).unzip();
@@ -84,7 +87,7 @@ pub fn train(
                 })
                 .collect();
             let location = resume::checkpoint_location(job)?;
-            (links, Some((rx, to, location, staleness)))
+            (links, Some((rx, to, location, (staleness, on_failure))))
         }
         _ => ((0..world).map(|_| None).collect::<Vec<_>>(), None),
     };
@@ -124,22 +127,39 @@ pub fn train(
         (results, served)
     });
     match served {
-        // The server names the rank that failed and stopped the others.
-        Some(Err(e)) => Err(e),
-        Some(Ok(s)) => gather_results(results).map(|mut r| {
-            r.notes.push(format!(
-                "parameter server: {} updates, staleness at most {} (bound {})",
-                s.updates,
-                s.max_staleness,
-                match job.trainer.sync {
-                    SyncConfig::Async { staleness } => staleness,
-                    _ => 0,
-                }
-            ));
-            r
-        }),
+        Some(served) => served.and_then(|s| server_report(job, s, results)),
         None => gather_results(results),
     }
+}
+
+/// Rank 0's report under `sync: async`, with the server's notes. Under `on_failure:
+/// continue` the ranks that failed (their errors are the server's notes) do not fail the run.
+fn server_report(
+    job: &TrainJob,
+    s: server::ServerReport,
+    results: Vec<Result<Option<TrainReport>, TrainError>>,
+) -> Result<TrainReport, TrainError> {
+    let results = results
+        .into_iter()
+        .enumerate()
+        .filter(|(rank, _)| !s.failed.iter().any(|(f, _)| f == rank))
+        .map(|(_, r)| r)
+        .collect();
+    let mut r = gather_results(results)?;
+    let bound = match job.trainer.sync {
+        SyncConfig::Async { staleness, .. } => staleness,
+        _ => 0,
+    };
+    r.notes.push(format!(
+        "parameter server: {} updates, staleness at most {} (bound {bound})",
+        s.updates, s.max_staleness
+    ));
+    r.notes.extend(s.failed.iter().map(|(rank, e)| {
+        format!(
+            "rank {rank} failed and the others went on (on_failure: continue): {e}; the rest of its data is untrained and the checkpoint is not complete: fix the cause and --resume to train it"
+        )
+    }));
+    Ok(r)
 }
 
 /// A rank's thread: its worker, and under `sync: async` a failure (or panic) told to the
@@ -289,7 +309,7 @@ pub(crate) fn worker(
     let (loop_time, untrained) = run_loop(&mut ctx, &mut run, link.as_ref(), grads.as_ref())?;
     drop(run.stream);
     let stats = &input.stats;
-    let stalls = gather_stalls(grads.as_ref(), stats.stall_fraction())?;
+    let stalls = gather_stalls(job, grads.as_ref(), stats.stall_fraction())?;
     Ok(Some(TrainReport {
         rank,
         world_size: world,
@@ -340,8 +360,16 @@ fn run_loop(
     }
 }
 
-/// Every rank's data-stall fraction, by rank (every rank calls this at the same point).
-fn gather_stalls(grads: &dyn Collective, mine: f64) -> Result<Vec<f64>, TrainError> {
+/// Every rank's data-stall fraction, by rank (every rank calls this at the same point);
+/// under `sync: async` only this rank's (a failed rank cannot join a collective).
+fn gather_stalls(
+    job: &TrainJob,
+    grads: &dyn Collective,
+    mine: f64,
+) -> Result<Vec<f64>, TrainError> {
+    if matches!(job.trainer.sync, SyncConfig::Async { .. }) {
+        return Ok(vec![mine]);
+    }
     let all = grads.all_gather(mine.to_le_bytes().to_vec())?;
     Ok(all
         .iter()

@@ -31,6 +31,7 @@ use tokio::runtime::Handle;
 
 use crate::TrainError;
 use crate::checkpoint::{CheckpointMeta, encode};
+use crate::config::OnFailure;
 use crate::job::{TrainJob, TrainOptions};
 use crate::optim::{Optimizer, learning_rate};
 
@@ -92,6 +93,8 @@ pub(super) struct ServerReport {
     pub updates: u64,
     pub max_staleness: u64,
     pub interrupted: bool,
+    /// Ranks that failed under `on_failure: continue`, with their errors.
+    pub failed: Vec<(usize, String)>,
 }
 
 #[derive(Debug)]
@@ -100,6 +103,8 @@ enum Rank {
     Computing(u64),
     Pending(Box<Push>),
     Done,
+    /// Failed under `on_failure: continue`: left out from then on.
+    Failed,
 }
 
 #[derive(Debug)]
@@ -129,6 +134,7 @@ struct Server<'a> {
     total_steps: Option<u64>,
     ranks: Vec<Rank>,
     staleness: u64,
+    on_failure: OnFailure,
     log: Option<std::fs::File>,
     report: ServerReport,
 }
@@ -141,7 +147,7 @@ pub(super) fn serve(
     location: Option<CheckpointFile>,
     rx: Receiver<ToServer>,
     to: Vec<Sender<FromServer>>,
-    staleness: u64,
+    (staleness, on_failure): (u64, OnFailure),
 ) -> Result<ServerReport, TrainError> {
     let world = to.len();
     let mut early: Vec<ToServer> = Vec::new();
@@ -155,7 +161,9 @@ pub(super) fn serve(
                 states,
                 total_steps,
             }) => break (tensors, step, rows_trained, states, total_steps),
-            Ok(ToServer::Failed { rank, error }) => return Err(failed(rank, &error)),
+            Ok(ToServer::Failed { rank, error }) if rank == 0 || on_failure == OnFailure::Stop => {
+                return Err(failed(rank, &error));
+            }
             Ok(other) => early.push(other),
             Err(_) => {
                 return Err(TrainError::Internal(
@@ -216,6 +224,7 @@ pub(super) fn serve(
         total_steps,
         ranks: (0..world).map(|_| Rank::Waiting).collect(),
         staleness,
+        on_failure,
         log,
         report: ServerReport::default(),
     };
@@ -234,8 +243,13 @@ impl Server<'_> {
                 self.report.interrupted = true;
                 return Ok(self.report.clone());
             }
-            if self.ranks.iter().all(|r| matches!(r, Rank::Done)) {
-                self.checkpoint(true)?;
+            if self
+                .ranks
+                .iter()
+                .all(|r| matches!(r, Rank::Done | Rank::Failed))
+            {
+                // A failed rank's data is not all trained: `--resume` goes on with it.
+                self.checkpoint(self.report.failed.is_empty())?;
                 for to in &self.to {
                     let _ = to.send(FromServer::Final {
                         version: self.version,
@@ -284,6 +298,11 @@ impl Server<'_> {
                 }));
             }
             ToServer::Done { rank } => self.ranks[rank] = Rank::Done,
+            ToServer::Failed { rank, error } if self.on_failure == OnFailure::Continue => {
+                tracing::error!(rank, "rank {rank} failed; the others go on: {error}");
+                self.ranks[rank] = Rank::Failed;
+                self.report.failed.push((rank, error));
+            }
             ToServer::Failed { rank, error } => {
                 // What was applied is kept: a resume goes on from it.
                 let _ = self.checkpoint(false);

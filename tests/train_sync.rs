@@ -344,28 +344,32 @@ fn each_checkpoint_is_published_as_a_model_version_python_loads() {
     let script = "import json, sys\nfrom safetensors.torch import load_file\n\
                   t = load_file(sys.argv[1])\n\
                   print(json.dumps({k: v.flatten().tolist() for k, v in t.items()}))\n";
-    let out = std::process::Command::new(venv_python())
-        .args(["-c", script])
-        .arg(newest.join("model.safetensors"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let loaded: std::collections::BTreeMap<String, Vec<f64>> =
-        serde_json::from_slice(&out.stdout).unwrap();
     let (_, saved) = read_train_checkpoint(&dir.path().join("state/train.ckpt")).unwrap();
     let model: Vec<(String, Vec<f32>)> = saved
         .into_iter()
         .filter_map(|(n, v)| n.strip_prefix("model.").map(|n| (n.to_string(), v)))
         .collect();
     assert!(!model.is_empty());
-    assert_eq!(loaded.len(), model.len());
-    for (name, values) in &model {
-        let got: Vec<f32> = loaded[name].iter().map(|&x| x as f32).collect();
-        assert_eq!(&got, values, "`{name}` as Python loads it");
+    // The version's weights, and those written next to the checkpoint itself.
+    let beside = dir.path().join("state/train.ckpt.safetensors");
+    for file in [newest.join("model.safetensors"), beside] {
+        let out = std::process::Command::new(venv_python())
+            .args(["-c", script])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let loaded: std::collections::BTreeMap<String, Vec<f64>> =
+            serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(loaded.len(), model.len());
+        for (name, values) in &model {
+            let got: Vec<f32> = loaded[name].iter().map(|&x| x as f32).collect();
+            assert_eq!(&got, values, "`{name}` as Python loads {}", file.display());
+        }
     }
 }
 

@@ -83,6 +83,34 @@ pub fn weights(params: &[(String, Tensor)], step: u64) -> Result<Vec<u8>, TrainE
     safetensors::tensor::serialize(views, &Some(meta)).map_err(bad)
 }
 
+/// Next to a checkpoint (`<path>.safetensors`): its model parameters (`model.*` of
+/// `tensors`, without the prefix) as safetensors, for tools that read no Sluice checkpoint.
+/// Written after the checkpoint itself; its metadata names the step.
+pub fn write_beside(
+    file: &sluice_pipeline::checkpoint::CheckpointFile,
+    handle: &tokio::runtime::Handle,
+    tensors: &[(String, Tensor)],
+    step: u64,
+) -> Result<(), TrainError> {
+    let model: Vec<(String, Tensor)> = tensors
+        .iter()
+        .filter_map(|(n, t)| {
+            n.strip_prefix("model.")
+                .map(|n| (n.to_string(), t.shallow_clone()))
+        })
+        .collect();
+    let loc = file.location();
+    let beside = sluice_pipeline::storage::ObjectLocation {
+        store: loc.store.clone(),
+        path: object_store::path::Path::from(format!("{}.safetensors", loc.path)),
+        url: format!("{}.safetensors", loc.url).into(),
+    };
+    let bytes = weights(&model, step)?;
+    handle
+        .block_on(sluice_pipeline::checkpoint::CheckpointFile::new(beside).write(bytes))
+        .map_err(TrainError::from)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -112,6 +112,7 @@ impl Ctx<'_> {
         self.handle
             .block_on(file.write(bytes))
             .map_err(TrainError::from)?;
+        crate::export::write_beside(file, self.handle, &tensors, meta.step)?;
         tracing::info!(step = meta.step, url = %file.url(), "checkpoint written");
         Ok(meta)
     }

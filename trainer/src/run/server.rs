@@ -431,6 +431,7 @@ impl Server<'_> {
         self.handle
             .block_on(file.write(bytes))
             .map_err(TrainError::from)?;
+        crate::export::write_beside(file, self.handle, &tensors, meta.step)?;
         tracing::info!(step = meta.step, url = %file.url(), "checkpoint written (parameter server)");
         Ok(())
     }

@@ -13,9 +13,14 @@ use std::time::Duration;
 use common::*;
 
 /// The digits on 2 workers, standardized and shuffled, an MLP with SGD and momentum, `extra`
-/// lines under `trainer:` (compression, sync, accumulate), batches of `batch` rows.
+/// lines under `trainer:` (compression, sync, accumulate), batches of `batch` rows; `steps`
+/// ends the run earlier (`u64::MAX`: no `steps:`, the run ends with the data).
 pub(crate) fn job(batch: usize, epochs: u64, steps: u64, extra: &str) -> String {
     let d = repo().join("data/digits");
+    let steps = match steps {
+        u64::MAX => String::new(),
+        s => format!("  steps: {s}\n"),
+    };
     format!(
         "source: {{type: parquet, path: '{d}/train.parquet', columns: [label, pixels], batch_rows: 100}}
 stages:
@@ -32,8 +37,7 @@ trainer:
   model: {{type: mlp, hidden: [64], outputs: 10}}
   optimizer: {{type: sgd, lr: 0.05, momentum: 0.9}}
   epochs: {epochs}
-  steps: {steps}
-  eval: {{path: '{d}/test.parquet'}}
+{steps}  eval: {{path: '{d}/test.parquet'}}
   check_every_steps: 10
 {extra}",
         d = d.display()
@@ -69,7 +73,7 @@ fn accuracy(r: &serde_json::Value) -> f64 {
 /// a quarter for local SGD averaging every 4 steps.
 #[test]
 fn every_compression_and_sync_mode_trains_digits_like_plain_allreduce() {
-    let base = train(&job(32, 5, 100_000, "  allreduce: {workers: 2}\n"));
+    let base = train(&job(32, 5, u64::MAX, "  allreduce: {workers: 2}\n"));
     let base_acc = accuracy(&base);
     assert!(base_acc > 0.9, "plain all-reduce: {base_acc}");
     assert_eq!(base["wire_bytes"], base["dense_bytes"]);
@@ -127,7 +131,7 @@ fn every_compression_and_sync_mode_trains_digits_like_plain_allreduce() {
         ),
     ];
     for (name, batch, extra, margin, (low, high)) in modes {
-        let r = train(&job(batch, 5, 100_000, extra));
+        let r = train(&job(batch, 5, u64::MAX, extra));
         let acc = accuracy(&r);
         assert_eq!(
             r["rows_trained"], base["rows_trained"],
@@ -500,7 +504,7 @@ fn async_with_staleness_0_is_synchronous_allreduce() {
         let dir = tempfile::tempdir().unwrap();
         let yaml = format!(
             "{}  checkpoint: {{path: state/train.ckpt, every_steps: 1000}}\n",
-            job(32, 2, 1_000_000, extra)
+            job(32, 2, u64::MAX, extra)
         );
         std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
         assert_ok(&run_in_for(
@@ -533,7 +537,7 @@ fn async_staleness_stays_within_its_bound_and_trains_the_digits() {
         job(
             32,
             5,
-            1_000_000,
+            u64::MAX,
             "  allreduce: {workers: 3}\n  sync: {type: async, staleness: 2}\n"
         )
     );
@@ -589,7 +593,7 @@ fn async_resumes_with_every_record_applied_exactly_once() {
         )
     };
     let reference = tempfile::tempdir().unwrap();
-    std::fs::write(reference.path().join("job.yaml"), yaml(1_000_000)).unwrap();
+    std::fs::write(reference.path().join("job.yaml"), yaml(u64::MAX)).unwrap();
     assert_ok(&run_in_for(
         reference.path(),
         &["train", "job.yaml"],
@@ -599,7 +603,7 @@ fn async_resumes_with_every_record_applied_exactly_once() {
     assert!(want.complete);
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), yaml(1_000_000)).unwrap();
+    std::fs::write(dir.path().join("job.yaml"), yaml(u64::MAX)).unwrap();
     let mut child = spawn_sluice(dir.path(), &["train", "job.yaml"]);
     let ckpt = dir.path().join("state/train.ckpt");
     wait_for(
@@ -630,4 +634,12 @@ fn async_resumes_with_every_record_applied_exactly_once() {
         got.pipeline, want.pipeline,
         "every rank read to the same end"
     );
+    // Resumed once more, a finished run says so (the server is not left waiting).
+    let again = run_in_for(
+        dir.path(),
+        &["train", "job.yaml", "--resume"],
+        Duration::from_secs(120),
+    );
+    assert_ok(&again);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("already complete"));
 }

@@ -187,15 +187,19 @@ fn start(
 #[allow(unsafe_code)]
 fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and calls only prctl(2), which
-    // is async-signal-safe; it touches no memory of the parent.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl(2) and
+    // getppid(2), which are async-signal-safe; it touches no memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
+            // The sweep died between fork and prctl: no signal will come, so do not start.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the sweep exited"));
+            }
+            Ok(())
         });
     }
 }

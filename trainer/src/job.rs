@@ -332,6 +332,8 @@ fn check_async(t: &crate::config::TrainerConfig) -> Result<(), TrainError> {
         Some("`export` (the server does not publish model versions yet)")
     } else if t.checkpoint.as_ref().is_some_and(|c| c.every.is_some()) {
         Some("`checkpoint.every` (the server checkpoints every `every_steps` updates)")
+    } else if t.steps.is_some() {
+        Some("`steps` (the run ends with the data: set the source's `epochs` or Kafka `until`)")
     } else if t.eval.as_ref().is_some_and(|e| e.every_steps.is_some()) {
         Some("`eval.every_steps` (evaluation runs at the end)")
     } else {

@@ -62,6 +62,9 @@ enum Tree {
     Int(i128),
     Float(f64),
     Str(String),
+    /// A plain (unquoted) word YAML 1.1 reads as a boolean (`y`, `no`, `On`…): written back
+    /// plain, so each section's reader takes it as the file's text would be taken.
+    Plain(String),
     List(Vec<Tree>),
     Map(Vec<(String, Tree)>),
 }
@@ -137,7 +140,7 @@ impl Tree {
             Tree::Null => "empty",
             Tree::Bool(_) => "a boolean",
             Tree::Int(_) | Tree::Float(_) => "a number",
-            Tree::Str(_) => "a string",
+            Tree::Str(_) | Tree::Plain(_) => "a string",
             Tree::List(_) => "a list",
             Tree::Map(_) => "a mapping",
         }
@@ -170,9 +173,7 @@ impl Tree {
             Tree::Float(f) => {
                 let _ = write!(out, "{f:?}");
             }
-            // A YAML 1.1 boolean word stays plain: read back by the section's own reader it
-            // is then whatever the file's text was (`y`, a tensor's name, or `yes`, a flag).
-            Tree::Str(s) if is_yaml11_bool(s) => out.push_str(s),
+            Tree::Plain(s) => out.push_str(s),
             Tree::Str(s) => quote(out, s),
             Tree::List(items) => {
                 out.push('[');
@@ -204,35 +205,46 @@ impl Tree {
     }
 }
 
-/// Reads YAML text into a [`Tree`] with YAML 1.2's booleans (only `true`/`false`): read as
-/// YAML 1.1, a key or value `y`, `n`, `on`, `no`… would turn into a boolean here while the
-/// section's typed reader keeps it text (`y:` in `loader.tensors`).
+/// Reads YAML text into a [`Tree`] that writes back to what each section's reader takes.
+///
+/// YAML 1.1 reads a plain `y`, `no`, `on`… as a boolean (the typed readers take it as the text
+/// where they want text, `loader.tensors.y`, and as the boolean where they want one), while a
+/// quoted `"no"` is text everywhere. A value tree cannot tell: read with YAML 1.2's booleans
+/// the word is text but its quotes are lost; read with 1.1's, `y:` becomes the key `true`. So
+/// the text is read both ways, and a string that the 1.1 reading calls a boolean was a plain
+/// word: it becomes [`Tree::Plain`], written back without quotes.
 fn read_tree(text: &str) -> std::result::Result<Tree, serde_saphyr::Error> {
-    let mut options = serde_saphyr::Options::default();
-    options.strict_booleans = true;
-    serde_saphyr::from_str_with_options(text, options)
+    let read = |strict: bool| {
+        let mut options = serde_saphyr::Options::default();
+        options.strict_booleans = strict;
+        serde_saphyr::from_str_with_options::<Tree>(text, options)
+    };
+    let mut tree = read(true)?;
+    mark_plain(&mut tree, &read(false)?);
+    Ok(tree)
 }
 
-/// `y`, `Yes`, `OFF`…: words YAML 1.1 reads as booleans and YAML 1.2 as text.
-fn is_yaml11_bool(s: &str) -> bool {
-    matches!(
-        s,
-        "y" | "Y"
-            | "yes"
-            | "Yes"
-            | "YES"
-            | "n"
-            | "N"
-            | "no"
-            | "No"
-            | "NO"
-            | "on"
-            | "On"
-            | "ON"
-            | "off"
-            | "Off"
-            | "OFF"
-    )
+/// Marks the strings of `strict` that `loose` (the same text read with YAML 1.1 booleans) has
+/// as booleans. The two trees have the same shape, entries in the same order.
+fn mark_plain(strict: &mut Tree, loose: &Tree) {
+    match (strict, loose) {
+        (t @ Tree::Str(_), Tree::Bool(_)) => {
+            if let Tree::Str(s) = std::mem::replace(t, Tree::Null) {
+                *t = Tree::Plain(s);
+            }
+        }
+        (Tree::List(a), Tree::List(b)) => {
+            for (x, y) in a.iter_mut().zip(b) {
+                mark_plain(x, y);
+            }
+        }
+        (Tree::Map(a), Tree::Map(b)) => {
+            for ((_, x), (_, y)) in a.iter_mut().zip(b) {
+                mark_plain(x, y);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A YAML double-quoted scalar (JSON's escapes are YAML's), `$` doubled (see `to_yaml`).
@@ -407,13 +419,15 @@ mod tests {
         );
     }
 
-    /// `y` (a tensor's name) and `yes` (a YAML 1.1 flag) come back as the file had them: the
-    /// key stays the text `y`, the value stays a word the typed reader takes as it did.
+    /// `y` (a tensor's name), `Yes` (a YAML 1.1 flag) and `'no'` (quoted text) come back as
+    /// the file had them: the key stays the text `y`, the plain words stay plain, the quoted
+    /// one stays quoted — so any-scalar fields (`fill_null`) keep text as text.
     #[test]
     fn yaml_11_boolean_words_survive_an_override() {
-        let d =
-            doc("loader: {tensors: {x: {column: a}, y: {column: label}}}\nflag: yes\nname: 'no'\n");
-        let d = over(d, &[("loader.prefetch", "2")]).unwrap();
+        let d = doc(
+            "loader: {tensors: {x: {column: a}, y: {column: label}}}\nflag: Yes\nname: 'no'\nlist: [on, \"off\"]\n",
+        );
+        let d = over(d, &[("loader.prefetch", "2"), ("extra", "No")]).unwrap();
         let tree: serde_json::Value = serde_saphyr::from_str(d.text()).unwrap();
         assert_eq!(
             tree["loader"]["tensors"]["y"]["column"],
@@ -423,11 +437,18 @@ mod tests {
         );
         assert_eq!(tree["loader"]["prefetch"], 2);
         assert_eq!(tree["flag"], true, "{}", d.text());
-        let name: std::collections::BTreeMap<String, String> =
-            serde_saphyr::from_str(&format!("name: {}", "no")).unwrap();
+        assert_eq!(tree["name"], "no", "quoted text stays text: {}", d.text());
         assert_eq!(
-            name["name"], "no",
-            "a text field reads the plain word as text"
+            tree["list"],
+            serde_json::json!([true, "off"]),
+            "{}",
+            d.text()
+        );
+        assert_eq!(
+            tree["extra"],
+            false,
+            "an override's plain word too: {}",
+            d.text()
         );
     }
 

@@ -37,11 +37,15 @@ pub(super) fn async_loop(
                 .collect(),
             step: run.trainer.steps(),
             rows_trained: run.rows_trained,
-            states: vec![run.last_state.clone(); ctx.world],
             total_steps: run.total_steps,
         })?;
     }
-    send(ToServer::Hello { rank })?;
+    // Where this rank starts: what the server's checkpoints hold for it until an update of
+    // its is applied.
+    send(ToServer::Hello {
+        rank,
+        state: run.last_state.clone(),
+    })?;
     let mut version = match recv()? {
         FromServer::Params { version, values } => {
             run.trainer.set_params(&values, version);
@@ -53,7 +57,12 @@ pub(super) fn async_loop(
         }
     };
     loop {
-        let batch = match fetch(ctx, run)? {
+        // The batch read ahead to learn the input's shape comes first.
+        let fetched = match run.first.take() {
+            Some(b) => Fetched::Batch(Box::new(b)),
+            None => fetch(ctx, run)?,
+        };
+        let batch = match fetched {
             Fetched::Batch(b) => *b,
             Fetched::End => break,
             Fetched::Stopped => {

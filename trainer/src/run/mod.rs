@@ -150,10 +150,12 @@ fn server_report(
         SyncConfig::Async { staleness, .. } => staleness,
         _ => 0,
     };
-    r.notes.push(format!(
-        "parameter server: {} updates, staleness at most {} (bound {bound})",
-        s.updates, s.max_staleness
-    ));
+    if s.updates > 0 {
+        r.notes.push(format!(
+            "parameter server: {} updates, staleness at most {} (bound {bound})",
+            s.updates, s.max_staleness
+        ));
+    }
     r.notes.extend(s.failed.iter().map(|(rank, e)| {
         format!(
             "rank {rank} failed and the others went on (on_failure: continue): {e}; the rest of its data is untrained and the checkpoint is not complete: fix the cause and --resume to train it"

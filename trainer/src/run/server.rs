@@ -45,11 +45,10 @@ pub(crate) enum ToServer {
         tensors: Vec<(String, Tensor)>,
         step: u64,
         rows_trained: u64,
-        states: Vec<SourceState>,
         total_steps: Option<u64>,
     },
-    /// Ready for parameters.
-    Hello { rank: usize },
+    /// Ready for parameters; its pipeline starts at `state`.
+    Hello { rank: usize, state: SourceState },
     /// A gradient (one tensor per parameter, in order) computed on `version`.
     Push {
         rank: usize,
@@ -158,21 +157,18 @@ pub(super) fn serve(
                 tensors,
                 step,
                 rows_trained,
-                states,
                 total_steps,
-            }) => break (tensors, step, rows_trained, states, total_steps),
+            }) => break (tensors, step, rows_trained, total_steps),
             Ok(ToServer::Failed { rank, error }) if rank == 0 || on_failure == OnFailure::Stop => {
                 return Err(failed(rank, &error));
             }
             Ok(other) => early.push(other),
-            Err(_) => {
-                return Err(TrainError::Internal(
-                    "every rank left before rank 0 started".into(),
-                ));
-            }
+            // Every rank returned before training (a resumed run that had already finished).
+            Err(_) => return Ok(ServerReport::default()),
         }
     };
-    let (tensors, step, rows_trained, mut states, total_steps) = init;
+    let (tensors, step, rows_trained, total_steps) = init;
+    let states = vec![SourceState::default(); world];
     let (model, optim): (Vec<_>, Vec<_>) = tensors
         .into_iter()
         .partition(|(n, _)| n.starts_with("model."));
@@ -197,7 +193,6 @@ pub(super) fn serve(
         .filter_map(|(n, t)| n.strip_prefix("optim.").map(|n| (n.to_string(), t)))
         .collect();
     opt.restore(&optim, step)?;
-    states.resize(world, SourceState::default());
     let log = match (&job.trainer.log, step) {
         (Some(path), s) => Some(
             std::fs::OpenOptions::new()
@@ -274,7 +269,8 @@ impl Server<'_> {
 
     fn receive(&mut self, m: ToServer) -> Result<(), TrainError> {
         match m {
-            ToServer::Hello { rank } => {
+            ToServer::Hello { rank, state } => {
+                self.states[rank] = state;
                 self.ranks[rank] = Rank::Computing(self.version);
                 let _ = self.to[rank].send(FromServer::Params {
                     version: self.version,
@@ -298,7 +294,10 @@ impl Server<'_> {
                 }));
             }
             ToServer::Done { rank } => self.ranks[rank] = Rank::Done,
-            ToServer::Failed { rank, error } if self.on_failure == OnFailure::Continue => {
+            // Rank 0 reports and evaluates: its failure always stops the run.
+            ToServer::Failed { rank, error }
+                if rank > 0 && self.on_failure == OnFailure::Continue =>
+            {
                 tracing::error!(rank, "rank {rank} failed; the others go on: {error}");
                 self.ranks[rank] = Rank::Failed;
                 self.report.failed.push((rank, error));

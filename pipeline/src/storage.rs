@@ -444,6 +444,14 @@ async fn stream_spec(
                 };
                 return Ok(futures::stream::iter([Ok(one)]).boxed());
             }
+            // A plain HTTP server cannot list (that is WebDAV's PROPFIND, which it answers
+            // 501 to, after retries): a missing URL matches nothing, said at once.
+            Err(object_store::Error::NotFound { .. })
+                if root.starts_with("http://") || root.starts_with("https://") =>
+            {
+                let none = futures::stream::empty().boxed();
+                return Ok(error_if_empty(none, spec, display));
+            }
             Err(object_store::Error::NotFound { .. }) => (path.clone(), None),
             Err(source) => {
                 return Err(Error::Storage {

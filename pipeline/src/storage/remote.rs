@@ -86,8 +86,12 @@ pub(super) fn http(
             "http(s) stores take no options",
         ));
     }
+    // An `http://` URL is the user's choice of plain HTTP: the client refuses it otherwise
+    // (every `http://` read failed with "builder error" before the suite had an HTTP server).
+    let plain = root.starts_with("http://");
     let built = object_store::http::HttpBuilder::new()
         .with_url(root)
+        .with_client_options(object_store::ClientOptions::new().with_allow_http(plain))
         .with_retry(retry.to_object_store())
         .build();
     configured(root, built.map(|s| Arc::new(s) as _))

@@ -163,7 +163,7 @@ fn job(steps: u64) -> String {
 }
 
 /// [`job`] over `epochs` epochs.
-fn job_for(epochs: u64, steps: u64) -> String {
+pub(crate) fn job_for(epochs: u64, steps: u64) -> String {
     let data = repo().join("data/digits");
     format!(
         "source: {{type: parquet, path: '{}/train.parquet', columns: [label, pixels], batch_rows: 100}}

@@ -84,3 +84,47 @@ fn mpirun_compression_and_local_sgd_match_the_thread_backend() {
         assert_same_parameters(&got, &want, &format!("the thread backend ({extra})"));
     }
 }
+
+/// The cross-rank shuffle (`across_ranks: true`: rows exchanged between the ranks each
+/// window, through the data collective) and fp16 gradients under `mpirun -np 2` end with
+/// bitwise the parameters and positions of the same job on the thread backend.
+#[test]
+fn mpirun_cross_rank_shuffle_and_fp16_match_the_thread_backend() {
+    // tests/train.rs's job: digits, `shuffle` with `across_ranks`, 2 workers, checkpoints.
+    let yaml = crate::train::job_for(2, 1_000_000).replace(
+        "allreduce: {workers: 2, bucket_mb: 0.001}",
+        "allreduce: {workers: 2, bucket_mb: 0.001, compression: fp16}",
+    );
+    assert!(yaml.contains("across_ranks: true") && yaml.contains("compression: fp16"));
+    let threads = tempfile::tempdir().unwrap();
+    std::fs::write(threads.path().join("job.yaml"), &yaml).unwrap();
+    assert_ok(&run_in_for(
+        threads.path(),
+        &["train", "job.yaml"],
+        std::time::Duration::from_secs(300),
+    ));
+    let mpi = tempfile::tempdir().unwrap();
+    std::fs::write(mpi.path().join("job.yaml"), &yaml).unwrap();
+    let output = std::process::Command::new("mpirun")
+        .args(["-np", "2"])
+        .arg(assert_cmd::cargo::cargo_bin!("sluice"))
+        .args(["train", "job.yaml", "--backend", "mpi"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .current_dir(mpi.path())
+        .output()
+        .unwrap();
+    assert_ok(&output);
+    let (want_meta, want) =
+        read_train_checkpoint(&threads.path().join("state/train.ckpt")).unwrap();
+    let (got_meta, got) = read_train_checkpoint(&mpi.path().join("state/train.ckpt")).unwrap();
+    assert!(got_meta.complete);
+    assert_eq!(got_meta.step, want_meta.step);
+    assert_eq!(got_meta.rows_trained, want_meta.rows_trained);
+    assert_eq!(
+        got_meta.pipeline, want_meta.pipeline,
+        "the same shuffled positions"
+    );
+    assert_same_parameters(&got, &want, "the thread backend (cross-rank shuffle, fp16)");
+}

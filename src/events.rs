@@ -7,10 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_pipeline::PipelineMetrics;
+use sluice::observe::{Observed, Sample};
 use sluice_pipeline::runtime::tensorboard::EventWriter;
-
-use sluice::observe::{Observed, short_name};
 
 /// How often a point is written.
 const EVERY: Duration = Duration::from_secs(1);
@@ -20,8 +18,7 @@ const EVERY: Duration = Duration::from_secs(1);
 pub struct PipelineEvents {
     writer: EventWriter,
     step: u64,
-    /// Seconds, source rows, rows out of each stage, rows delivered.
-    last: (f64, u64, Vec<u64>, u64),
+    last: Sample,
 }
 
 impl PipelineEvents {
@@ -30,49 +27,38 @@ impl PipelineEvents {
         Ok(PipelineEvents {
             writer: EventWriter::create(dir)?,
             step: 0,
-            last: (0.0, 0, Vec::new(), 0),
+            last: Sample::default(),
         })
     }
 
     /// Writes one point: the rates since the last one.
     pub fn write(&mut self, observed: &Observed) -> std::io::Result<()> {
-        let get = PipelineMetrics::get;
-        let seconds = observed.seconds();
-        let (mut source, mut out, mut stages) = (0u64, 0u64, Vec::<(String, u64)>::new());
-        for (_, m) in observed.pipelines() {
-            source += get(&m.source.rows);
-            out += get(&m.rows_out);
-            for (i, st) in m.stages().iter().enumerate() {
-                if stages.len() <= i {
-                    stages.push((tag_name(&short_name(&st.name)), 0));
-                }
-                stages[i].1 += get(&st.rows_out);
-            }
-        }
-        let (t0, source0, stages0, out0) = &self.last;
-        let dt = (seconds - t0).max(1e-9);
+        let (now, names) = Sample::of(observed);
+        let then = &self.last;
+        let dt = (now.seconds - then.seconds).max(1e-9);
         let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / dt;
         let mut values: Vec<(String, f64)> = vec![
             (
                 "pipeline/source_rows_per_second".into(),
-                rate(source, *source0),
+                rate(now.source_rows, then.source_rows),
             ),
-            ("pipeline/output_rows_per_second".into(), rate(out, *out0)),
-            ("pipeline/output_rows".into(), out as f64),
+            (
+                "pipeline/output_rows_per_second".into(),
+                rate(now.output_rows, then.output_rows),
+            ),
+            ("pipeline/output_rows".into(), now.output_rows as f64),
         ];
-        for (i, (name, rows)) in stages.iter().enumerate() {
-            let before = stages0.get(i).copied().unwrap_or(0);
-            values.push((format!("stage/{name}/rows_per_second"), rate(*rows, before)));
+        for (i, (name, rows)) in names.iter().zip(&now.stage_rows).enumerate() {
+            let before = then.stage_rows.get(i).copied().unwrap_or(0);
+            values.push((
+                format!("stage/{}/rows_per_second", tag_name(name)),
+                rate(*rows, before),
+            ));
         }
         self.step += 1;
         let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         self.writer.scalars(self.step, &refs)?;
-        self.last = (
-            seconds,
-            source,
-            stages.into_iter().map(|(_, r)| r).collect(),
-            out,
-        );
+        self.last = now;
         Ok(())
     }
 }

@@ -563,7 +563,7 @@ pub async fn serve_metrics(
 }
 
 /// One sample of the pipelines' cumulative counters (summed over ranks).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Sample {
     /// Seconds since the start.
     pub seconds: f64,
@@ -573,6 +573,32 @@ pub struct Sample {
     pub stage_rows: Vec<u64>,
     /// Rows delivered.
     pub output_rows: u64,
+}
+
+impl Sample {
+    /// The counters now, summed over every rank's pipeline, and the stages' short names.
+    pub fn of(observed: &Observed) -> (Sample, Vec<String>) {
+        let get = PipelineMetrics::get;
+        let mut sample = Sample {
+            seconds: observed.seconds(),
+            source_rows: 0,
+            stage_rows: Vec::new(),
+            output_rows: 0,
+        };
+        let mut names = Vec::new();
+        for (_, m) in &observed.pipelines() {
+            sample.source_rows += get(&m.source.rows);
+            sample.output_rows += get(&m.rows_out);
+            for (i, st) in m.stages().iter().enumerate() {
+                if sample.stage_rows.len() <= i {
+                    sample.stage_rows.push(0);
+                    names.push(short_name(&st.name));
+                }
+                sample.stage_rows[i] += get(&st.rows_out);
+            }
+        }
+        (sample, names)
+    }
 }
 
 /// Samples the counters at a fixed interval into a bounded series (every other sample is
@@ -610,26 +636,7 @@ impl Sampler {
 
     /// Takes a sample now; returns whether the series was thinned.
     pub fn sample(&self, observed: &Observed) -> bool {
-        let pipelines = observed.pipelines();
-        let get = PipelineMetrics::get;
-        let mut sample = Sample {
-            seconds: observed.seconds(),
-            source_rows: 0,
-            stage_rows: Vec::new(),
-            output_rows: 0,
-        };
-        let mut names = Vec::new();
-        for (_, m) in &pipelines {
-            sample.source_rows += get(&m.source.rows);
-            sample.output_rows += get(&m.rows_out);
-            for (i, st) in m.stages().iter().enumerate() {
-                if sample.stage_rows.len() <= i {
-                    sample.stage_rows.push(0);
-                    names.push(short_name(&st.name));
-                }
-                sample.stage_rows[i] += get(&st.rows_out);
-            }
-        }
+        let (sample, names) = Sample::of(observed);
         if let Ok(mut n) = self.stage_names.lock()
             && n.len() < names.len()
         {

@@ -210,24 +210,8 @@ fn sigkilled_training_resumes_to_bitwise_the_same_parameters() {
     // its first checkpoints.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("job.yaml"), job(1_000_000)).unwrap();
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-        .args(["train", "job.yaml"])
-        .current_dir(dir.path())
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
     let ckpt = dir.path().join("state/train.ckpt");
-    wait_for(
-        "a checkpoint past step 20",
-        Duration::from_secs(120),
-        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
-    );
-    assert!(child.try_wait().unwrap().is_none(), "run 1 ended early");
-    child.kill().unwrap(); // SIGKILL: no chance to checkpoint on the way out
-    child.wait().unwrap();
-    let (at_kill, _) = read_train_checkpoint(&ckpt).unwrap();
+    let (at_kill, _) = train_killed_past(dir.path(), 20);
     assert!(!at_kill.complete);
     assert!(
         at_kill.step < STEPS && at_kill.step % 10 == 0,

@@ -295,15 +295,7 @@ fn a_stream_run_publishes_a_model_version_per_checkpoint_naming_its_offsets() {
     let steps = (1_000u64).div_ceil(32); // 1,000 records a rank, batches of 32
     assert_eq!(meta.step, steps);
     let models = dir.path().join("models");
-    let versions: Vec<String> = {
-        let mut v: Vec<String> = std::fs::read_dir(&models)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("step-"))
-            .collect();
-        v.sort();
-        v
-    };
+    let versions = common::model_versions(&models);
     assert_eq!(
         versions.len() as u64,
         steps,
@@ -366,22 +358,24 @@ fn a_stream_run_publishes_a_model_version_per_checkpoint_naming_its_offsets() {
     assert!(stdout.lines().all(|l| l == names.join(" ")), "{stdout}");
 }
 
+/// A 2-partition topic: ids 0..2,000, then a malformed record at partition 1's offset 1,000,
+/// then ids 2,000..2,400 (partition 0 gets 1,200 good records, partition 1 1,200 around it).
+fn topic_with_a_bad_record(name: &str) -> String {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let topic = rt.block_on(kafka::create_topic(name, 2));
+    produce(&topic, 0, 2_000, 2);
+    let bad = std::iter::once((1, b"{not json".to_vec()));
+    rt.block_on(kafka::produce(&topic, bad));
+    produce(&topic, 2_000, 2_400, 2);
+    topic
+}
+
 /// Under `sync: async` a rank that fails mid-run (here: a malformed record on its partition,
 /// with no dead-letter destination) stops every rank: the run fails naming the rank and the
 /// record, and the server's checkpoint keeps every update it had applied.
 #[test]
 fn an_async_rank_that_fails_stops_every_rank_naming_it() {
-    let topic = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(kafka::create_topic("train-async-fail", 2));
-    produce(&topic, 0, 2_000, 2);
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(kafka::produce(
-            &topic,
-            std::iter::once((1, b"{not json".to_vec())),
-        ));
-    produce(&topic, 2_000, 2_400, 2);
+    let topic = topic_with_a_bad_record("train-async-fail");
     let dir = tempfile::tempdir().unwrap();
     let yaml = job(&topic, "  until: end\n", 2, 5).replace(
         "  check_every_steps: 10\n",
@@ -413,17 +407,7 @@ fn an_async_rank_that_fails_stops_every_rank_naming_it() {
 /// `--resume` with a dead-letter destination trains the failed rank's remaining records.
 #[test]
 fn an_async_rank_that_fails_under_continue_leaves_its_rest_for_the_resume() {
-    let topic = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(kafka::create_topic("train-async-continue", 2));
-    produce(&topic, 0, 2_000, 2);
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(kafka::produce(
-            &topic,
-            std::iter::once((1, b"{not json".to_vec())),
-        ));
-    produce(&topic, 2_000, 2_400, 2);
+    let topic = topic_with_a_bad_record("train-async-continue");
     let dir = tempfile::tempdir().unwrap();
     let yaml = |source_extra: &str| {
         job(&topic, source_extra, 2, 5).replace(

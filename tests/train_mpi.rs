@@ -8,24 +8,53 @@ use crate::common;
 
 use common::*;
 
+/// `mpirun -np 2 sluice train <args> --backend mpi` in `dir` (as root too, oversubscribed on a
+/// small machine).
+fn mpirun_train(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("mpirun")
+        .args(["-np", "2"])
+        .arg(assert_cmd::cargo::cargo_bin!("sluice"))
+        .arg("train")
+        .args(args)
+        .args(["--backend", "mpi"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+/// `yaml` trained on 2 thread workers and under `mpirun -np 2`: each run's final checkpoint
+/// (`state/train.ckpt`), threads first.
+fn threads_and_mpirun(yaml: &str) -> (TrainCheckpoint, TrainCheckpoint) {
+    let threads = tempfile::tempdir().unwrap();
+    std::fs::write(threads.path().join("job.yaml"), yaml).unwrap();
+    assert_ok(&run_in_for(
+        threads.path(),
+        &["train", "job.yaml"],
+        std::time::Duration::from_secs(300),
+    ));
+    let mpi = tempfile::tempdir().unwrap();
+    std::fs::write(mpi.path().join("job.yaml"), yaml).unwrap();
+    assert_ok(&mpirun_train(mpi.path(), &["job.yaml"]));
+    (
+        read_train_checkpoint(&threads.path().join("state/train.ckpt")).unwrap(),
+        read_train_checkpoint(&mpi.path().join("state/train.ckpt")).unwrap(),
+    )
+}
+
 #[test]
 fn mpirun_two_ranks_train_the_quickstart() {
     let out = tempfile::tempdir().unwrap();
     let summary = out.path().join("train.json");
-    let output = std::process::Command::new("mpirun")
-        .args(["-np", "2"])
-        .arg(assert_cmd::cargo::cargo_bin!("sluice"))
-        .arg("train")
-        .arg(repo().join("configs/quickstart.yaml"))
-        .args(["--backend", "mpi", "--summary-json"])
-        .arg(&summary)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .current_dir(out.path())
-        .output()
-        .unwrap();
-    assert_ok(&output);
+    let config = repo().join("configs/quickstart.yaml");
+    let summary_arg = summary.display().to_string();
+    let config_arg = config.display().to_string();
+    assert_ok(&mpirun_train(
+        out.path(),
+        &[&config_arg, "--summary-json", &summary_arg],
+    ));
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
     assert_eq!(r["rank"], 0);
     assert_eq!(r["world_size"], 2);
@@ -53,29 +82,7 @@ fn mpirun_compression_and_local_sgd_match_the_thread_backend() {
             "{}  checkpoint: {{path: state/train.ckpt, every_steps: 1000}}\n",
             crate::train_sync::job(32, 2, 1_000_000, extra)
         );
-        let threads = tempfile::tempdir().unwrap();
-        std::fs::write(threads.path().join("job.yaml"), &yaml).unwrap();
-        assert_ok(&run_in_for(
-            threads.path(),
-            &["train", "job.yaml"],
-            std::time::Duration::from_secs(300),
-        ));
-        let mpi = tempfile::tempdir().unwrap();
-        std::fs::write(mpi.path().join("job.yaml"), &yaml).unwrap();
-        let output = std::process::Command::new("mpirun")
-            .args(["-np", "2"])
-            .arg(assert_cmd::cargo::cargo_bin!("sluice"))
-            .args(["train", "job.yaml", "--backend", "mpi"])
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-            .current_dir(mpi.path())
-            .output()
-            .unwrap();
-        assert_ok(&output);
-        let (want_meta, want) =
-            read_train_checkpoint(&threads.path().join("state/train.ckpt")).unwrap();
-        let (got_meta, got) = read_train_checkpoint(&mpi.path().join("state/train.ckpt")).unwrap();
+        let ((want_meta, want), (got_meta, got)) = threads_and_mpirun(&yaml);
         assert!(
             got_meta.complete && got_meta.step == want_meta.step,
             "{extra}"
@@ -96,29 +103,7 @@ fn mpirun_cross_rank_shuffle_and_fp16_match_the_thread_backend() {
         "allreduce: {workers: 2, bucket_mb: 0.001, compression: fp16}",
     );
     assert!(yaml.contains("across_ranks: true") && yaml.contains("compression: fp16"));
-    let threads = tempfile::tempdir().unwrap();
-    std::fs::write(threads.path().join("job.yaml"), &yaml).unwrap();
-    assert_ok(&run_in_for(
-        threads.path(),
-        &["train", "job.yaml"],
-        std::time::Duration::from_secs(300),
-    ));
-    let mpi = tempfile::tempdir().unwrap();
-    std::fs::write(mpi.path().join("job.yaml"), &yaml).unwrap();
-    let output = std::process::Command::new("mpirun")
-        .args(["-np", "2"])
-        .arg(assert_cmd::cargo::cargo_bin!("sluice"))
-        .args(["train", "job.yaml", "--backend", "mpi"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .current_dir(mpi.path())
-        .output()
-        .unwrap();
-    assert_ok(&output);
-    let (want_meta, want) =
-        read_train_checkpoint(&threads.path().join("state/train.ckpt")).unwrap();
-    let (got_meta, got) = read_train_checkpoint(&mpi.path().join("state/train.ckpt")).unwrap();
+    let ((want_meta, want), (got_meta, got)) = threads_and_mpirun(&yaml);
     assert!(got_meta.complete);
     assert_eq!(got_meta.step, want_meta.step);
     assert_eq!(got_meta.rows_trained, want_meta.rows_trained);

@@ -175,24 +175,8 @@ fn resumes_exactly(extra: &str) {
 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("job.yaml"), yaml(1_000_000)).unwrap();
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
-        .args(["train", "job.yaml"])
-        .current_dir(dir.path())
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
     let ckpt = dir.path().join("state/train.ckpt");
-    wait_for(
-        "a checkpoint past step 20",
-        Duration::from_secs(120),
-        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
-    );
-    assert!(child.try_wait().unwrap().is_none(), "run 1 ended early");
-    child.kill().unwrap(); // SIGKILL: no chance to checkpoint on the way out
-    child.wait().unwrap();
-    let (at_kill, saved) = read_train_checkpoint(&ckpt).unwrap();
+    let (at_kill, saved) = train_killed_past(dir.path(), 20);
     assert!(
         at_kill.step < STEPS,
         "killed at step {}: the machine was too fast for this test's window",
@@ -313,12 +297,7 @@ fn each_checkpoint_is_published_as_a_model_version_python_loads() {
         Duration::from_secs(300),
     ));
     let models = dir.path().join("models");
-    let mut versions: Vec<String> = std::fs::read_dir(&models)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("step-"))
-        .collect();
-    versions.sort();
+    let versions = model_versions(&models);
     // Checkpoints at steps 10 and 20, and the final one at 25.
     assert_eq!(
         versions,
@@ -604,16 +583,8 @@ fn async_resumes_with_every_record_applied_exactly_once() {
 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("job.yaml"), yaml(u64::MAX)).unwrap();
-    let mut child = spawn_sluice(dir.path(), &["train", "job.yaml"]);
     let ckpt = dir.path().join("state/train.ckpt");
-    wait_for(
-        "a checkpoint past step 20",
-        Duration::from_secs(120),
-        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
-    );
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let (at_kill, _) = read_train_checkpoint(&ckpt).unwrap();
+    let (at_kill, _) = train_killed_past(dir.path(), 20);
     assert!(
         !at_kill.complete,
         "the run had finished when it was killed: the machine was too fast for this test's window"

@@ -345,6 +345,45 @@ pub fn read_train_checkpoint(path: &Path) -> Option<TrainCheckpoint> {
     decode_train_checkpoint(&std::fs::read(path).ok()?)
 }
 
+/// The model versions `trainer.export` published under `models` (`step-…` folders), in order.
+pub fn model_versions(models: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(models)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Starts `sluice train job.yaml` in `dir`, waits until its checkpoint (`state/train.ckpt`)
+/// has passed step `step`, and SIGKILLs it (no chance to checkpoint on the way out); returns
+/// the checkpoint as the kill left it.
+#[cfg(feature = "torch")]
+pub fn train_killed_past(dir: &Path, step: u64) -> TrainCheckpoint {
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("sluice"))
+        .args(["train", "job.yaml"])
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ckpt = dir.join("state/train.ckpt");
+    wait_for(
+        &format!("a checkpoint past step {step}"),
+        std::time::Duration::from_secs(120),
+        || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= step),
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended before it was killed"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    read_train_checkpoint(&ckpt).unwrap()
+}
+
 /// Asserts two checkpoints' parameters are the same, name for name and bit for bit;
 /// `reference` says what `got` is compared with, in the message.
 #[cfg(feature = "torch")]

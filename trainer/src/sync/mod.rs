@@ -228,10 +228,7 @@ impl GradSync {
                 .to_device(p.device());
             let mut g = p.grad();
             if !g.defined() {
-                return Err(TrainError::Config(format!(
-                    "parameter `{}` got no gradient in this step: every parameter must take part in every step of data-parallel training",
-                    params[i].0
-                )));
+                return Err(no_gradient(&params[i].0));
             }
             tch::no_grad(|| g.copy_(&summed));
             off += n;
@@ -302,6 +299,14 @@ impl GradSync {
             self.residuals.clear();
         }
     }
+}
+
+/// The error for a parameter that took no part in a step (after the exchange, so that no rank
+/// is left waiting).
+pub(crate) fn no_gradient(name: &str) -> TrainError {
+    TrainError::Config(format!(
+        "parameter `{name}` got no gradient in this step: every parameter must take part in every step of data-parallel training"
+    ))
 }
 
 /// A checksum of the parameters' bits (FNV-1a over the f32 values, in order): equal on every

@@ -103,7 +103,7 @@ pub(super) fn reduce(
     for l in low.iter() {
         let g = params[l.param].1.grad();
         if !g.defined() {
-            return Err(missing(&params[l.param].0));
+            return Err(super::no_gradient(&params[l.param].0));
         }
         let mut m =
             (g.to_device(Device::Cpu).to_kind(Kind::Float) * weight).reshape([l.rows, l.cols]);
@@ -168,12 +168,6 @@ fn unpack(flat: &[f32], firsts: impl Iterator<Item = i64>, low: &[LowRank]) -> V
             t
         })
         .collect()
-}
-
-fn missing(name: &str) -> TrainError {
-    TrainError::Config(format!(
-        "parameter `{name}` got no gradient in this step: every parameter must take part in every step of data-parallel training"
-    ))
 }
 
 impl LowRank {

@@ -614,3 +614,31 @@ fn async_resumes_with_every_record_applied_exactly_once() {
     assert_ok(&again);
     assert!(String::from_utf8_lossy(&again.stdout).contains("already complete"));
 }
+
+/// Settings the trainer cannot honour are refused before anything runs, naming them: a
+/// top-k ratio outside (0, 1], and `sync: async` with what it does not combine with.
+#[test]
+fn impossible_sync_and_compression_settings_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "  allreduce: {workers: 2, compression: {type: topk, ratio: 1.5}}\n",
+            "trainer.allreduce.compression.ratio: 1.5 is out of range",
+        ),
+        (
+            "  allreduce: {workers: 2, compression: fp16}\n  sync: {type: async}\n",
+            "trainer.sync: async does not combine with `allreduce.compression`",
+        ),
+        (
+            "  allreduce: {workers: 2}\n  accumulate: 2\n  sync: {type: async}\n",
+            "trainer.sync: async does not combine with `accumulate`",
+        ),
+    ];
+    for (extra, message) in cases {
+        std::fs::write(dir.path().join("job.yaml"), job(32, 1, u64::MAX, extra)).unwrap();
+        let out = run_in_for(dir.path(), &["train", "job.yaml"], Duration::from_secs(60));
+        assert!(!out.status.success(), "{extra}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(message), "{extra}: {stderr}");
+    }
+}

@@ -11,8 +11,13 @@ use common::*;
 /// `mpirun -np 2 sluice train <args> --backend mpi` in `dir` (as root too, oversubscribed on a
 /// small machine).
 fn mpirun_train(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new("mpirun")
-        .args(["-np", "2"])
+    mpirun(2, dir, args).output().unwrap()
+}
+
+/// The command `mpirun -np <ranks> sluice train <args> --backend mpi` in `dir`.
+fn mpirun(ranks: usize, dir: &std::path::Path, args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new("mpirun");
+    c.args(["-np", &ranks.to_string()])
         .arg(assert_cmd::cargo::cargo_bin!("sluice"))
         .arg("train")
         .args(args)
@@ -20,9 +25,9 @@ fn mpirun_train(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .current_dir(dir)
-        .output()
-        .unwrap()
+        .env_remove("RUST_LOG")
+        .current_dir(dir);
+    c
 }
 
 /// `yaml` trained on 2 thread workers and under `mpirun -np 2`: each run's final checkpoint
@@ -112,4 +117,108 @@ fn mpirun_cross_rank_shuffle_and_fp16_match_the_thread_backend() {
         "the same shuffled positions"
     );
     assert_same_parameters(&got, &want, "the thread backend (cross-rank shuffle, fp16)");
+}
+
+/// A checkpoint written by `mpirun -np 2`, stopped mid-run with SIGTERM to `mpirun` (which
+/// passes it to the ranks: they checkpoint at the next step and leave), resumed with
+/// `--resume --elastic` under `mpirun -np 3` and on 3 thread workers from the same bytes: both
+/// train the same rows in the same steps and end at the same positions, with the same
+/// parameters up to the order MPI sums three ranks' gradients in (f32; 2 ranks would be
+/// bitwise, see above). Without a cross-rank shuffle the old ranks' owed batches are dealt out
+/// to the 3; with `across_ranks` the rest of the epoch is passed over and named.
+#[test]
+fn mpirun_elastic_resume_from_two_ranks_to_three_matches_the_thread_backend() {
+    use std::time::Duration;
+    for across in [false, true] {
+        let yaml = |epochs: u64| {
+            let y = crate::train::job_for(epochs, 1_000_000);
+            if across {
+                y
+            } else {
+                y.replace("across_ranks: true", "across_ranks: false")
+            }
+        };
+        let first = tempfile::tempdir().unwrap();
+        std::fs::write(first.path().join("job.yaml"), yaml(1_000)).unwrap();
+        let mut two = mpirun(2, first.path(), &["job.yaml"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let ckpt = first.path().join("state/train.ckpt");
+        wait_for(
+            "a checkpoint of mpirun -np 2 past step 20",
+            Duration::from_secs(120),
+            || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
+        );
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &two.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        wait_for("mpirun to stop", Duration::from_secs(60), || {
+            two.try_wait().unwrap()
+        });
+        let (at_stop, _) = read_train_checkpoint(&ckpt).unwrap();
+        assert!(!at_stop.complete && at_stop.world_size == 2, "{at_stop:?}");
+        let epoch = at_stop.epoch.unwrap().epoch;
+        let bytes = std::fs::read(&ckpt).unwrap();
+        let resume = || {
+            let d = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(d.path().join("state")).unwrap();
+            std::fs::write(d.path().join("state/train.ckpt"), &bytes).unwrap();
+            std::fs::write(d.path().join("job.yaml"), yaml(epoch + 2)).unwrap();
+            d
+        };
+        let threads = resume();
+        assert_ok(&run_in_for(
+            threads.path(),
+            &[
+                "train",
+                "job.yaml",
+                "--resume",
+                "--elastic",
+                "--workers",
+                "3",
+            ],
+            Duration::from_secs(300),
+        ));
+        let mpi = resume();
+        let out = mpirun(3, mpi.path(), &["job.yaml", "--resume", "--elastic"])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        // Rank 0's summary names what became of the interrupted epoch.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let note = if across {
+            format!("epoch {epoch}: ")
+        } else {
+            format!("still owed of epoch {epoch} are dealt out to the 3 ranks")
+        };
+        assert!(stdout.contains(&note), "{stdout}");
+        assert!(
+            !across || stdout.contains("rows had been trained, the other"),
+            "{stdout}"
+        );
+        let (want_meta, want) =
+            read_train_checkpoint(&threads.path().join("state/train.ckpt")).unwrap();
+        let (got_meta, got) = read_train_checkpoint(&mpi.path().join("state/train.ckpt")).unwrap();
+        assert!(
+            got_meta.complete && got_meta.world_size == 3,
+            "{got_meta:?}"
+        );
+        assert_eq!(
+            (got_meta.step, got_meta.rows_trained),
+            (want_meta.step, want_meta.rows_trained),
+            "across_ranks: {across}"
+        );
+        assert!(got_meta.step > at_stop.step);
+        assert_eq!(got_meta.pipeline, want_meta.pipeline, "the same positions");
+        assert_close_parameters(
+            &got,
+            &want,
+            1e-5,
+            &format!("3 thread workers (across_ranks: {across})"),
+        );
+    }
 }

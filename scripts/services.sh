@@ -13,7 +13,11 @@
 #   Azure: Azurite's blob service from npm (azurite@3.35.0, the newest that runs on Node 20),
 #          the emulator Azure's SDKs test against; needs Node.js and npm.
 #   HTTP:  Python's http.server with Range requests (PyPI rangehttpserver==1.4.0) serving
-#          target/services/http-root, for http:// sources.
+#          target/services/http-root, for http:// sources; the same folder over HTTPS.
+#   TLS:   a test CA and a certificate for 127.0.0.1/localhost made here with openssl
+#          (target/services/tls/; also an unrelated CA, for the bad-certificate tests), used by
+#          the HTTPS server and by a TLS-terminating proxy (scripts/tls_serve.py) in front of
+#          a second Tansu broker that advertises the proxy: Kafka over TLS.
 # Idempotent: `start` reuses a running server. Needs python3 with venv (any 3.9+).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -152,6 +156,81 @@ start_http() {
     wait_ready http "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)"
 }
 
+# make_tls: a CA, a server certificate it signs for 127.0.0.1 and localhost, and another CA
+# that signs nothing (a client trusting only it must refuse the server). Valid 30 days;
+# remade when older than a week.
+make_tls() {
+    local dir="$STATE/tls"
+    if [[ -f "$dir/server.pem" ]] && [[ -z "$(find "$dir/server.pem" -mtime +7)" ]]; then return; fi
+    if ! command -v openssl >/dev/null; then
+        if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+            apt-get install -y -q openssl >/dev/null
+        else
+            log "openssl not found: install it (Debian: apt-get install openssl)"; exit 1
+        fi
+    fi
+    log "making a test CA and a server certificate in $dir"
+    rm -rf "$dir"; mkdir -p "$dir"
+    (
+        cd "$dir"
+        openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=sluice test CA" \
+            -keyout ca.key -out ca.pem
+        openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=unrelated CA" \
+            -keyout other-ca.key -out other-ca.pem
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server.key -out server.csr
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >server.ext
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+            -extfile server.ext -out server.pem
+    ) >"$STATE/tls.log" 2>&1 || { log "openssl failed; its output:"; cat "$STATE/tls.log" >&2; exit 1; }
+}
+
+# The probe of a TLS server on PORT: a handshake that checks the certificate against the CA.
+tls_probe() {
+    python3 -c "import socket, ssl; c = ssl.create_default_context(cafile='$STATE/tls/ca.pem'); c.wrap_socket(socket.create_connection(('127.0.0.1', $1), 1), server_hostname='127.0.0.1').close()"
+}
+
+start_https() {
+    install_http
+    make_tls
+    if alive "$STATE/https.pid"; then
+        log "https already running on port $(cat "$STATE/https.port")"
+        return
+    fi
+    local port
+    port="$(free_port)"
+    mkdir -p "$STATE/http-root"
+    "$STATE/venv-http/bin/python" scripts/tls_serve.py https "$port" "$STATE/http-root" \
+        "$STATE/tls/server.pem" "$STATE/tls/server.key" >"$STATE/https.log" 2>&1 &
+    echo $! >"$STATE/https.pid"
+    echo "$port" >"$STATE/https.port"
+    wait_ready https "$port" tls_probe "$port"
+}
+
+# Kafka over TLS: a Tansu broker on a loopback port that advertises the TLS proxy's port, and
+# the proxy in front of it.
+start_kafka_tls() {
+    install_tansu
+    make_tls
+    if alive "$STATE/kafka-tls.pid" && alive "$STATE/tansu-tls.pid"; then
+        log "kafka-tls already running on port $(cat "$STATE/kafka-tls.port")"
+        return
+    fi
+    local port inner
+    port="$(free_port)"
+    inner="$(free_port)"
+    "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$inner" \
+        --advertised-listener-url "tcp://127.0.0.1:$port" \
+        --storage-engine memory://tansu/ >"$STATE/tansu-tls.log" 2>&1 &
+    echo $! >"$STATE/tansu-tls.pid"
+    echo "$inner" >"$STATE/tansu-tls.port"
+    wait_ready tansu-tls "$inner" python3 -c "import socket; socket.create_connection(('127.0.0.1', $inner), 1)"
+    python3 scripts/tls_serve.py proxy "$port" "$inner" \
+        "$STATE/tls/server.pem" "$STATE/tls/server.key" >"$STATE/kafka-tls.log" 2>&1 &
+    echo $! >"$STATE/kafka-tls.pid"
+    echo "$port" >"$STATE/kafka-tls.port"
+    wait_ready kafka-tls "$port" tls_probe "$port"
+}
+
 print_env() {
     if alive "$STATE/moto.pid"; then
         echo "export SLUICE_TEST_S3_ENDPOINT=http://127.0.0.1:$(cat "$STATE/moto.port")"
@@ -160,6 +239,16 @@ print_env() {
     if alive "$STATE/http.pid"; then
         echo "export SLUICE_TEST_HTTP=http://127.0.0.1:$(cat "$STATE/http.port")"
         echo "export SLUICE_TEST_HTTP_ROOT=$STATE/http-root"
+    fi
+    if alive "$STATE/https.pid"; then
+        echo "export SLUICE_TEST_HTTPS=https://127.0.0.1:$(cat "$STATE/https.port")"
+    fi
+    if alive "$STATE/kafka-tls.pid"; then
+        echo "export SLUICE_TEST_KAFKA_TLS_BROKERS=127.0.0.1:$(cat "$STATE/kafka-tls.port")"
+    fi
+    if [[ -f "$STATE/tls/ca.pem" ]]; then
+        echo "export SLUICE_TEST_TLS_CA=$STATE/tls/ca.pem"
+        echo "export SLUICE_TEST_TLS_OTHER_CA=$STATE/tls/other-ca.pem"
     fi
     if alive "$STATE/azurite.pid"; then
         echo "export SLUICE_TEST_AZURITE=http://127.0.0.1:$(cat "$STATE/azurite.port")"
@@ -171,7 +260,7 @@ print_env() {
 }
 
 stop() {
-    for svc in tansu moto azurite http; do
+    for svc in tansu moto azurite http https kafka-tls tansu-tls; do
         if alive "$STATE/$svc.pid"; then
             kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
             log "stopped $svc"
@@ -181,7 +270,7 @@ stop() {
 }
 
 case "${1:-}" in
-    start) start_moto; start_tansu; start_azurite; start_http; print_env ;;
+    start) start_moto; start_tansu; start_azurite; start_http; start_https; start_kafka_tls; print_env ;;
     stop) stop ;;
     env) print_env ;;
     *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

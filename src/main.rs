@@ -234,9 +234,11 @@ fn main() -> ExitCode {
         _ => "trace",
     };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            // The TLS verifier logs each refused certificate as an error, once per retry;
+            // the store's error that ends the run names it (see `certificate_error`).
+            EnvFilter::new(format!("{level},rustls_platform_verifier=off"))
+        }))
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal: a log file or a CI log gets plain text.
         .with_ansi(std::io::stderr().is_terminal())

@@ -1,6 +1,8 @@
 //! `http://` sources against a real HTTP server (Python's http.server with Range requests,
 //! PyPI `rangehttpserver`, started by `scripts/services.sh`): files named by URL read as they
-//! do from local disk, and a missing URL is a clear error. (A plain HTTP server has no
+//! do from local disk, and a missing URL is a clear error. `https://` against the same folder
+//! served over TLS with a certificate of the suite's test CA: read with the CA named by
+//! `storage.options.ca_certificate`, refused clearly without it. (A plain HTTP server has no
 //! listing and no credentials: a glob or prefix needs WebDAV, and refused credentials are
 //! tested on S3 and Azure.)
 #![allow(clippy::unwrap_used)]
@@ -49,11 +51,21 @@ fn serve_digits(name: &str) -> (Vec<String>, Vec<PathBuf>) {
 }
 
 fn run(dir: &Path, sources: &[String]) -> (i32, String) {
+    run_with(dir, sources, "")
+}
+
+/// [`run`] with `storage` (a flow map) on the source.
+fn run_with(dir: &Path, sources: &[String], storage: &str) -> (i32, String) {
     let list: Vec<String> = sources.iter().map(|s| format!("'{s}'")).collect();
+    let storage = if storage.is_empty() {
+        String::new()
+    } else {
+        format!(", storage: {storage}")
+    };
     std::fs::write(
         dir.join("p.yaml"),
         format!(
-            "source: {{type: parquet, path: [{}]}}\nstages:\n- {{type: cast, columns: {{pixels: float32}}}}\nsink: {{type: parquet, path: out.parquet}}\n",
+            "source: {{type: parquet, path: [{}]{storage}}}\nstages:\n- {{type: cast, columns: {{pixels: float32}}}}\nsink: {{type: parquet, path: out.parquet}}\n",
             list.join(", ")
         ),
     )
@@ -113,4 +125,78 @@ fn a_missing_url_is_a_clear_error() {
         !err.contains("PROPFIND"),
         "no listing a plain HTTP server cannot answer: {err}"
     );
+}
+
+/// The HTTPS server's URL (the same folder as the HTTP server's) and its CA's PEM file.
+fn https() -> (String, String) {
+    let url = std::env::var("SLUICE_TEST_HTTPS")
+        .expect("SLUICE_TEST_HTTPS is not set; use scripts/test.sh");
+    (url, std::env::var("SLUICE_TEST_TLS_CA").unwrap())
+}
+
+#[test]
+fn files_over_https_read_as_from_local_disk_with_the_servers_ca_named() {
+    let (urls, files) = serve_digits("tls");
+    let (base, ca) = https();
+    let (plain, _) = server();
+    let secure: Vec<String> = urls.iter().map(|u| u.replace(&plain, &base)).collect();
+    assert!(secure[0].starts_with("https://"));
+    let local: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (code, text) = run(a.path(), &local);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = run_with(
+        b.path(),
+        &secure,
+        &format!("{{options: {{ca_certificate: '{ca}', timeout: 30s}}}}"),
+    );
+    assert_eq!(code, 0, "{text}");
+    let want = read_parquet(&a.path().join("out.parquet"));
+    let got = read_parquet(&b.path().join("out.parquet"));
+    let schema = want[0].schema();
+    assert_eq!(
+        arrow::compute::concat_batches(&schema, &got).unwrap(),
+        arrow::compute::concat_batches(&schema, &want).unwrap(),
+        "read over HTTPS differs from the local read"
+    );
+}
+
+/// Without the CA the server's certificate is not trusted: one clear error, at once (a
+/// certificate does not get better by retrying). A `ca_certificate` that is not there, or not
+/// a certificate, is named with the file.
+#[test]
+fn an_untrusted_certificate_or_a_bad_ca_file_is_a_clear_error() {
+    let (urls, _) = serve_digits("untrusted");
+    let (base, _) = https();
+    let (plain, _) = server();
+    let secure = vec![urls[0].replace(&plain, &base)];
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let (code, text) = run(dir.path(), &secure);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(text.contains("certificate"), "{text}");
+    assert!(text.contains("ca_certificate"), "names the way out: {text}");
+
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    for (file, says) in [
+        (dir.path().join("none.pem"), "cannot read"),
+        (not_pem, "holds no PEM certificate"),
+    ] {
+        let (code, text) = run_with(
+            dir.path(),
+            &secure,
+            &format!("{{options: {{ca_certificate: '{}'}}}}", file.display()),
+        );
+        assert_eq!(code, 1, "{text}");
+        assert!(
+            text.contains("storage option `ca_certificate`") && text.contains(says),
+            "{text}"
+        );
+    }
 }

@@ -18,11 +18,47 @@ pub const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(30);
 #[derive(Debug, Default)]
 pub struct KafkaLog {
     repeats: Repeats,
+    /// The last error that says why (`reason (error)`), for messages: "all brokers down"
+    /// follows the error that says why (a refused certificate, a failed login), so it does
+    /// not replace one.
+    last: LastError,
+}
+
+/// The last error a [`KafkaLog`] kept, readable where the client's context is not (rdkafka's
+/// `FutureProducer` wraps its context out of reach).
+#[derive(Debug, Default, Clone)]
+pub struct LastError(std::sync::Arc<Mutex<Option<String>>>);
+
+impl LastError {
+    /// The last error that says why, if any.
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|e| e.clone())
+    }
 }
 
 impl KafkaLog {
-    /// Logs `error` (with librdkafka's `reason`) unless the same was logged lately.
+    /// The last error librdkafka reported (see `last`), if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.last.get()
+    }
+
+    /// A handle on the last error, to read after the log is moved into a client.
+    pub fn last_error_handle(&self) -> LastError {
+        self.last.clone()
+    }
+
+    /// Logs `error` (with librdkafka's `reason`) unless the same was logged lately, and
+    /// keeps it as the last error.
     pub fn error(&self, error: &KafkaError, reason: &str) {
+        let generic = matches!(
+            error.rdkafka_error_code(),
+            Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown)
+        );
+        if let Ok(mut e) = self.last.0.lock()
+            && (!generic || e.is_none())
+        {
+            *e = Some(format!("{reason} ({error})"));
+        }
         let text = format!("{error}: {reason}");
         if self
             .repeats

@@ -40,17 +40,20 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// Asks `brokers` to create the topic `name` with `partitions` partitions: the broker's
-/// answer for it.
+/// Asks `brokers` to create the topic `name` with `partitions` partitions (the client with
+/// `config` too, e.g. TLS settings): the broker's answer for it.
 async fn create_named(
     brokers: &str,
     name: &str,
     partitions: i32,
+    config: &[(&str, &str)],
 ) -> Result<(), rdkafka::types::RDKafkaErrorCode> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", brokers);
+    for (k, v) in config {
+        client.set(*k, *v);
+    }
+    let admin: AdminClient<DefaultClientContext> = client.create().unwrap();
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     let res = admin
         .create_topics(
@@ -68,8 +71,18 @@ async fn create_named(
 
 /// Creates a topic with `partitions` partitions on `brokers` and returns its name.
 pub async fn create_topic_on(brokers: &str, prefix: &str, partitions: i32) -> String {
+    create_topic_with(brokers, prefix, partitions, &[]).await
+}
+
+/// As [`create_topic_on`], the admin client configured with `config` too (TLS settings).
+pub async fn create_topic_with(
+    brokers: &str,
+    prefix: &str,
+    partitions: i32,
+    config: &[(&str, &str)],
+) -> String {
     let name = unique(prefix);
-    if let Err(e) = create_named(brokers, &name, partitions).await {
+    if let Err(e) = create_named(brokers, &name, partitions, config).await {
         panic!("creating topic {name}: {e}");
     }
     name
@@ -80,7 +93,7 @@ pub async fn create_topic_on(brokers: &str, prefix: &str, partitions: i32) -> St
 /// (a second run against the same broker), it must hold exactly those records at those
 /// offsets, or the test stops saying so.
 pub async fn fixed_topic(brokers: &str, name: &str, partitions: i32, records: Vec<(i32, Vec<u8>)>) {
-    match create_named(brokers, name, partitions).await {
+    match create_named(brokers, name, partitions, &[]).await {
         Ok(()) => {
             let n = records.len();
             assert_eq!(produce_on(brokers, name, records).await, n);

@@ -342,8 +342,28 @@ fn local_hint(e: &object_store::Error) -> &'static str {
     }
 }
 
+/// The TLS client's complaint about the server's certificate somewhere in `e`'s causes
+/// (`invalid peer certificate: UnknownIssuer`): the store's own message says only "error
+/// sending request", as for a server that is down.
+fn certificate_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = e.source();
+    while let Some(err) = next {
+        let text = err.to_string();
+        if text.contains("certificate") {
+            return Some(text);
+        }
+        next = err.source();
+    }
+    None
+}
+
 /// What to do about a remote object store's error: by its code (S3-style) and kind.
 fn remote_hint(e: &object_store::Error, code: Option<&str>, text: &str) -> String {
+    if let Some(why) = certificate_error(e) {
+        return format!(
+            "The server's TLS certificate is not trusted ({why}): if a private CA signed it, name that CA's PEM file in `storage.options.ca_certificate`"
+        );
+    }
     let credentials = "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_*, AZURE_* or `storage.options`) and this principal's permissions on the bucket";
     let unreachable = matches!(
         io_kind(e),

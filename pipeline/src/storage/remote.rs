@@ -36,12 +36,17 @@ pub(super) fn s3(
     options: Options,
 ) -> Result<Arc<dyn ObjectStore>> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    let mut options = options;
+    let client = client_with_ca(root, "AWS_", &mut options)?;
     let mut b = AmazonS3Builder::from_env()
         .with_url(root)
         .with_retry(retry.to_object_store());
     for (k, v) in options {
         let key: AmazonS3ConfigKey = k.parse().map_err(|e| super::option_error(root, &k, e))?;
         b = b.with_config(key, v);
+    }
+    if let Some(client) = client {
+        b = b.with_client_options(client);
     }
     configured(root, b.build().map(|s| Arc::new(s) as _))
 }
@@ -58,12 +63,17 @@ pub(super) fn gcs(
     options: Options,
 ) -> Result<Arc<dyn ObjectStore>> {
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    let mut options = options;
+    let client = client_with_ca(root, "GOOGLE_", &mut options)?;
     let mut b = GoogleCloudStorageBuilder::from_env()
         .with_url(root)
         .with_retry(retry.to_object_store());
     for (k, v) in options {
         let key: GoogleConfigKey = k.parse().map_err(|e| super::option_error(root, &k, e))?;
         b = b.with_config(key, v);
+    }
+    if let Some(client) = client {
+        b = b.with_client_options(client);
     }
     configured(root, b.build().map(|s| Arc::new(s) as _))
 }
@@ -79,19 +89,27 @@ pub(super) fn http(
     retry: &RetrySettings,
     options: Options,
 ) -> Result<Arc<dyn ObjectStore>> {
-    if let Some((k, _)) = options.into_iter().next() {
-        return Err(super::option_error(
-            root,
-            &k,
-            "http(s) stores take no options",
-        ));
-    }
+    use object_store::{ClientConfigKey, ClientOptions};
+    let mut options = options;
+    let ca = client_with_ca(root, "", &mut options)?;
     // An `http://` URL is the user's choice of plain HTTP: the client refuses it otherwise
     // (every `http://` read failed with "builder error" before the suite had an HTTP server).
-    let plain = root.starts_with("http://");
+    let mut client = ca
+        .unwrap_or_else(ClientOptions::new)
+        .with_allow_http(root.starts_with("http://"));
+    for (k, v) in options {
+        let key: ClientConfigKey = k.parse().map_err(|_| {
+            super::option_error(
+                root,
+                &k,
+                "http(s) stores take only HTTP client options (`timeout`, `connect_timeout`, `proxy_url`, `user_agent`, …) and `ca_certificate`",
+            )
+        })?;
+        client = client.with_config(key, v);
+    }
     let built = object_store::http::HttpBuilder::new()
         .with_url(root)
-        .with_client_options(object_store::ClientOptions::new().with_allow_http(plain))
+        .with_client_options(client)
         .with_retry(retry.to_object_store())
         .build();
     configured(root, built.map(|s| Arc::new(s) as _))
@@ -109,6 +127,8 @@ pub(super) fn azure(
     options: Options,
 ) -> Result<Arc<dyn ObjectStore>> {
     use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    let mut options = options;
+    let client = client_with_ca(root, "AZURE_", &mut options)?;
     let mut b = MicrosoftAzureBuilder::from_env()
         .with_url(root)
         .with_retry(retry.to_object_store());
@@ -116,12 +136,63 @@ pub(super) fn azure(
         let key: AzureConfigKey = k.parse().map_err(|e| super::option_error(root, &k, e))?;
         b = b.with_config(key, v);
     }
+    if let Some(client) = client {
+        b = b.with_client_options(client);
+    }
     configured(root, b.build().map(|s| Arc::new(s) as _))
 }
 
 #[cfg(not(feature = "azure"))]
 pub(super) fn azure(root: &str, _: &RetrySettings, _: Options) -> Result<Arc<dyn ObjectStore>> {
     Err(left_out(root, "az:// / abfs(s)://", "azure"))
+}
+
+/// The HTTP client settings of a store whose `options` name a `ca_certificate` — a PEM file of
+/// CA certificates trusted besides the system's (a private CA in front of an on-premises S3,
+/// a TLS-intercepting proxy) — taken out of `options`; `None` without one. `object_store`
+/// takes extra roots only as a whole `ClientOptions`, which replaces the client settings a
+/// builder took from the environment and from `options`, so they are gathered here again:
+/// the environment's `<env_prefix>…` client keys (as the builder's `from_env` reads them),
+/// then the client keys in `options`.
+#[cfg(any(feature = "s3", feature = "gcs", feature = "azure", feature = "http"))]
+fn client_with_ca(
+    root: &str,
+    env_prefix: &str,
+    options: &mut Options,
+) -> Result<Option<object_store::ClientOptions>> {
+    use object_store::{Certificate, ClientConfigKey, ClientOptions};
+    let Some(at) = options.iter().position(|(k, _)| k == "ca_certificate") else {
+        return Ok(None);
+    };
+    let (_, path) = options.remove(at);
+    let bad = |reason: String| super::option_error(root, "ca_certificate", reason);
+    let pem = std::fs::read(&path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
+    let roots = Certificate::from_pem_bundle(&pem)
+        .map_err(|e| bad(format!("{path} is not a PEM certificate bundle: {e}")))?;
+    if roots.is_empty() {
+        return Err(bad(format!(
+            "{path} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)"
+        )));
+    }
+    let mut client = ClientOptions::new();
+    if !env_prefix.is_empty() {
+        for (k, v) in std::env::vars() {
+            let key = k.strip_prefix(env_prefix).map(str::to_ascii_lowercase);
+            if let Some(key) = key.and_then(|k| k.parse::<ClientConfigKey>().ok()) {
+                client = client.with_config(key, v);
+            }
+        }
+    }
+    for (k, v) in options.iter() {
+        if let Ok(key) = k.parse::<ClientConfigKey>() {
+            client = client.with_config(key, v);
+        }
+    }
+    Ok(Some(
+        roots
+            .into_iter()
+            .fold(client, ClientOptions::with_root_certificate),
+    ))
 }
 
 #[cfg(any(feature = "s3", feature = "gcs", feature = "azure", feature = "http"))]

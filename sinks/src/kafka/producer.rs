@@ -169,13 +169,14 @@ async fn connect(c: &KafkaSinkConfig, compression: &str) -> Result<FutureProduce
         ),
         ("message.timeout.ms", "120000".to_string()),
     ]);
-    let producer: FutureProducer<KafkaLog> =
-        cfg.create_with_context(KafkaLog::default()).map_err(|e| {
-            sink_err(
-                &c.topic,
-                format!("invalid producer configuration: {e}. Check `properties`"),
-            )
-        })?;
+    let log = KafkaLog::default();
+    let last_error = log.last_error_handle();
+    let producer: FutureProducer<KafkaLog> = cfg.create_with_context(log).map_err(|e| {
+        sink_err(
+            &c.topic,
+            format!("invalid producer configuration: {e}. Check `properties`"),
+        )
+    })?;
     let timeout = c.connect_timeout.0;
     let topic = c.topic.clone();
     let p = producer.clone();
@@ -186,9 +187,13 @@ async fn connect(c: &KafkaSinkConfig, compression: &str) -> Result<FutureProduce
             sink_err(
                 &topic,
                 format!(
-                    "cannot reach the brokers {} within {} ({e}). Check `brokers` and that the cluster is up",
+                    "cannot reach the brokers {} within {} ({e}{}). Check `brokers`, that the cluster is up and reachable from here, and (SASL/TLS) the `properties`",
                     c.brokers.0.join(","),
-                    humantime_secs(timeout)
+                    humantime_secs(timeout),
+                    last_error
+                        .get()
+                        .map(|e| format!("; last broker error: {e}"))
+                        .unwrap_or_default()
                 ),
             )
         })?;

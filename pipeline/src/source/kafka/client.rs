@@ -17,7 +17,6 @@ use crate::runtime::metrics::PipelineMetrics;
 /// librdkafka callbacks: errors are kept for messages, statistics feed per-partition lag and
 /// tell when lost brokers are back.
 pub(super) struct SourceContext {
-    last_error: Mutex<Option<String>>,
     /// Since when no broker has been reachable (transport errors), and why; cleared by the
     /// first statistics that show a broker up again.
     outage: Mutex<Option<(Instant, String)>>,
@@ -115,16 +114,6 @@ impl ClientContext for SourceContext {
             self.in_outage
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        // "All brokers down" follows the error that says why; keep the cause.
-        let generic = matches!(
-            error.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::AllBrokersDown)
-        );
-        if let Ok(mut e) = self.last_error.lock()
-            && (!generic || e.is_none())
-        {
-            *e = Some(format!("{reason} ({error})"));
-        }
     }
 }
 
@@ -142,10 +131,8 @@ pub(super) fn last_error(c: &SourceConsumer) -> String {
 
 pub(super) fn recorded_error(c: &SourceConsumer) -> String {
     c.context()
-        .last_error
-        .lock()
-        .ok()
-        .and_then(|e| e.clone())
+        .log
+        .last_error()
         .map(|e| format!("; last broker error: {e}"))
         .unwrap_or_default()
 }
@@ -199,7 +186,6 @@ pub(super) fn create_consumer(
         Assignment::Static => c.set("enable.auto.commit", "false"),
     };
     c.create_with_context(SourceContext {
-        last_error: Mutex::new(None),
         outage: Mutex::new(None),
         in_outage: Default::default(),
         caught_up: Mutex::new(Default::default()),

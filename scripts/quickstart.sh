@@ -5,7 +5,9 @@
 # (scripts/libtorch.sh, cached) first; no servers needed. Extra arguments go to `sluice run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=scripts/libtorch.sh
-source scripts/libtorch.sh
-cargo run --release -- run configs/quickstart.yaml "$@"
-cargo run --release -- train configs/quickstart.yaml
+# The release build, installed into target/dist as the container image's build stage does
+# (scripts/build.sh: the binary, and libtorch's libraries beside it).
+scripts/build.sh --prefix target/dist
+export LD_LIBRARY_PATH="$PWD/target/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+target/dist/bin/sluice run configs/quickstart.yaml "$@"
+target/dist/bin/sluice train configs/quickstart.yaml

@@ -69,6 +69,9 @@ fi
 step "minimal build (--no-default-features): the quickstart pipeline, and what it leaves out refused"
 scripts/minimal.sh
 
+step "container recipe: the Dockerfile's build lines run (dev profile) and its images' commands checked (scripts/check-dockerfile.sh)"
+scripts/check-dockerfile.sh
+
 step "starting services (S3 server, Kafka broker)"
 SERVICES_STARTED=0
 cleanup() { if [[ "$SERVICES_STARTED" == 1 ]]; then scripts/services.sh stop || true; fi; }

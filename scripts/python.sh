@@ -17,8 +17,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 venv="$root/target/services/venv-python"
 # safetensors, tensorboard: the Rust suite reads what `sluice train` writes with them; optuna:
-# examples/optuna.sh is tested against it; azure-storage-blob creates the Azure tests' containers.
-want="maturin==1.16.0 pytest numpy pyarrow torch==2.13.0 boto3 confluent-kafka safetensors tensorboard optuna azure-storage-blob"
+# examples/optuna.sh is tested against it; azure-storage-blob creates the Azure tests' containers;
+# jsonschema, pyyaml: tests/k8s_schema.py validates `sluice k8s` output against the CRDs.
+want="maturin==1.16.0 pytest numpy pyarrow torch==2.13.0 boto3 confluent-kafka safetensors tensorboard optuna azure-storage-blob jsonschema pyyaml"
 stamp="$venv/.sluice-python"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     echo "[python] installing $want into $venv" >&2

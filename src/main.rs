@@ -40,6 +40,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod output;
 mod events;
 mod inspect;
+#[cfg(feature = "torch")]
+mod k8s;
 mod openmp;
 mod overrides;
 mod signals;
@@ -191,6 +193,17 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Print the Kubernetes manifests that run a training job on N ranks under MPI (Kubeflow
+    /// Trainer's TrainJob, or the MPI Operator's MPIJob), for `kubectl apply -f -`.
+    #[cfg(feature = "torch")]
+    K8s(k8s::K8sArgs),
+    /// K8s (this build leaves out the `torch` feature, so it refuses, naming the feature).
+    #[cfg(not(feature = "torch"))]
+    K8s {
+        /// Whatever was given: the refusal comes first.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Benchmark a standard workload (`images` or `tabular`) against the raw Parquet decode
     /// and, with a Python that has them, numpy and the PyTorch DataLoader on the same data.
     Bench(bench::BenchArgs),
@@ -307,23 +320,15 @@ fn main() -> ExitCode {
                 )
                 .await
             }
-            #[cfg(not(feature = "torch"))]
-            Command::Train { .. } => {
-                eprintln!(
-                    "error: {}",
-                    sluice::pipeline::feature_off("`sluice train` (libtorch)", "torch")
-                );
-                ExitCode::FAILURE
-            }
             // On this (the main) thread: its trials die with the thread that started them.
             #[cfg(feature = "torch")]
             Command::Sweep(args) => sweep::sweep(&args),
+            #[cfg(feature = "torch")]
+            Command::K8s(args) => k8s::k8s(&args, &overrides),
             #[cfg(not(feature = "torch"))]
-            Command::Sweep { .. } => {
-                eprintln!(
-                    "error: {}",
-                    sluice::pipeline::feature_off("`sluice sweep` (libtorch)", "torch")
-                );
+            Command::Train { .. } | Command::Sweep { .. } | Command::K8s { .. } => {
+                let what = "`sluice train`, `sweep` and `k8s` (libtorch)";
+                eprintln!("error: {}", sluice::pipeline::feature_off(what, "torch"));
                 ExitCode::FAILURE
             }
             Command::Bench(args) => tokio::task::spawn_blocking(move || bench::bench(&args))

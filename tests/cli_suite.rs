@@ -25,6 +25,8 @@ mod example;
 mod golden_errors;
 #[path = "house.rs"]
 mod house;
+#[path = "k8s.rs"]
+mod k8s;
 #[path = "knobs.rs"]
 mod knobs;
 #[path = "messages.rs"]

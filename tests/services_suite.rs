@@ -1,4 +1,4 @@
-//! Against the real servers (scripts/services.sh): Kafka (also over TLS), S3, Azure Blob (Azurite), HTTP(S), the sinks' safety rules, the metrics endpoint and the shuffle's spilling.
+//! Against the real servers (scripts/services.sh): Kafka (also over TLS), S3, Azure Blob (Azurite), GCS (fake-gcs-server), HTTP(S), the sinks' safety rules, the metrics endpoint and the shuffle's spilling.
 //!
 //! One test binary for several files (each file its own module, as it was its own binary
 //! before): every integration-test binary links all of Sluice and libtorch's wrappers, ~100 MB
@@ -9,6 +9,8 @@ mod common;
 
 #[path = "azure.rs"]
 mod azure;
+#[path = "gcs.rs"]
+mod gcs;
 #[path = "http.rs"]
 mod http;
 #[path = "kafka.rs"]

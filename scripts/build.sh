@@ -5,6 +5,7 @@
 #   scripts/build.sh [--prefix DIR] [--profile release|dev] [--mpi] [--no-torch] [--dry-run]
 #
 #   --prefix DIR   install DIR/bin/sluice and (with libtorch) DIR/lib/*.so*; default target/dist
+#                  (a relative DIR is relative to the repository's root)
 #   --profile P    cargo profile (default release)
 #   --mpi          the `mpi` all-reduce backend (needs OpenMPI: scripts/mpi.sh)
 #   --no-torch     no libtorch, no `train`: `sluice run` with Kafka and every object store
@@ -37,7 +38,7 @@ else
     features=(--no-default-features --features kafka,s3,gcs,azure,http,image)
 fi
 cargo_cmd=(cargo build --locked --profile "$profile" --bin sluice "${features[@]}")
-out_dir="target/$([[ "$profile" == dev ]] && echo debug || echo release)"
+out_dir="${CARGO_TARGET_DIR:-target}/$([[ "$profile" == dev ]] && echo debug || echo release)"
 
 if ((dry)); then
     echo "${cargo_cmd[*]}"

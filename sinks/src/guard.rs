@@ -88,14 +88,33 @@ fn canonical_target(path: &Path) -> Option<PathBuf> {
     Some(canonical_target(parent)?.join(name))
 }
 
+/// A file sink on `http(s)://` is refused before the run reads anything: the sinks upload in
+/// parts, which `object_store`'s HTTP client does not do (it failed at the first write, after
+/// the source had been read).
+fn refuse_http_output(sink: &SinkConfig, base_dir: &Path) -> Result<()> {
+    let Some(output) = Output::of(sink, base_dir)? else {
+        return Ok(());
+    };
+    let url = output.probe();
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Err(Error::Location(sluice_pipeline::Error::InvalidUrl {
+            url,
+            reason: "a sink cannot write to http(s):// (Sluice's sinks upload in parts, which its HTTP client cannot do): write to local disk or an object store (s3://, gs://, az://)".into(),
+        }));
+    }
+    Ok(())
+}
+
 /// Refuses a sink that would write where its source reads: the same file, a parts directory
-/// holding inputs, or a source `path` (glob or prefix) that would match the output. Called
-/// before the source is opened, so nothing has been read or deleted when it refuses.
+/// holding inputs, or a source `path` (glob or prefix) that would match the output; and a file
+/// sink on `http(s)://`. Called before the source is opened, so nothing has been read or
+/// deleted when it refuses.
 pub async fn check_overlap(
     sink: &SinkConfig,
     source: &SourceConfig,
     base_dir: &Path,
 ) -> Result<()> {
+    refuse_http_output(sink, base_dir)?;
     match (sink, source) {
         (SinkConfig::Kafka(k), SourceConfig::Kafka(s)) => {
             let shared_broker = k.brokers.0.iter().any(|b| s.brokers.0.contains(b));

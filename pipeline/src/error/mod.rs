@@ -349,7 +349,7 @@ fn certificate_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut next = e.source();
     while let Some(err) = next {
         let text = err.to_string();
-        if text.contains("certificate") {
+        if text.contains("invalid peer certificate") {
             return Some(text);
         }
         next = err.source();
@@ -360,9 +360,15 @@ fn certificate_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
 /// What to do about a remote object store's error: by its code (S3-style) and kind.
 fn remote_hint(e: &object_store::Error, code: Option<&str>, text: &str) -> String {
     if let Some(why) = certificate_error(e) {
-        return format!(
-            "The server's TLS certificate is not trusted ({why}): if a private CA signed it, name that CA's PEM file in `storage.options.ca_certificate`"
-        );
+        return if why.contains("UnknownIssuer") {
+            format!(
+                "The server's TLS certificate is not trusted ({why}): if a private CA signed it, name that CA's PEM file in `storage.options.ca_certificate`"
+            )
+        } else {
+            format!(
+                "The server's TLS certificate was refused ({why}): check the endpoint's name and the certificate's validity"
+            )
+        };
     }
     let credentials = "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_*, AZURE_* or `storage.options`) and this principal's permissions on the bucket";
     let unreachable = matches!(

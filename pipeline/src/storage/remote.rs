@@ -176,7 +176,12 @@ fn client_with_ca(
     }
     let mut client = ClientOptions::new();
     if !env_prefix.is_empty() {
-        for (k, v) in std::env::vars() {
+        // `vars_os`: a variable that is not UTF-8 is skipped (as the builders' `from_env`
+        // does), where `vars` would panic.
+        for (k, v) in std::env::vars_os() {
+            let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+                continue;
+            };
             let key = k.strip_prefix(env_prefix).map(str::to_ascii_lowercase);
             if let Some(key) = key.and_then(|k| k.parse::<ClientConfigKey>().ok()) {
                 client = client.with_config(key, v);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Keeps the Dockerfile honest without Docker: runs each of its `RUN scripts/build.sh …` lines
 # (dev profile, the prefix /opt/sluice mapped to target/dist-check/<stage>), checks that every
-# `COPY --from=<stage> SRC` names something that build installed, and runs what the runtime
+# `COPY --from=<stage> SRC` names something that build installed, that the libraries the
+# runtime stages' binary loads come from their apt packages, and runs what the runtime
 # stages would run: the fleet binary (no libtorch) through the quickstart pipeline, the train
 # binary against the libtorch in its own prefix through one epoch of the quickstart training.
 # scripts/test.sh runs it (needs LIBTORCH's script and OpenMPI, as the suite does).
@@ -10,9 +11,10 @@ cd "$(dirname "$0")/.."
 out="target/dist-check"
 fail() { echo "check-dockerfile: $*" >&2; exit 1; }
 
-# Stage name of each line, and the build lines.
+# Stage name of each line (continuation lines joined), the build lines, the COPY lines and
+# each stage's apt packages.
 stage=""
-declare -A prefix_of=()
+declare -A prefix_of=() packages_of=()
 builds=() copies=()
 while IFS= read -r line; do
     if [[ "$line" =~ ^FROM[[:space:]].*[[:space:]]AS[[:space:]]+([A-Za-z0-9_-]+) ]]; then
@@ -20,9 +22,13 @@ while IFS= read -r line; do
     elif [[ "$line" =~ ^RUN[[:space:]]+scripts/build\.sh[[:space:]]+(.*)$ ]]; then
         builds+=("$stage|${BASH_REMATCH[1]}")
     elif [[ "$line" =~ ^COPY[[:space:]]+--from=([A-Za-z0-9_-]+)[[:space:]]+([^[:space:]]+)[[:space:]] ]]; then
-        copies+=("${BASH_REMATCH[1]}|${BASH_REMATCH[2]}")
+        copies+=("${BASH_REMATCH[1]}|${BASH_REMATCH[2]}|$stage")
+    elif [[ "$line" =~ apt-get[[:space:]]+install[[:space:]]+([^\&]*) ]]; then
+        for word in ${BASH_REMATCH[1]}; do
+            [[ "$word" == -* ]] || packages_of[$stage]+=" $word"
+        done
     fi
-done < Dockerfile
+done < <(sed -e ':a' -e '/\\$/N; s/\\\n/ /; ta' Dockerfile)
 ((${#builds[@]} >= 2)) || fail "expected a build stage with libtorch and one without, found ${#builds[@]} build line(s)"
 ((${#copies[@]} >= 1)) || fail "no COPY --from lines"
 
@@ -45,11 +51,38 @@ for b in "${builds[@]}"; do
 done
 
 for c in "${copies[@]}"; do
-    from="${c%%|*}" src="${c#*|}"
+    IFS='|' read -r from src _ <<<"$c"
     [[ -n "${prefix_of[$from]:-}" ]] || fail "COPY --from=$from: no build stage of that name runs scripts/build.sh"
     [[ "$src" == /opt/sluice/* ]] || fail "COPY --from=$from $src: not under the build's prefix /opt/sluice"
     [[ -e "${prefix_of[$from]}/${src#/opt/sluice/}" ]] || fail "COPY --from=$from $src: the build did not install it"
 done
+
+# Every shared library a runtime stage's `sluice` loads from outside its own folder comes from
+# a package that stage installs (or one those depend on, or one every Debian image has): the
+# host has more installed than debian:bookworm-slim, so running the binary here proves less.
+if command -v dpkg >/dev/null && command -v apt-cache >/dev/null; then
+    base="$(dpkg-query -W -f='${Package} ${Priority}\n' | awk '$2 == "required" {print $1}')"
+    for c in "${copies[@]}"; do
+        IFS='|' read -r from src into <<<"$c"
+        [[ "$src" == */bin/sluice ]] || continue
+        p="$(realpath "${prefix_of[$from]}")"
+        # shellcheck disable=SC2086
+        allowed="$base $(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+            --no-breaks --no-replaces --no-enhances ${packages_of[$into]:-} 2>/dev/null | grep -v '^ ')"
+        while read -r soname _ path _; do
+            [[ "$path" == not ]] && fail "$into: sluice needs $soname, found nowhere"
+            [[ -z "$path" || "$path" == "$p"/* ]] && continue
+            pkg="$(dpkg -S "$path" 2>/dev/null || dpkg -S "/usr$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null || true)"
+            pkg="${pkg%%:*}"
+            [[ -n "$pkg" ]] || fail "$into: sluice needs $path, which no Debian package provides"
+            grep -qx -- "$pkg" <<<"$(tr ' ' '\n' <<<"$allowed")" \
+                || fail "$into: sluice needs $path from the package $pkg, which the stage's apt-get install does not bring"
+        done < <(LD_LIBRARY_PATH="$p/lib" ldd "$p/bin/sluice" | awk '/=>/ {print $1, $2, $3, $4}')
+        echo "[check-dockerfile] $into: every library sluice loads comes from the prefix or the stage's packages" >&2
+    done
+else
+    echo "[check-dockerfile] no dpkg/apt-cache here: the runtime stages' packages are not checked" >&2
+fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

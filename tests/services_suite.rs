@@ -1,4 +1,4 @@
-//! Against the real servers (scripts/services.sh): Kafka (also over TLS), S3, Azure Blob (Azurite), GCS (fake-gcs-server), HTTP(S), the sinks' safety rules, the metrics endpoint and the shuffle's spilling.
+//! Against the real servers (scripts/services.sh): Kafka (also over TLS and with SASL logins), S3, Azure Blob (Azurite), GCS (fake-gcs-server), HTTP(S), the sinks' safety rules, the metrics endpoint and the shuffle's spilling.
 //!
 //! One test binary for several files (each file its own module, as it was its own binary
 //! before): every integration-test binary links all of Sluice and libtorch's wrappers, ~100 MB
@@ -17,8 +17,8 @@ mod http;
 mod kafka;
 #[path = "kafka_fleet.rs"]
 mod kafka_fleet;
-#[path = "kafka_tls.rs"]
-mod kafka_tls;
+#[path = "kafka_security.rs"]
+mod kafka_security;
 #[path = "observe.rs"]
 mod observe;
 #[path = "s3.rs"]

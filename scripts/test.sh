@@ -72,7 +72,7 @@ scripts/minimal.sh
 step "container recipe: the Dockerfile's build lines run (dev profile) and its images' commands checked (scripts/check-dockerfile.sh)"
 scripts/check-dockerfile.sh
 
-step "starting services (S3, Kafka and Kafka over TLS, Azurite, GCS, HTTP and HTTPS)"
+step "starting services (S3, Kafka — plain, TLS and SASL —, Azurite, GCS, HTTP and HTTPS)"
 SERVICES_STARTED=0
 cleanup() { if [[ "$SERVICES_STARTED" == 1 ]]; then scripts/services.sh stop || true; fi; }
 trap cleanup EXIT

@@ -312,7 +312,7 @@ pub struct RunReport {
     /// CPU seconds (user + system, every thread) the process used: the pipeline and the sink.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
-    /// `cpu_seconds` over the run's wall time × the host's cores: the share of the host's CPU
+    /// `cpu_seconds` over the process's wall time × the host's cores: the share of the host's CPU
     /// the data loading took (SPDL keeps a loader at ≤ 0.4 so a trainer's kernel launches are
     /// not starved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -628,10 +628,15 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
         rows_per_second: g(&m.source.rows) as f64 / secs,
         mb_per_second: g(&m.source.bytes_decoded) as f64 / 1e6 / secs,
         cpu_seconds: sluice_pipeline::runtime::process_cpu_seconds(),
-        host_cpu_share: sluice_pipeline::runtime::process_cpu_seconds().map(|cpu| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            cpu / (secs * cores as f64)
-        }),
+        // Over the process's life, as its CPU time counts: over the run's wall time alone, the
+        // setup before it (libtorch's loading, a `standardize` pass) made short runs read
+        // "1514% of the host's 2 cores".
+        host_cpu_share: sluice_pipeline::runtime::process_cpu_seconds()
+            .zip(sluice_pipeline::runtime::process_wall_seconds())
+            .map(|(cpu, wall)| {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                cpu / (wall.max(secs) * cores as f64)
+            }),
         consumer_readiness: m.consumer_readiness(),
         queue_readiness: m
             .queues()

@@ -50,6 +50,19 @@ pub fn process_cpu_seconds() -> Option<f64> {
     parse_stat(&stat).map(|(_, t)| t as f64 / TICKS_PER_SECOND)
 }
 
+/// How long this process has been running, in seconds (`/proc/uptime` less the process's
+/// start in `/proc/self/stat`, field 22): the wall time its CPU time is spent over, setup and
+/// library loading included, as [`process_cpu_seconds`] counts them.
+pub fn process_wall_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // After the name: field 3 (state) is the first, so field 22 (starttime) is the 20th.
+    let start: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let up: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    Some((up - start as f64 / TICKS_PER_SECOND).max(0.0))
+}
+
 /// The CPU time of the loader's threads so far (live and exited), in seconds: what the
 /// loader took from a process that also trains.
 pub fn loader_cpu_seconds() -> Option<f64> {

@@ -10,6 +10,6 @@ mod pool;
 pub(crate) mod recycle;
 pub mod tensorboard;
 
-pub use self::cpu::{loader_cpu_seconds, process_cpu_seconds};
+pub use self::cpu::{loader_cpu_seconds, process_cpu_seconds, process_wall_seconds};
 pub use self::metrics::{PipelineMetrics, SourceMetrics, StageMetrics};
 pub use self::pool::{CpuPool, panic_message};

@@ -144,7 +144,7 @@ start_azurite() {
         >"$STATE/azurite.log" 2>&1 &
     echo $! >"$STATE/azurite.pid"
     echo "$port" >"$STATE/azurite.port"
-    wait_ready azurite "$port" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)"
+    wait_ready azurite "$port" tcp_probe "$port"
 }
 
 # The venv of the Python servers: rangehttpserver (HTTP, HTTPS) and scramp (the SASL proxy).
@@ -258,59 +258,57 @@ start_https() {
     wait_ready https "$port" tls_probe "$port"
 }
 
-# Kafka over TLS: a Tansu broker on a loopback port that advertises the TLS proxy's port, and
-# the proxy in front of it.
+# start_fronted_broker NAME FRONT PROBE: a Tansu broker (`tansu-NAME`) on a loopback port that
+# advertises the port of the front (`kafka-NAME`) started in front of it by the function FRONT
+# (called with the front's port and the broker's; it must `exec` its server, so that the pid
+# recorded is the server's); PROBE PORT says the front is ready. Both or neither run: one of
+# the pair alone is of no use (and its pid file would be overwritten), so it is stopped.
+start_fronted_broker() {
+    local name="$1" front="$2" probe="$3" port inner
+    if alive "$STATE/kafka-$name.pid" && alive "$STATE/tansu-$name.pid"; then
+        log "kafka-$name already running on port $(cat "$STATE/kafka-$name.port")"
+        return
+    fi
+    stop_pid "kafka-$name"; stop_pid "tansu-$name"
+    port="$(free_port)"
+    inner="$(free_port)"
+    "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$inner" \
+        --advertised-listener-url "tcp://127.0.0.1:$port" \
+        --storage-engine memory://tansu/ >"$STATE/tansu-$name.log" 2>&1 &
+    echo $! >"$STATE/tansu-$name.pid"
+    echo "$inner" >"$STATE/tansu-$name.port"
+    wait_ready "tansu-$name" "$inner" tcp_probe "$inner"
+    "$front" "$port" "$inner" >"$STATE/kafka-$name.log" 2>&1 &
+    echo $! >"$STATE/kafka-$name.pid"
+    echo "$port" >"$STATE/kafka-$name.port"
+    wait_ready "kafka-$name" "$port" "$probe" "$port"
+}
+
+tcp_probe() { python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 1)"; }
+
+# Kafka over TLS: the TLS-terminating proxy in front of a broker.
+tls_front() {
+    exec python3 scripts/tls_serve.py proxy "$1" "$2" "$STATE/tls/server.pem" "$STATE/tls/server.key"
+}
+
 start_kafka_tls() {
     install_tansu
     make_tls
-    if alive "$STATE/kafka-tls.pid" && alive "$STATE/tansu-tls.pid"; then
-        log "kafka-tls already running on port $(cat "$STATE/kafka-tls.port")"
-        return
-    fi
-    # One of the pair alone is of no use (and its pid file would be overwritten): stop it.
-    stop_pid kafka-tls; stop_pid tansu-tls
-    local port inner
-    port="$(free_port)"
-    inner="$(free_port)"
-    "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$inner" \
-        --advertised-listener-url "tcp://127.0.0.1:$port" \
-        --storage-engine memory://tansu/ >"$STATE/tansu-tls.log" 2>&1 &
-    echo $! >"$STATE/tansu-tls.pid"
-    echo "$inner" >"$STATE/tansu-tls.port"
-    wait_ready tansu-tls "$inner" python3 -c "import socket; socket.create_connection(('127.0.0.1', $inner), 1)"
-    python3 scripts/tls_serve.py proxy "$port" "$inner" \
-        "$STATE/tls/server.pem" "$STATE/tls/server.key" >"$STATE/kafka-tls.log" 2>&1 &
-    echo $! >"$STATE/kafka-tls.pid"
-    echo "$port" >"$STATE/kafka-tls.port"
-    wait_ready kafka-tls "$port" tls_probe "$port"
+    start_fronted_broker tls tls_front tls_probe
 }
 
-# Kafka with SASL logins: a Tansu broker on a loopback port that advertises the SASL proxy's
-# port (scripts/sasl_proxy.py: PLAIN and SCRAM-SHA-256/512 for the user below), and the proxy.
+# Kafka with SASL logins: scripts/sasl_proxy.py (PLAIN and SCRAM-SHA-256/512 for the user
+# below) in front of a broker.
 SASL_USER=sluice-test
 SASL_PASSWORD=sluice-test-password-7c1e
+sasl_front() {
+    exec "$STATE/venv-http/bin/python" scripts/sasl_proxy.py "$1" "$2" "$SASL_USER:$SASL_PASSWORD"
+}
+
 start_kafka_sasl() {
     install_tansu
     install_http
-    if alive "$STATE/kafka-sasl.pid" && alive "$STATE/tansu-sasl.pid"; then
-        log "kafka-sasl already running on port $(cat "$STATE/kafka-sasl.port")"
-        return
-    fi
-    stop_pid kafka-sasl; stop_pid tansu-sasl
-    local port inner
-    port="$(free_port)"
-    inner="$(free_port)"
-    "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$inner" \
-        --advertised-listener-url "tcp://127.0.0.1:$port" \
-        --storage-engine memory://tansu/ >"$STATE/tansu-sasl.log" 2>&1 &
-    echo $! >"$STATE/tansu-sasl.pid"
-    echo "$inner" >"$STATE/tansu-sasl.port"
-    wait_ready tansu-sasl "$inner" python3 -c "import socket; socket.create_connection(('127.0.0.1', $inner), 1)"
-    "$STATE/venv-http/bin/python" scripts/sasl_proxy.py "$port" "$inner" "$SASL_USER:$SASL_PASSWORD" \
-        >"$STATE/kafka-sasl.log" 2>&1 &
-    echo $! >"$STATE/kafka-sasl.pid"
-    echo "$port" >"$STATE/kafka-sasl.port"
-    wait_ready kafka-sasl "$port" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)"
+    start_fronted_broker sasl sasl_front tcp_probe
 }
 
 print_env() {

@@ -73,26 +73,11 @@ fn bucket(files: &[(String, &Path)]) -> String {
 /// `sluice run` of `path` (cast, then a Parquet file) with `key` as the service-account key:
 /// exit code and all output.
 fn run(dir: &Path, path: &str, key: &str) -> (i32, String) {
-    std::fs::write(
-        dir.join("p.yaml"),
-        format!(
-            "source:\n  type: parquet\n  path: '{path}'\n  storage:\n    options:\n      base_url: {}\n      service_account_key: '{key}'\n    retry: {{max_retries: 2}}\nstages:\n- {{type: cast, columns: {{pixels: float32}}}}\nsink: {{type: parquet, path: out.parquet}}\n",
-            endpoint()
-        ),
-    )
-    .unwrap();
-    let out = sluice()
-        .arg("run")
-        .arg("p.yaml")
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let storage = format!(
+        "{{options: {{base_url: '{}', service_account_key: '{key}'}}, retry: {{max_retries: 2}}}}",
+        endpoint()
     );
-    (out.status.code().unwrap_or(-1), text)
+    run_cast_job(dir, &[path.to_string()], &storage)
 }
 
 #[test]

@@ -51,37 +51,7 @@ fn serve_digits(name: &str) -> (Vec<String>, Vec<PathBuf>) {
 }
 
 fn run(dir: &Path, sources: &[String]) -> (i32, String) {
-    run_with(dir, sources, "")
-}
-
-/// [`run`] with `storage` (a flow map) on the source.
-fn run_with(dir: &Path, sources: &[String], storage: &str) -> (i32, String) {
-    let list: Vec<String> = sources.iter().map(|s| format!("'{s}'")).collect();
-    let storage = if storage.is_empty() {
-        String::new()
-    } else {
-        format!(", storage: {storage}")
-    };
-    std::fs::write(
-        dir.join("p.yaml"),
-        format!(
-            "source: {{type: parquet, path: [{}]{storage}}}\nstages:\n- {{type: cast, columns: {{pixels: float32}}}}\nsink: {{type: parquet, path: out.parquet}}\n",
-            list.join(", ")
-        ),
-    )
-    .unwrap();
-    let out = sluice()
-        .arg("run")
-        .arg("p.yaml")
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+    run_cast_job(dir, sources, "")
 }
 
 #[test]
@@ -145,7 +115,7 @@ fn files_over_https_read_as_from_local_disk_with_the_servers_ca_named() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (code, text) = run(a.path(), &local);
     assert_eq!(code, 0, "{text}");
-    let (code, text) = run_with(
+    let (code, text) = run_cast_job(
         b.path(),
         &secure,
         &format!("{{options: {{ca_certificate: '{ca}', timeout: 30s}}}}"),
@@ -188,7 +158,7 @@ fn an_untrusted_certificate_or_a_bad_ca_file_is_a_clear_error() {
         (dir.path().join("none.pem"), "cannot read"),
         (not_pem, "holds no PEM certificate"),
     ] {
-        let (code, text) = run_with(
+        let (code, text) = run_cast_job(
             dir.path(),
             &secure,
             &format!("{{options: {{ca_certificate: '{}'}}}}", file.display()),

@@ -302,6 +302,38 @@ pub fn parts_in_order(dir: &Path) -> Vec<(i64, u32)> {
     out
 }
 
+/// `sluice run` in `dir` of the digits pipeline the object-store tests share: a Parquet source
+/// on `paths` (with `storage`, a flow map, unless empty), `pixels` cast to float32, into
+/// `out.parquet`: the exit code and all output (stdout, then stderr).
+pub fn run_cast_job(dir: &Path, paths: &[String], storage: &str) -> (i32, String) {
+    let list: Vec<String> = paths.iter().map(|s| format!("'{s}'")).collect();
+    let storage = if storage.is_empty() {
+        String::new()
+    } else {
+        format!(", storage: {storage}")
+    };
+    std::fs::write(
+        dir.join("p.yaml"),
+        format!(
+            "source: {{type: parquet, path: [{}]{storage}}}\nstages:\n- {{type: cast, columns: {{pixels: float32}}}}\nsink: {{type: parquet, path: out.parquet}}\n",
+            list.join(", ")
+        ),
+    )
+    .unwrap();
+    let out = sluice()
+        .arg("run")
+        .arg("p.yaml")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
 /// Starts `sluice ARGS` in `dir` (stdout discarded, stderr to `dir/stderr.log`), to be killed
 /// or signalled by the test.
 pub fn spawn_sluice(dir: &Path, args: &[&str]) -> std::process::Child {

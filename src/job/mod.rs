@@ -575,6 +575,7 @@ const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Duration) -> RunReport {
     let g = PipelineMetrics::get;
     let secs = elapsed.as_secs_f64().max(1e-9);
+    let cpu = sluice_pipeline::runtime::process_cpu_seconds();
     let stages = m
         .stages()
         .iter()
@@ -627,11 +628,11 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
             .collect(),
         rows_per_second: g(&m.source.rows) as f64 / secs,
         mb_per_second: g(&m.source.bytes_decoded) as f64 / 1e6 / secs,
-        cpu_seconds: sluice_pipeline::runtime::process_cpu_seconds(),
+        cpu_seconds: cpu,
         // Over the process's life, as its CPU time counts: over the run's wall time alone, the
         // setup before it (libtorch's loading, a `standardize` pass) made short runs read
         // "1514% of the host's 2 cores".
-        host_cpu_share: sluice_pipeline::runtime::process_cpu_seconds()
+        host_cpu_share: cpu
             .zip(sluice_pipeline::runtime::process_wall_seconds())
             .map(|(cpu, wall)| {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

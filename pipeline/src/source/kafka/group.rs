@@ -33,15 +33,21 @@ impl KafkaSource {
                     tpl.add_partition_offset(&self.topics[*t as usize], *p, *offset)
                         .map_err(|e| kafka_err(brokers, format!("cannot assign: {e}")))?;
                 }
-                self.consumer
-                    .assign(&tpl)
-                    .map_err(|e| kafka_err(brokers, format!("cannot assign partitions: {e}")))?;
+                // Split off before `assign`: once assigned, librdkafka starts fetching at
+                // once, and whatever it fetched before a partition's queue was split off
+                // would be on the consumer's queue, read ahead of every turn (a whole
+                // partition's backlog could come first, and the order would depend on
+                // timing). librdkafka creates the partition for the queue, and its fetch
+                // start keeps a queue's forwarding that the application set.
                 queues = split_queues(
                     &self.consumer,
                     &self.topics,
                     self.assigned.iter().map(|a| (a.0, a.1)),
                     wake,
                 );
+                self.consumer
+                    .assign(&tpl)
+                    .map_err(|e| kafka_err(brokers, format!("cannot assign partitions: {e}")))?;
                 if self.config.group_id.is_some() {
                     self.acker.set_store(Arc::new(GroupStore {
                         consumer: self.consumer.clone(),

@@ -39,7 +39,7 @@ impl Wake {
 }
 
 /// Splits each assigned partition's messages off the consumer's queue into a queue of its
-/// own (after `assign`, before the first poll), wired to wake the consumer thread.
+/// own (before `assign`, so that none is fetched onto the consumer's queue), wired to wake the consumer thread.
 pub(super) fn split_queues(
     consumer: &Arc<SourceConsumer>,
     topics: &[Arc<str>],

@@ -123,14 +123,39 @@ fn origin_hash(o: &Origin) -> u64 {
 /// The identity of every row of a batch, with its epoch mixed in.
 pub(crate) fn row_ids(lineage: &Lineage) -> Vec<u64> {
     let mut out = Vec::with_capacity(lineage.num_rows() as usize);
+    // A shuffled batch has a span per row, from the few row groups or partitions of its
+    // window: their hashes are kept (the last one found is tried first), instead of hashing a
+    // file name for every row (in the tabular bench: 1.5 % of the CPU before, 0.7 % after).
+    let mut known: Vec<(Origin, u64)> = Vec::new();
+    let mut last = 0usize;
     for s in lineage.spans() {
-        let h = origin_hash(&s.origin) ^ splitmix64(s.epoch.wrapping_add(0x5eed));
+        let origin = match known.get(last) {
+            Some((o, h)) if *o == s.origin => *h,
+            _ => match known.iter().position(|(o, _)| *o == s.origin) {
+                Some(i) => {
+                    last = i;
+                    known[i].1
+                }
+                None => {
+                    let h = origin_hash(&s.origin);
+                    if known.len() < KNOWN_ORIGINS {
+                        last = known.len();
+                        known.push((s.origin, h));
+                    }
+                    h
+                }
+            },
+        };
+        let h = origin ^ splitmix64(s.epoch.wrapping_add(0x5eed));
         for k in 0..s.len {
             out.push(splitmix64(h ^ splitmix64(s.first + k)));
         }
     }
     out
 }
+
+/// How many origins' hashes [`row_ids`] keeps for a batch (more are hashed each time).
+const KNOWN_ORIGINS: usize = 16;
 
 /// The ChaCha key of one column of one stage.
 pub(crate) fn column_key(seed: u64, stage_index: usize, column: &str) -> [u8; 32] {
@@ -167,8 +192,11 @@ pub(crate) fn words<'a>(
     n: usize,
     buf: &'a mut Vec<u8>,
 ) -> impl Iterator<Item = u32> + 'a {
-    buf.clear();
-    buf.resize(4 * n, 0);
+    // Grown once, never cleared: the fill overwrites what is used.
+    if buf.len() < 4 * n {
+        buf.resize(4 * n, 0);
+    }
+    let buf = &mut buf[..4 * n];
     rand::Rng::fill_bytes(rng, buf);
     buf.chunks_exact(4).map(super::normal::word)
 }

@@ -119,7 +119,7 @@ async fn consume(
     if variant != "raw" {
         let loader: sluice::loader::LoaderConfig = serde_json::from_value(match workload {
             Workload::Images => serde_json::json!({"device": "cpu", "tensors": {
-                "x": {"column": "image", "dtype": "f32", "shape": [3, 32, 32]},
+                "x": {"column": "image", "dtype": if variant == "uint8" { "u8" } else { "f32" }, "shape": [3, 32, 32]},
                 "y": {"column": "label", "dtype": "i64"}}}),
             Workload::Tabular => serde_json::json!({"device": "cpu", "tensors": {
                 "x": {"column": "x", "dtype": "f32"},

@@ -49,8 +49,8 @@ pub(crate) struct BenchArgs {
     /// Also write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Leave out a variant (`raw`, `sluice`, `global`, `python`, `floor`, `dataloader`,
-    /// `numpy`); may be given more than once. Its row says it was skipped.
+    /// Leave out a variant (`raw`, `sluice`, `global`, `python`, `uint8`, `floor`,
+    /// `dataloader`, `numpy`); may be given more than once. Its row says it was skipped.
     #[arg(long = "skip", value_name = "VARIANT")]
     skip: Vec<String>,
     /// Keep the generated dataset in DIR (reused when it already holds this workload's
@@ -175,7 +175,7 @@ fn run_child(mut cmd: Command) -> Result<Measured, String> {
 }
 
 /// The variants, in table order, each with what it does.
-fn variants(w: Workload) -> [(&'static str, &'static str); 7] {
+fn variants(w: Workload) -> [(&'static str, &'static str); 8] {
     let desc = match w {
         Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
         Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
@@ -190,6 +190,10 @@ fn variants(w: Workload) -> [(&'static str, &'static str); 7] {
         (
             "python",
             "the same, from Python: batches → torch tensors (DLPack)",
+        ),
+        (
+            "uint8",
+            "the same to uint8 tensors, normalize left to the device (DALI's split)",
         ),
         (
             "floor",
@@ -225,6 +229,9 @@ fn measure_variants(
         }
         if args.skip.iter().any(|v| v == variant) {
             skipped = Some("--skip".to_string());
+        }
+        if variant == "uint8" && w == Workload::Tabular {
+            skipped = Some("images only".to_string());
         }
         for _ in 0..args.repeat.max(1) {
             if skipped.is_some() {

@@ -217,6 +217,16 @@ pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize
     );
     let stages = match (workload, variant) {
         (_, "raw" | "floor") => String::new(),
+        // DALI's split: the crop and flip here, the images handed over as uint8 (a quarter of
+        // the bytes), `normalize` on the device (`sluice.torch.normalize` or the loader's
+        // `augment_on: device`), where it costs a GPU a few microseconds per batch.
+        (Workload::Images, "uint8") => "stages:\n\
+            - SHUFFLE\n\
+            - {type: batch, size: 256}\n\
+            - type: image\n  column: image\n  shape: [32, 32, 3]\n  seed: 2\n  dtype: uint8\n  ops:\n\
+            \x20   - random_crop: {size: [32, 32], padding: 4}\n\
+            \x20   - horizontal_flip: {p: 0.5}\n"
+            .to_string(),
         // `batch` before `image`: the rows are cut into batches of 256 while they are still
         // 3 KiB of uint8 each, and every float32 batch is written once, already final (after
         // `image` a batch that straddles two shuffle outputs would be concatenated: 12 KiB

@@ -1,7 +1,8 @@
 //! Recycled output buffers for stages that write large fixed-width columns (the `image`
-//! stage's `float32` pixels: 12 KiB per 32×32×3 image, 3 MiB per batch of 256).
+//! stage's `float32` pixels: 12 KiB per 32×32×3 image, 3 MiB per batch of 256; its `uint8`
+//! ones, a quarter of that).
 //!
-//! A buffer taken from a [`F32Pool`] becomes an Arrow [`Buffer`] whose owner hands the
+//! A buffer taken from a [`Pool`] becomes an Arrow [`Buffer`] whose owner hands the
 //! allocation back to the pool when the last reference goes — after the batch was sliced,
 //! queued, turned into a zero-copy tensor and dropped by the trainer. The next batch then
 //! writes into memory that is already mapped and cache-warm instead of fresh pages: measured
@@ -14,19 +15,22 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use arrow::buffer::{Buffer, ScalarBuffer};
-use arrow::datatypes::ToByteSlice;
+use arrow::datatypes::{ArrowNativeType, ToByteSlice};
 
-/// A bounded free list of `f32` vectors.
+/// A bounded free list of vectors of `T`.
 #[derive(Debug)]
-pub(crate) struct F32Pool {
-    free: Mutex<Vec<Vec<f32>>>,
+pub(crate) struct Pool<T> {
+    free: Mutex<Vec<Vec<T>>>,
     retain_bytes: usize,
 }
 
-impl F32Pool {
+/// The `image` stage's `float32` output buffers.
+pub(crate) type F32Pool = Pool<f32>;
+
+impl<T: ArrowNativeType> Pool<T> {
     /// A pool keeping at most `retain_bytes` of free buffers.
     pub(crate) fn new(retain_bytes: usize) -> Arc<Self> {
-        Arc::new(F32Pool {
+        Arc::new(Pool {
             free: Mutex::new(Vec::new()),
             retain_bytes,
         })
@@ -34,7 +38,7 @@ impl F32Pool {
 
     /// A vector of exactly `len` initialised values (their contents are unspecified: the
     /// caller overwrites every element). Reuses the smallest free buffer that fits.
-    pub(crate) fn take(&self, len: usize) -> Vec<f32> {
+    pub(crate) fn take(&self, len: usize) -> Vec<T> {
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             let best = free
@@ -49,16 +53,16 @@ impl F32Pool {
             Some(mut v) => {
                 // Within the capacity every element was written before: only the tail
                 // beyond the current length (if any) needs initialising.
-                v.resize(len, 0.0);
+                v.resize(len, T::default());
                 v
             }
-            None => vec![0.0; len],
+            None => vec![T::default(); len],
         }
     }
 
     /// Wraps `values` as an Arrow buffer that returns its allocation to this pool when the
     /// last reference (array, slice or tensor) is dropped.
-    pub(crate) fn into_buffer(self: &Arc<Self>, values: Vec<f32>) -> ScalarBuffer<f32> {
+    pub(crate) fn into_buffer(self: &Arc<Self>, values: Vec<T>) -> ScalarBuffer<T> {
         let len = values.len();
         let owner = Recycle {
             values,
@@ -70,10 +74,11 @@ impl F32Pool {
         ScalarBuffer::new(buffer, 0, len)
     }
 
-    fn put(&self, values: Vec<f32>) {
+    fn put(&self, values: Vec<T>) {
+        let size = std::mem::size_of::<T>();
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let held: usize = free.iter().map(|v| v.capacity() * 4).sum();
-        if held + values.capacity() * 4 <= self.retain_bytes {
+        let held: usize = free.iter().map(|v| v.capacity() * size).sum();
+        if held + values.capacity() * size <= self.retain_bytes {
             free.push(values);
         }
     }
@@ -82,23 +87,25 @@ impl F32Pool {
     #[cfg(test)]
     fn held_bytes(&self) -> usize {
         let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        free.iter().map(|v| v.capacity() * 4).sum()
+        free.iter()
+            .map(|v| v.capacity() * std::mem::size_of::<T>())
+            .sum()
     }
 }
 
 /// The owner of a pooled allocation inside an Arrow buffer.
-struct Recycle {
-    values: Vec<f32>,
-    pool: Weak<F32Pool>,
+struct Recycle<T: ArrowNativeType> {
+    values: Vec<T>,
+    pool: Weak<Pool<T>>,
 }
 
-impl AsRef<[u8]> for Recycle {
+impl<T: ArrowNativeType> AsRef<[u8]> for Recycle<T> {
     fn as_ref(&self) -> &[u8] {
         self.values.to_byte_slice()
     }
 }
 
-impl Drop for Recycle {
+impl<T: ArrowNativeType> Drop for Recycle<T> {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.upgrade() {
             pool.put(std::mem::take(&mut self.values));

@@ -106,6 +106,7 @@ pub(super) fn build(
             scale,
             bias,
             buffers: F32Pool::new(RETAIN_BYTES),
+            pixel_buffers: crate::runtime::recycle::Pool::new(RETAIN_BYTES / 4),
         },
         schema,
     ))

@@ -179,6 +179,51 @@ impl ImageStage {
         }
     }
 
+    /// [`Self::crop_normalize`] for `dtype: uint8`: the window's pixels themselves, CHW,
+    /// constant padding as `fill` (rounded, as the float path rounds it).
+    pub(super) fn crop_pixels(&self, src: &[u8], h: usize, w: usize, g: &Geometry, dst: &mut [u8]) {
+        let ch = self.shape[2];
+        let win = pixels::Window {
+            top: g.top as i64,
+            left: g.left as i64,
+            flip_h: g.flip_h,
+            flip_v: g.flip_v,
+        };
+        let pad: Vec<u8> = self.pad_value.iter().map(|v| v.round() as u8).collect();
+        if ch == 3 {
+            let pad = [pad[0], pad[1], pad[2]];
+            pixels::rgb_crop_u8(src, h, w, self.out_hw, &win, pad, dst);
+            return;
+        }
+        let [oh, ow] = self.out_hw;
+        let plane = oh * ow;
+        let pixels::Columns { lo, hi, first } = win.columns(w, ow);
+        for y in 0..oh {
+            let o = y * ow;
+            let sy = win.source_row(y, h, oh).filter(|_| lo < hi);
+            for (k, &fill) in pad.iter().enumerate() {
+                let row = &mut dst[k * plane + o..k * plane + o + ow];
+                let Some(sy) = sy else {
+                    row.fill(fill);
+                    continue;
+                };
+                row[..lo].fill(fill);
+                row[hi..].fill(fill);
+                let from = (sy * w + first) * ch + k;
+                let px = src[from..].iter().step_by(ch).take(hi - lo);
+                if g.flip_h {
+                    row[lo..hi]
+                        .iter_mut()
+                        .rev()
+                        .zip(px)
+                        .for_each(|(o, p)| *o = *p);
+                } else {
+                    row[lo..hi].iter_mut().zip(px).for_each(|(o, p)| *o = *p);
+                }
+            }
+        }
+    }
+
     /// Samples `src` (HWC u8, `h`×`w`) through `g` into `scratch` (HWC f32, 0–255 scale,
     /// output size); padding reads as `g.pad` says (constant: 0).
     pub(super) fn sample(

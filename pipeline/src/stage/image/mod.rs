@@ -34,7 +34,7 @@ use super::augment::row_ids;
 use crate::batch::Batch;
 use crate::dead_letter::DeadLetterFiles;
 use crate::error::{Error, Result, StageRef};
-use crate::runtime::recycle::F32Pool;
+use crate::runtime::recycle::{F32Pool, Pool};
 
 mod build;
 mod colour;
@@ -86,6 +86,8 @@ pub(crate) struct ImageStage {
     pad_value: Vec<f32>,
     /// Output buffers, recycled once the batch (and any tensor made from it) is dropped.
     buffers: Arc<F32Pool>,
+    /// `dtype: uint8`'s output buffers, recycled the same way.
+    pixel_buffers: Arc<Pool<u8>>,
     /// Where skipped rows also go.
     dead_letter: Option<ImageDeadLetter>,
 }
@@ -109,8 +111,12 @@ impl Transform for ImageStage {
         let [oh, ow] = self.out_hw;
         let width = ch * oh * ow;
         let ids = row_ids(&batch.lineage);
-        // Every element is overwritten below (bad rows with zeros).
-        let mut out = self.buffers.take(n * width);
+        // Every element is overwritten below (bad rows with zeros). `uint8`: the pixels, and
+        // a float row for the ops that are computed in floats (resize, colour), then rounded.
+        let uint8 = self.dtype == ImageDtype::Uint8;
+        let mut out = self.buffers.take(if uint8 { 0 } else { n * width });
+        let mut pixels = self.pixel_buffers.take(if uint8 { n * width } else { 0 });
+        let mut float_row = vec![0.0f32; if uint8 { width } else { 0 }];
         let mut scratch = vec![0.0f32; oh * ow * ch];
         let mut resampler = Resampler::default();
         let mut owned = Vec::new();
@@ -124,7 +130,11 @@ impl Transform for ImageStage {
         for b in (0..AHEAD.min(n)).filter_map(bytes_of) {
             super::pixels::prefetch(b);
         }
-        for ((r, id), dst) in ids.iter().enumerate().zip(out.chunks_exact_mut(width)) {
+        for (r, id) in ids.iter().enumerate() {
+            let dst = match uint8 {
+                false => &mut out[r * width..(r + 1) * width],
+                true => &mut float_row[..],
+            };
             let bytes = bytes_of(r);
             if let Some(b) = (r + AHEAD < n).then(|| bytes_of(r + AHEAD)).flatten() {
                 super::pixels::prefetch(b);
@@ -138,13 +148,21 @@ impl Transform for ImageStage {
                 Err(e) => {
                     bad.push((r, e));
                     dst.fill(0.0);
+                    if uint8 {
+                        pixels[r * width..(r + 1) * width].fill(0);
+                    }
                     continue;
                 }
             };
             rng.set_stream(*id);
             let (g, c) = self.draw(&mut rng, h, w);
             let erase = self.draw_erase(&mut rng, [oh, ow]);
-            if g.exact && c == NO_COLOUR && (g.pad == PaddingMode::Constant || g.inside(h, w)) {
+            let fast = g.exact && c == NO_COLOUR;
+            if fast && uint8 && (g.pad == PaddingMode::Constant || g.inside(h, w)) {
+                self.crop_pixels(src, h, w, &g, &mut pixels[r * width..(r + 1) * width]);
+                continue;
+            }
+            if fast && (g.pad == PaddingMode::Constant || g.inside(h, w)) {
                 self.crop_normalize(src, h, w, &g, dst);
             } else {
                 self.sample(src, h, w, &g, &mut scratch, &mut resampler);
@@ -161,15 +179,23 @@ impl Transform for ImageStage {
             if let Some(e) = erase {
                 e.apply(dst, [oh, ow], &mut rng);
             }
+            if uint8 {
+                // Scale 1 and bias 0: pixel values, rounded (a resize or colour op leaves
+                // fractions).
+                let row = &mut pixels[r * width..(r + 1) * width];
+                for (p, v) in row.iter_mut().zip(&float_row) {
+                    *p = v.round() as u8;
+                }
+            }
         }
         let values: ArrayRef = match self.dtype {
             ImageDtype::Float32 => Arc::new(Float32Array::new(self.buffers.into_buffer(out), None)),
-            // The float pass with scale 1 and bias 0 left pixel values (whole numbers after
-            // integer crops and flips), rounded here; the float buffer goes back to the pool.
             ImageDtype::Uint8 => {
-                let bytes: Vec<u8> = out.iter().map(|v| v.round() as u8).collect();
                 drop(self.buffers.into_buffer(out));
-                Arc::new(UInt8Array::from(bytes))
+                Arc::new(UInt8Array::new(
+                    self.pixel_buffers.into_buffer(pixels),
+                    None,
+                ))
             }
         };
         let list = self.list(values, width)?;

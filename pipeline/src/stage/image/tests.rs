@@ -1463,6 +1463,48 @@ fn uint8_output_normalized_afterwards_equals_the_float_output() {
     }
 }
 
+/// The `uint8` crop (its own kernel since it stopped going through floats) gives the pixels of
+/// the float output (0–1 without `normalize`) for 1 and 3 channels, padding included.
+#[test]
+fn uint8_output_is_the_float_output_in_pixels_for_one_and_three_channels() {
+    for ch in [1, 3] {
+        let shape = [9, 7, ch];
+        let input = batch(shape, 8, |r, y, x, c| {
+            (r * 31 + y * 13 + x * 7 + c * 60) as u8
+        });
+        let ops = vec![
+            ImageOp::RandomCrop {
+                size: [9, 7],
+                padding: 3,
+                padding_mode: PaddingMode::Constant,
+                pad_if_needed: false,
+                fill: PadFill::default(),
+            },
+            ImageOp::HorizontalFlip { p: 0.5 },
+            ImageOp::VerticalFlip { p: 0.5 },
+        ];
+        let floats = build_stage(shape, &input, ops.clone(), OnError::Fail, ImageFormat::Raw)
+            .apply(input.clone())
+            .unwrap();
+        let mut c = config(shape, ops, OnError::Fail, ImageFormat::Raw);
+        c.dtype = ImageDtype::Uint8;
+        let (st, _) = try_build(c, &input).unwrap();
+        let bytes = st.apply(input).unwrap();
+        for r in 0..8 {
+            let b = bytes.data.column(0).as_fixed_size_list().value(r);
+            let b = b
+                .as_primitive::<arrow::datatypes::UInt8Type>()
+                .values()
+                .to_vec();
+            let want: Vec<u8> = row(&floats, r)
+                .iter()
+                .map(|v| (v * 255.0).round() as u8)
+                .collect();
+            assert_eq!(b, want, "{ch} channels, row {r}");
+        }
+    }
+}
+
 #[test]
 fn uint8_output_refuses_float_ops() {
     let input = batch([4, 4, 1], 1, |_, _, _, _| 0);

@@ -168,3 +168,47 @@ fn images_bench_produces_a_complete_table() {
 fn tabular_bench_produces_a_complete_table() {
     bench("tabular", 20_000);
 }
+
+/// Variants left out with `--skip` (and Python peers without a Python) are not failures: the
+/// bench exits 0 and their rows say why. (It exited 1 for every `--skip` before.)
+#[test]
+fn skipped_variants_are_not_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_in_for(
+        dir.path(),
+        &[
+            "bench",
+            "tabular",
+            "--rows",
+            "4000",
+            "--repeat",
+            "1",
+            "--python",
+            "none",
+            "--skip",
+            "global",
+            "--skip",
+            "floor",
+            "--json",
+            "bench.json",
+        ],
+        Duration::from_secs(300),
+    );
+    assert_ok(&out);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("bench.json")).unwrap()).unwrap();
+    let skipped = |name: &str| {
+        r["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["variant"] == name)
+            .unwrap()["skipped"]
+            .clone()
+    };
+    assert_eq!(skipped("global"), "--skip");
+    assert_eq!(skipped("floor"), "--skip");
+    assert_eq!(skipped("uint8"), "images only");
+    assert!(skipped("sluice").is_null());
+    assert!(skipped("raw").is_null());
+}

@@ -207,6 +207,17 @@ fn variants(w: Workload) -> [(&'static str, &'static str); 8] {
     ]
 }
 
+/// Why `variant` is not run by choice: `--skip`, or a variant of the other workload.
+fn left_out(args: &BenchArgs, variant: &str) -> Option<&'static str> {
+    if args.skip.iter().any(|v| v == variant) {
+        Some("--skip")
+    } else if variant == "uint8" && args.workload == Workload::Tabular {
+        Some("images only")
+    } else {
+        None
+    }
+}
+
 /// Runs each variant `--repeat` times (a peer that cannot run, a failed run or a wrong row
 /// count skips it) and makes the table's rows, each from the variant's fastest run.
 fn measure_variants(
@@ -227,11 +238,8 @@ fn measure_variants(
         if let Some(why) = peers.missing(variant) {
             skipped = Some(why.clone());
         }
-        if args.skip.iter().any(|v| v == variant) {
-            skipped = Some("--skip".to_string());
-        }
-        if variant == "uint8" && w == Workload::Tabular {
-            skipped = Some("images only".to_string());
+        if let Some(why) = left_out(args, variant) {
+            skipped = Some(why.to_string());
         }
         for _ in 0..args.repeat.max(1) {
             if skipped.is_some() {
@@ -435,11 +443,13 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    // A peer may be missing (no Python with torch); a variant that ran and failed is an error.
-    let failed = results
-        .variants
-        .iter()
-        .any(|r| r.measured.is_none() && peers.missing(r.variant).is_none());
+    // A peer may be missing (no Python with torch) and a variant left out; a variant that ran
+    // and failed is an error.
+    let failed = results.variants.iter().any(|r| {
+        r.measured.is_none()
+            && peers.missing(r.variant).is_none()
+            && left_out(args, r.variant).is_none()
+    });
     if failed {
         ExitCode::FAILURE
     } else {

@@ -443,9 +443,13 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    // A peer may be missing (no Python with torch) and a variant left out; a variant that ran
-    // and failed is an error.
-    let failed = results.variants.iter().any(|r| {
+    exit_code(&results.variants, &peers, args)
+}
+
+/// A peer may be missing (no Python with torch) and a variant left out; a variant that ran
+/// and failed is an error.
+fn exit_code(variants: &[Row], peers: &Peers, args: &BenchArgs) -> ExitCode {
+    let failed = variants.iter().any(|r| {
         r.measured.is_none()
             && peers.missing(r.variant).is_none()
             && left_out(args, r.variant).is_none()

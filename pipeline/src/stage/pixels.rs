@@ -523,20 +523,33 @@ mod tests {
         assert_eq!(mirrored[2][31], 128.5);
     }
 
+    /// An RGB image (`h`, `w`, its bytes), an output size and a window over it: inside,
+    /// overlapping the padding or outside, flipped or not.
+    fn crops() -> impl Strategy<Value = (usize, usize, Vec<u8>, [usize; 2], Window)> {
+        let image = (1usize..40, 1usize..40).prop_flat_map(|(h, w)| {
+            (
+                Just(h),
+                Just(w),
+                proptest::collection::vec(any::<u8>(), 3 * h * w),
+            )
+        });
+        let window = (-8i64..40, -8i64..40, any::<bool>(), any::<bool>()).prop_map(
+            |(top, left, flip_h, flip_v)| Window {
+                top,
+                left,
+                flip_h,
+                flip_v,
+            },
+        );
+        (image, proptest::array::uniform2(1usize..40), window)
+            .prop_map(|((h, w, src), out, win)| (h, w, src, out, win))
+    }
+
     proptest! {
         /// The whole-image crop (AVX2 where the CPU has it) equals the portable loop bit for
         /// bit, for every window (inside, overlapping the padding, outside) and flip.
         #[test]
-        fn every_crop_is_the_portable_one(
-            (h, w, src) in (1usize..40, 1usize..40)
-                .prop_flat_map(|(h, w)| (Just(h), Just(w), proptest::collection::vec(any::<u8>(), 3 * h * w))),
-            out in proptest::array::uniform2(1usize..40),
-            top in -8i64..40,
-            left in -8i64..40,
-            flip_h in any::<bool>(),
-            flip_v in any::<bool>(),
-        ) {
-            let win = Window { top, left, flip_h, flip_v };
+        fn every_crop_is_the_portable_one((h, w, src, out, win) in crops()) {
             let (scale, bias, pad) = ([0.5, -2.0, 3.0], [-1.0, 0.25, 7.0], [9.5, -3.0, 0.125]);
             let n = 3 * out[0] * out[1];
             let mut want = vec![f32::NAN; n];
@@ -549,16 +562,7 @@ mod tests {
         /// The `u8` crop (AVX2 where the CPU has it, and the portable loop) gives the pixel
         /// values the `f32` crop gives with scale 1 and bias 0, for every window and flip.
         #[test]
-        fn the_u8_crop_is_the_f32_crop_of_the_pixels(
-            (h, w, src) in (1usize..40, 1usize..40)
-                .prop_flat_map(|(h, w)| (Just(h), Just(w), proptest::collection::vec(any::<u8>(), 3 * h * w))),
-            out in proptest::array::uniform2(1usize..40),
-            top in -8i64..40,
-            left in -8i64..40,
-            flip_h in any::<bool>(),
-            flip_v in any::<bool>(),
-        ) {
-            let win = Window { top, left, flip_h, flip_v };
+        fn the_u8_crop_is_the_f32_crop_of_the_pixels((h, w, src, out, win) in crops()) {
             let n = 3 * out[0] * out[1];
             let mut want = vec![f32::NAN; n];
             rgb_crop(&src, h, w, out, &win, [1.0; 3], [0.0; 3], [7.0, 0.0, 255.0], &mut want);

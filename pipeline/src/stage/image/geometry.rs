@@ -26,6 +26,18 @@ pub(crate) struct Geometry {
     pub outer: [usize; 2],
 }
 
+impl Geometry {
+    /// The integer crop window of an `exact` geometry, as the pixel kernels take it.
+    pub(crate) fn window(&self) -> pixels::Window {
+        pixels::Window {
+            top: self.top as i64,
+            left: self.left as i64,
+            flip_h: self.flip_h,
+            flip_v: self.flip_v,
+        }
+    }
+}
+
 /// The weights of one axis of an antialiased bilinear resize, as PyTorch computes them for
 /// `_upsample_bilinear2d_aa` (torchvision's `resize(antialias=True)`; PIL's bilinear filter):
 /// output `i` of `out` centred at `scale · (i + 0.5)` (`scale = input / out`) averages the input
@@ -131,12 +143,7 @@ impl ImageStage {
         dst: &mut [f32],
     ) {
         let ch = self.shape[2];
-        let win = pixels::Window {
-            top: g.top as i64,
-            left: g.left as i64,
-            flip_h: g.flip_h,
-            flip_v: g.flip_v,
-        };
+        let win = g.window();
         if ch == 3 {
             let scale = [self.scale[0], self.scale[1], self.scale[2]];
             let bias = [self.bias[0], self.bias[1], self.bias[2]];
@@ -183,12 +190,7 @@ impl ImageStage {
     /// constant padding as `fill` (rounded, as the float path rounds it).
     pub(super) fn crop_pixels(&self, src: &[u8], h: usize, w: usize, g: &Geometry, dst: &mut [u8]) {
         let ch = self.shape[2];
-        let win = pixels::Window {
-            top: g.top as i64,
-            left: g.left as i64,
-            flip_h: g.flip_h,
-            flip_v: g.flip_v,
-        };
+        let win = g.window();
         let pad: Vec<u8> = self.pad_value.iter().map(|v| v.round() as u8).collect();
         if ch == 3 {
             let pad = [pad[0], pad[1], pad[2]];

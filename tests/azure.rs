@@ -129,11 +129,7 @@ fn sluice_with(dir: &Path, args: &[&str], key: &str) -> (i32, String) {
         .envs(env(key))
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     for k in [KEY, WRONG_KEY] {
         assert!(!text.contains(k), "a key leaked into the output:\n{text}");
     }

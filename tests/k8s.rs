@@ -83,11 +83,7 @@ fn validate(manifests: &Path) -> (bool, String) {
         .arg(crds.join("kubeflow.org_mpijobs.yaml"))
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     (out.status.success(), text)
 }
 

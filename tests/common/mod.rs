@@ -238,6 +238,15 @@ pub fn run_in_for(dir: &Path, args: &[&str], timeout: std::time::Duration) -> st
         .unwrap()
 }
 
+/// A finished command's stdout followed by its stderr, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Asserts a `sluice` run succeeded, showing its stdout and stderr otherwise.
 pub fn assert_ok(out: &std::process::Output) {
     assert!(
@@ -326,11 +335,7 @@ pub fn run_cast_job(dir: &Path, paths: &[String], storage: &str) -> (i32, String
         .current_dir(dir)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     (out.status.code().unwrap_or(-1), text)
 }
 

@@ -185,6 +185,48 @@ pub(crate) fn portable_u8(px: &[u8], mirror: bool, d: [&mut [u8]; 3]) {
     }
 }
 
+/// A crop of an image with any number of channels (`[h, w, ch]`, HWC `u8`) through `win` into
+/// CHW `dst` (`out` = [height, width]): each pixel value as `value(channel, pixel)`, padding as
+/// `pad` (one value per channel, `ch` of them). The general path of both output types (the RGB kernels above are the
+/// common case's).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn crop_channels<T: Copy>(
+    src: &[u8],
+    [h, w, ch]: [usize; 3],
+    [oh, ow]: [usize; 2],
+    win: &Window,
+    pad: &[T],
+    dst: &mut [T],
+    value: impl Fn(usize, u8) -> T,
+) {
+    let plane = oh * ow;
+    let Columns { lo, hi, first } = win.columns(w, ow);
+    for y in 0..oh {
+        let o = y * ow;
+        let sy = win.source_row(y, h, oh).filter(|_| lo < hi);
+        for (k, &fill) in pad.iter().enumerate() {
+            let row = &mut dst[k * plane + o..k * plane + o + ow];
+            let Some(sy) = sy else {
+                row.fill(fill);
+                continue;
+            };
+            row[..lo].fill(fill);
+            row[hi..].fill(fill);
+            let from = (sy * w + first) * ch + k;
+            let px = src[from..].iter().step_by(ch).take(hi - lo);
+            let row = &mut row[lo..hi];
+            if win.flip_h {
+                row.iter_mut()
+                    .rev()
+                    .zip(px)
+                    .for_each(|(o, p)| *o = value(k, *p));
+            } else {
+                row.iter_mut().zip(px).for_each(|(o, p)| *o = value(k, *p));
+            }
+        }
+    }
+}
+
 /// The crop loop around a row kernel (inlined into each caller, so that the AVX2 caller's
 /// fills and row kernel are compiled for AVX2 too), for `f32` or `u8` output.
 #[allow(clippy::too_many_arguments)]

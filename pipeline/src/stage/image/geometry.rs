@@ -151,39 +151,11 @@ impl ImageStage {
             pixels::rgb_crop(src, h, w, self.out_hw, &win, scale, bias, pad, dst);
             return;
         }
-        let [oh, ow] = self.out_hw;
-        let plane = oh * ow;
-        let pixels::Columns { lo, hi, first } = win.columns(w, ow);
-        for y in 0..oh {
-            let o = y * ow;
-            let Some(sy) = win.source_row(y, h, oh).filter(|_| lo < hi) else {
-                for k in 0..ch {
-                    dst[k * plane + o..k * plane + o + ow].fill(self.pad_value[k]);
-                }
-                continue;
-            };
-            for k in 0..ch {
-                let row = &mut dst[k * plane + o..k * plane + o + ow];
-                row[..lo].fill(self.pad_value[k]);
-                row[hi..].fill(self.pad_value[k]);
-            }
-            let px = &src[(sy * w + first) * ch..(sy * w + first + (hi - lo)) * ch];
-            for k in 0..ch {
-                let (s, b) = (self.scale[k], self.bias[k]);
-                let row = &mut dst[k * plane + o + lo..k * plane + o + hi];
-                let pixels = px.iter().skip(k).step_by(ch);
-                if g.flip_h {
-                    row.iter_mut()
-                        .rev()
-                        .zip(pixels)
-                        .for_each(|(o, p)| *o = *p as f32 * s + b);
-                } else {
-                    row.iter_mut()
-                        .zip(pixels)
-                        .for_each(|(o, p)| *o = *p as f32 * s + b);
-                }
-            }
-        }
+        let out = self.out_hw;
+        let (scale, bias) = (&self.scale, &self.bias);
+        pixels::crop_channels(src, [h, w, ch], out, &win, &self.pad_value, dst, |k, p| {
+            f32::from(p) * scale[k] + bias[k]
+        });
     }
 
     /// [`Self::crop_normalize`] for `dtype: uint8`: the window's pixels themselves, CHW,
@@ -191,39 +163,14 @@ impl ImageStage {
     pub(super) fn crop_pixels(&self, src: &[u8], h: usize, w: usize, g: &Geometry, dst: &mut [u8]) {
         let ch = self.shape[2];
         let win = g.window();
-        let pad: Vec<u8> = self.pad_value.iter().map(|v| v.round() as u8).collect();
+        // (Channels are 1 or 3: an array, not an allocation per image.)
+        let pad = [0, 1, 2].map(|k| self.pad_value.get(k).map_or(0, |v| v.round() as u8));
         if ch == 3 {
-            let pad = [pad[0], pad[1], pad[2]];
             pixels::rgb_crop_u8(src, h, w, self.out_hw, &win, pad, dst);
             return;
         }
-        let [oh, ow] = self.out_hw;
-        let plane = oh * ow;
-        let pixels::Columns { lo, hi, first } = win.columns(w, ow);
-        for y in 0..oh {
-            let o = y * ow;
-            let sy = win.source_row(y, h, oh).filter(|_| lo < hi);
-            for (k, &fill) in pad.iter().enumerate() {
-                let row = &mut dst[k * plane + o..k * plane + o + ow];
-                let Some(sy) = sy else {
-                    row.fill(fill);
-                    continue;
-                };
-                row[..lo].fill(fill);
-                row[hi..].fill(fill);
-                let from = (sy * w + first) * ch + k;
-                let px = src[from..].iter().step_by(ch).take(hi - lo);
-                if g.flip_h {
-                    row[lo..hi]
-                        .iter_mut()
-                        .rev()
-                        .zip(px)
-                        .for_each(|(o, p)| *o = *p);
-                } else {
-                    row[lo..hi].iter_mut().zip(px).for_each(|(o, p)| *o = *p);
-                }
-            }
-        }
+        let out = self.out_hw;
+        pixels::crop_channels(src, [h, w, ch], out, &win, &pad[..ch], dst, |_, p| p);
     }
 
     /// Samples `src` (HWC u8, `h`×`w`) through `g` into `scratch` (HWC f32, 0–255 scale,

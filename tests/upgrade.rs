@@ -3,8 +3,9 @@
 //! stamp changed its form (see the README there): a shuffled, augmented Parquet `sluice run`
 //! killed mid-epoch, a two-worker `sluice train` killed mid-run, and a shuffled Kafka `static`
 //! stream killed inside a shuffle window. Each is resumed by today's binary and must end
-//! exactly where an uninterrupted run of today's binary ends (for Kafka: every record once,
-//! the open window finished first).
+//! exactly where an uninterrupted run of today's binary ends, drawing its augmentations as
+//! 0.1.0 did (`runtime.draws: 1`; the resumed runs keep that version from the state, which
+//! does not name one) — for Kafka: every record once, the open window finished first.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
@@ -48,6 +49,16 @@ fn copy_fixture(name: &str, with_state: bool, edit: impl Fn(&str) -> String) -> 
     dir
 }
 
+/// `job` drawing its augmentations as Sluice 0.1.0 did (`runtime.draws: 1`, ChaCha8): the
+/// uninterrupted reference runs. The resumed copies do not say so — a state without a draws
+/// version must keep drawing that way by itself.
+fn drawn_as_0_1_0(job: &str) -> String {
+    match job.contains("runtime: {") {
+        true => job.replace("runtime: {", "runtime: {draws: 1, "),
+        false => format!("{job}\nruntime: {{draws: 1}}\n"),
+    }
+}
+
 /// `sluice run job.yaml --resume` in `dir`, which must succeed saying that `before` rows were
 /// written before it; the part files it leaves, in order.
 fn resume_run(dir: &Path, before: u64) -> Vec<(i64, u32)> {
@@ -68,7 +79,7 @@ fn resume_run(dir: &Path, before: u64) -> Vec<(i64, u32)> {
 #[test]
 fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
     let two_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 2");
-    let reference = copy_fixture("run-shuffled", false, two_epochs);
+    let reference = copy_fixture("run-shuffled", false, |j| drawn_as_0_1_0(&two_epochs(j)));
     assert_ok(&run_in_for(
         reference.path(),
         &["run", "job.yaml", "--no-report"],
@@ -88,11 +99,38 @@ fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
     );
 }
 
+/// A state of 0.1.0 (drawn with ChaCha8) resumed under `runtime.draws: 2` is refused, naming
+/// both versions, before anything is written.
+#[test]
+fn a_0_1_0_checkpoint_resumed_with_other_draws_is_refused() {
+    let resumed = copy_fixture("run-shuffled", true, |j| {
+        j.replace("runtime: {", "runtime: {draws: 2, ")
+    });
+    let parts = std::fs::read_dir(resumed.path().join("out"))
+        .unwrap()
+        .count();
+    let out = run_in_for(
+        resumed.path(),
+        &["run", "job.yaml", "--resume", "--no-report"],
+        Duration::from_secs(120),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("drew with version 1 and `runtime.draws` asks for 2"),
+        "{stderr}"
+    );
+    let now = std::fs::read_dir(resumed.path().join("out"))
+        .unwrap()
+        .count();
+    assert_eq!(now, parts, "a refused resume wrote parts");
+}
+
 #[cfg(feature = "torch")]
 #[test]
 fn a_two_worker_training_checkpoint_from_0_1_0_resumes_to_the_same_parameters() {
     let three_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 3");
-    let reference = copy_fixture("train", false, three_epochs);
+    let reference = copy_fixture("train", false, |j| drawn_as_0_1_0(&three_epochs(j)));
     assert_ok(&run_in_for(
         reference.path(),
         &["train", "job.yaml", "--no-report"],
@@ -241,7 +279,7 @@ fn kafka_fixture_topic() {
 /// A Kafka `static` checkpoint of 0.1.0 — a shuffled, augmented stream killed inside a
 /// shuffle window — resumes exactly: the window is finished with exactly the rows it had not
 /// emitted, then the stream goes on; every record is written once, with the noise an
-/// uninterrupted run of today's binary gives it. (0.1.0 took the partitions' turns by timing,
+/// uninterrupted run of today's binary gives it (drawing as 0.1.0 did). (0.1.0 took the partitions' turns by timing,
 /// so the order of later windows is today's, not comparable with 0.1.0's.)
 #[cfg(feature = "kafka")]
 #[test]
@@ -249,7 +287,7 @@ fn a_kafka_static_checkpoint_from_0_1_0_resumes_exactly() {
     use std::collections::{BTreeMap, BTreeSet};
     kafka_fixture_topic();
     let same = |job: &str| job.to_string();
-    let reference = copy_fixture("kafka-static", false, same);
+    let reference = copy_fixture("kafka-static", false, drawn_as_0_1_0);
     assert_ok(&run_in_for(
         reference.path(),
         &["run", "job.yaml", "--no-report"],

@@ -37,7 +37,9 @@ pub use error::{Error, ReadKind, Result, StageRef, feature_off};
 pub use exec::{BatchStream, CpuPool, Pipeline, PipelineMetrics, Plan, PreparedPipeline};
 pub use pipeline_config::PipelineConfig;
 pub use source::input_objects;
-pub use state::{Acknowledger, BatchRun, DataStamp, ErrorCounts, PlanStamp, Rescaled, SourceState};
+pub use state::{
+    Acknowledger, BatchRun, DataStamp, Draws, ErrorCounts, PlanStamp, Rescaled, SourceState,
+};
 
 /// The `source:` section: [`SourceConfig`](sources::SourceConfig), one variant per kind, and
 /// each kind's settings. (They are defined in each source's folder, in the private `source`

@@ -26,6 +26,7 @@ pub use load::{Component, ConfigDocument, Located, component_fields, struct_fiel
 pub use crate::error::config::{
     ConfigError, ConfigErrors, MAX_MESSAGE_BYTES, MAX_QUOTED_BYTES, MAX_SHOWN_ERRORS, did_you_mean,
 };
+use crate::state::Draws;
 pub use crate::types::Literal;
 
 /// Top-level sections a pipeline file may hold. `sink` is read by the `sluice` binary (crate
@@ -64,6 +65,12 @@ pub struct RuntimeConfig {
     /// (`SLUICE_WORLD_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`), else 1.
     #[serde(default)]
     pub world_size: Option<usize>,
+    /// How `gaussian_noise` draws its random numbers: `2` (SplitMix64, today's) or `1`
+    /// (ChaCha8, what every Sluice before draws version 2 drew — to reproduce such a run's
+    /// values in a fresh run). A resumed run keeps the version its state was written with.
+    /// Default: 2.
+    #[serde(default)]
+    pub draws: Option<Draws>,
 }
 
 impl RuntimeConfig {
@@ -146,6 +153,7 @@ impl Default for RuntimeConfig {
             queue_bytes: default_queue_bytes(),
             rank: None,
             world_size: None,
+            draws: None,
         }
     }
 }

@@ -43,7 +43,7 @@ pub use crate::runtime::metrics;
 pub use crate::runtime::{CpuPool, PipelineMetrics, SourceMetrics, StageMetrics};
 use crate::source::Source;
 use crate::stage::{self, BuiltStage, StageConfig};
-use crate::state::{Acknowledger, SourceState};
+use crate::state::{Acknowledger, Draws, SourceState};
 
 /// A pipeline description, ready to be checked or run.
 ///
@@ -186,6 +186,29 @@ impl Pipeline {
         stage::BuildContext {
             base_dir: self.base_dir.clone(),
             rank: self.rank_and_world().0,
+            draws: self.draws(),
+        }
+    }
+
+    /// How this run draws `gaussian_noise`: as the resumed state was drawn, else as
+    /// `runtime.draws` says, else today's way ([`Draws`]).
+    fn draws(&self) -> Draws {
+        match &self.resume {
+            Some(s) => s.draws,
+            None => self.config.runtime.draws.unwrap_or_default(),
+        }
+    }
+
+    /// Refuses a resumed state drawn otherwise than `runtime.draws` asks.
+    fn check_draws(&self) -> Result<()> {
+        match (&self.resume, self.config.runtime.draws) {
+            (Some(s), Some(asked)) if s.draws != asked => Err(Error::Resume(format!(
+                "the state was written by a run whose augmentations drew with version {} and `runtime.draws` asks for {}: a resumed run keeps its draws, so its values continue exactly. Remove `runtime.draws` (or set it to {}), or start over without the state",
+                u32::from(s.draws),
+                u32::from(asked),
+                u32::from(s.draws)
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -247,7 +270,7 @@ impl Pipeline {
     /// tokio runtime.
     pub fn stream(self) -> BatchStream {
         let metrics = Arc::new(PipelineMetrics::default());
-        let acker = Arc::new(Acknowledger::new(self.resume.as_ref()));
+        let acker = Arc::new(Acknowledger::new(self.resume.as_ref()).drawing(self.draws()));
         let (m, a) = (metrics.clone(), acker.clone());
         let delivered = acker.follower(self.resume.as_ref());
         let mut prelude = self.prelude();

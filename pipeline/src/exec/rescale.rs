@@ -278,6 +278,7 @@ fn deal(
 fn rescaled_state(plan: &Option<PlanStamp>, share: Rescaled) -> SourceState {
     SourceState {
         plan: plan.clone(),
+        draws: share.draws(),
         rescaled: Some(Box::new(share)),
         ..SourceState::default()
     }
@@ -288,6 +289,7 @@ pub(super) fn after(plan: &Option<PlanStamp>, share: &Rescaled) -> SourceState {
     SourceState {
         parquet: Some(share.then),
         plan: plan.clone(),
+        draws: share.draws(),
         ..SourceState::default()
     }
 }

@@ -15,10 +15,11 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
+use super::normal::{SplitMix64, splitmix64};
 use super::{Build, BuiltStage, StageKind};
 use crate::batch::{Batch, Lineage, Origin};
 use crate::error::{Error, Result, StageRef};
-use crate::state::{FNV_BASIS, fnv1a};
+use crate::state::{Draws, FNV_BASIS, fnv1a};
 
 /// `type: gaussian_noise` — adds `std · N(0, 1)` to every value. Each draw is a pure function
 /// of (seed, stage, column, epoch, row identity from lineage): the same row gets the same noise
@@ -56,8 +57,8 @@ pub struct FeatureDropoutConfig {
 /// What an augmentation does to each value.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Noise {
-    /// `x + std · N(0, 1)`.
-    Gaussian { std: f64 },
+    /// `x + std · N(0, 1)`, drawn as `draws` says.
+    Gaussian { std: f64, draws: Draws },
     /// `0` with probability `p`, else `x · scale`.
     Dropout { p: f64, scale: f64 },
 }
@@ -80,14 +81,6 @@ pub(crate) fn supported(t: &DataType) -> bool {
         }
         _ => false,
     }
-}
-
-pub(crate) fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// A row's origin hashed with FNV-1a ([`fnv1a`]): fixed and platform-independent (std's
@@ -205,6 +198,8 @@ trait Float: ArrowPrimitiveType {
     /// `row[i] += std · zᵢ` in place, the `zᵢ` standard normal samples from `rng`,
     /// positioned at the start of the row's stream; `scratch` is reused between rows.
     fn gaussian(row: &mut [Self::Native], std: f64, rng: &mut ChaCha8Rng, scratch: &mut Vec<u8>);
+    /// [`Float::gaussian`] from the SplitMix64 stream starting at `stream` (draws version 2).
+    fn gaussian_splitmix(row: &mut [Self::Native], std: f64, stream: u64, scratch: &mut Vec<u8>);
     /// `v · scale`.
     fn scaled(v: Self::Native, scale: f64) -> Self::Native;
     fn is_nan(v: Self::Native) -> bool;
@@ -213,6 +208,9 @@ trait Float: ArrowPrimitiveType {
 impl Float for Float32Type {
     fn gaussian(row: &mut [f32], std: f64, rng: &mut ChaCha8Rng, s: &mut Vec<u8>) {
         super::normal::noise_row_f32(rng, row, std as f32, s);
+    }
+    fn gaussian_splitmix(row: &mut [f32], std: f64, stream: u64, s: &mut Vec<u8>) {
+        super::normal::noise_row_f32_splitmix(stream, row, std as f32, s);
     }
     fn scaled(v: f32, scale: f64) -> f32 {
         v * scale as f32
@@ -226,6 +224,13 @@ impl Float for Float64Type {
     fn gaussian(row: &mut [f64], std: f64, rng: &mut ChaCha8Rng, _: &mut Vec<u8>) {
         for v in row {
             let z: f64 = StandardNormal.sample(rng);
+            *v += std * z;
+        }
+    }
+    fn gaussian_splitmix(row: &mut [f64], std: f64, stream: u64, _: &mut Vec<u8>) {
+        let mut rng = SplitMix64(stream);
+        for v in row {
+            let z: f64 = StandardNormal.sample(&mut rng);
             *v += std * z;
         }
     }
@@ -246,9 +251,26 @@ fn augment_values<T: Float>(
     noise: Noise,
 ) {
     match noise {
-        Noise::Gaussian { std } => per_row::<T>(values, width, ids, key, |rng, row, scratch| {
+        Noise::Gaussian {
+            std,
+            draws: Draws::ChaCha8,
+        } => per_row::<T>(values, width, ids, key, |rng, row, scratch| {
             T::gaussian(row, std, rng, scratch)
         }),
+        Noise::Gaussian {
+            std,
+            draws: Draws::SplitMix64,
+        } => {
+            // The row's stream: the column's key and the row's identity, mixed once more so
+            // that no two rows' streams are a few steps apart.
+            let k = u64::from_le_bytes([
+                key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7],
+            ]);
+            let mut scratch = Vec::new();
+            for (row, id) in values.chunks_exact_mut(width.max(1)).zip(ids) {
+                T::gaussian_splitmix(row, std, splitmix64(k ^ id), &mut scratch);
+            }
+        }
         Noise::Dropout { p, scale } => {
             let drop = Chance::new(p);
             per_row::<T>(values, width, ids, key, move |rng, row, buf| {
@@ -381,7 +403,10 @@ impl StageKind for GaussianNoiseConfig {
             b.input,
             &self.columns,
             self.seed,
-            Noise::Gaussian { std: self.std },
+            Noise::Gaussian {
+                std: self.std,
+                draws: b.ctx.draws,
+            },
         )
     }
 }
@@ -457,7 +482,13 @@ mod tests {
 
     #[test]
     fn noise_depends_on_the_row_not_on_batching() {
-        let s = stage(Noise::Gaussian { std: 0.5 });
+        for draws in [Draws::ChaCha8, Draws::SplitMix64] {
+            noise_depends_on_the_row_not_on_batching_with(draws);
+        }
+    }
+
+    fn noise_depends_on_the_row_not_on_batching_with(draws: Draws) {
+        let s = stage(Noise::Gaussian { std: 0.5, draws });
         let whole = flat(&s.apply(batch(100, 0, 0)).unwrap());
         let b = batch(100, 0, 0);
         let mut split = flat(&s.apply(b.slice(0, 37)).unwrap());
@@ -472,7 +503,52 @@ mod tests {
 
     #[test]
     fn gaussian_noise_has_the_requested_spread() {
-        let s = stage(Noise::Gaussian { std: 0.1 });
+        for draws in [Draws::ChaCha8, Draws::SplitMix64] {
+            gaussian_noise_has_the_requested_spread_with(draws);
+        }
+    }
+
+    /// Version 1 draws what ChaCha8 on the row's stream gives (what every older Sluice drew);
+    /// version 2 draws other values, from the row's SplitMix64 stream.
+    #[test]
+    fn each_draws_version_draws_from_its_own_generator() {
+        let input = batch(50, 3, 1);
+        let ids = row_ids(&input.lineage);
+        let key = column_key(7, 0, "x");
+        let before = flat(&input);
+        let (mut chacha, mut splitmix, mut scratch) = (before.clone(), before.clone(), Vec::new());
+        let mut rng = ChaCha8Rng::from_seed(key);
+        let k = u64::from_le_bytes(key[..8].try_into().unwrap());
+        for (r, id) in ids.iter().enumerate() {
+            rng.set_stream(*id);
+            super::super::normal::noise_row_f32(
+                &mut rng,
+                &mut chacha[4 * r..4 * r + 4],
+                0.5,
+                &mut scratch,
+            );
+            super::super::normal::noise_row_f32_splitmix(
+                splitmix64(k ^ id),
+                &mut splitmix[4 * r..4 * r + 4],
+                0.5,
+                &mut scratch,
+            );
+        }
+        let v1 = stage(Noise::Gaussian {
+            std: 0.5,
+            draws: Draws::ChaCha8,
+        });
+        let v2 = stage(Noise::Gaussian {
+            std: 0.5,
+            draws: Draws::SplitMix64,
+        });
+        assert_eq!(flat(&v1.apply(input.clone()).unwrap()), chacha);
+        assert_eq!(flat(&v2.apply(input).unwrap()), splitmix);
+        assert!(chacha.iter().zip(&splitmix).all(|(a, b)| a != b));
+    }
+
+    fn gaussian_noise_has_the_requested_spread_with(draws: Draws) {
+        let s = stage(Noise::Gaussian { std: 0.1, draws });
         let input = batch(25_000, 0, 0);
         let before = flat(&input);
         let after = flat(&s.apply(input).unwrap());

@@ -52,7 +52,6 @@ use crate::error::{Error, Result, StageRef};
 use crate::types::Literal;
 
 // Each kind's settings live with its build step and kernel; `registry` lists the kinds.
-pub(crate) use augment::splitmix64;
 pub use augment::{FeatureDropoutConfig, GaussianNoiseConfig};
 pub use columns::{CastConfig, RenameConfig, SelectConfig};
 pub use image::{
@@ -60,6 +59,7 @@ pub use image::{
     ImageOp, OnError, PadFill, PaddingMode,
 };
 pub use mixup::{CutmixConfig, MixupConfig};
+pub(crate) use normal::splitmix64;
 pub use rebatch::BatchConfig;
 pub use registry::StageConfig;
 pub(crate) use registry::build;
@@ -92,7 +92,7 @@ pub(crate) enum BuiltStage {
 /// A ChaCha8 generator keyed by `(seed, domain, epoch, extra)`: the one way Sluice derives
 /// random streams (row-group order, shuffle windows), so results never depend on timing.
 pub(crate) fn seeded_rng(seed: u64, domain: u64, epoch: u64, extra: u64) -> ChaCha8Rng {
-    use augment::splitmix64 as mix;
+    use normal::splitmix64 as mix;
     let a = mix(seed ^ mix(domain));
     let b = mix(a ^ mix(epoch.wrapping_add(0x0e0c)));
     let c = mix(b ^ mix(extra.wrapping_add(0x7e57)));
@@ -140,6 +140,8 @@ pub(crate) fn no_such_column(name: &str, available: &[&str], note: &str) -> Stri
 pub(crate) struct BuildContext {
     pub base_dir: std::path::PathBuf,
     pub rank: usize,
+    /// How `gaussian_noise` draws: the resumed state's version, else today's.
+    pub draws: crate::state::Draws,
 }
 
 /// What a stage kind's build step reads besides its own config: the stage, the schema it

@@ -13,12 +13,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::{Batch, Lineage, Mark, Origin};
 
+mod draws;
 mod errors;
 pub mod position;
 mod stamp;
 #[cfg(test)]
 mod tests;
 
+pub use draws::Draws;
 pub use errors::ErrorCounts;
 use errors::{ErrorLedger, Run};
 pub use position::{KafkaMark, KafkaPositions, KafkaShuffleState, KafkaWindow, Position};
@@ -118,10 +120,18 @@ impl SourceState {
             state: SourceState {
                 parquet: Some(Mark::start_of(interrupted.map_or(0, |e| e + 1))),
                 plan,
+                draws: states.first().map_or_else(Draws::default, |s| s.draws),
                 ..SourceState::default()
             },
             interrupted,
         })
+    }
+}
+
+impl Rescaled {
+    /// The draws of the run the epoch was interrupted in (kept by the run that continues it).
+    pub fn draws(&self) -> Draws {
+        self.from.first().map_or_else(Draws::default, |s| s.draws)
     }
 }
 
@@ -154,6 +164,9 @@ pub struct SourceState {
     /// this rank delivers first (see [`Rescaled`]); `parquet` is unset meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rescaled: Option<Box<Rescaled>>,
+    /// How the run that wrote this state drew its augmentations; a resumed run keeps it.
+    #[serde(default = "Draws::first")]
+    pub draws: Draws,
 }
 
 /// The rest of an epoch interrupted on some number of ranks, continued on another number
@@ -334,6 +347,8 @@ pub struct Acknowledger {
     /// ([`Acknowledger::follower`]), and this one's place among them.
     errors: Arc<Mutex<ErrorLedger>>,
     errors_slot: usize,
+    /// The draws of the state this one was restored from (else today's), kept in every state.
+    draws: Draws,
 }
 
 impl Default for Acknowledger {
@@ -343,6 +358,13 @@ impl Default for Acknowledger {
 }
 
 impl Acknowledger {
+    /// Records `draws` in every state (the run's: [`crate::Pipeline`] decides it from the
+    /// resumed state or the config).
+    pub(crate) fn drawing(mut self, draws: Draws) -> Self {
+        self.draws = draws;
+        self
+    }
+
     /// Starts from a restored state (or nothing).
     pub fn new(resume: Option<&SourceState>) -> Self {
         Acknowledger {
@@ -352,6 +374,7 @@ impl Acknowledger {
             store: OnceLock::new(),
             plan: OnceLock::new(),
             resumed_plan: resume.and_then(|s| s.plan.clone()),
+            draws: resume.map_or_else(Draws::default, |s| s.draws),
             errors: Arc::new(Mutex::new(ErrorLedger {
                 base: resume.and_then(|s| s.kafka_errors).unwrap_or_default(),
                 used: resume.is_some_and(|s| s.kafka_errors.is_some()),
@@ -366,7 +389,7 @@ impl Acknowledger {
     /// view: what the stream yielded, say, where this one tracks what a sink made durable).
     /// It shares the error budget's counts the source reports here.
     pub(crate) fn follower(&self, resume: Option<&SourceState>) -> Acknowledger {
-        let mut a = Acknowledger::new(resume);
+        let mut a = Acknowledger::new(resume).drawing(self.draws);
         a.errors = self.errors.clone();
         a.errors_slot = {
             let mut l = held(&self.errors);
@@ -487,6 +510,7 @@ impl Acknowledger {
                 None => self.resumed_plan.clone(),
             },
             rescaled: None,
+            draws: self.draws,
         }
     }
 

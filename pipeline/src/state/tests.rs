@@ -239,6 +239,7 @@ fn positions_follow_lineage_and_partial_messages() {
         plan: None,
         kafka_errors: None,
         rescaled: None,
+        draws: Draws::default(),
     })
     .unwrap();
     let back: SourceState = serde_json::from_str(&json).unwrap();

@@ -45,7 +45,7 @@ pub(crate) fn noise_row_f32<G: Rng + ?Sized>(
     }
 }
 
-/// [`noise_row_f32`] with the words of SplitMix64 (draws version 2, [`crate::state::Draws`]):
+/// [`noise_row_f32`] with the words of SplitMix64 (draws version 2, `state::Draws`):
 /// the row's stream starts at `stream`, and value `2j` takes the low half, value `2j + 1` the
 /// high half of the stream's output `j`, `splitmix64(stream + j·γ)` — computed for every `j`
 /// at once (vectorised; 64-bit multiplies on AVX-512), where ChaCha8 cost 1.0–1.2 ns per word.

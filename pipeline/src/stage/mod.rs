@@ -140,7 +140,8 @@ pub(crate) fn no_such_column(name: &str, available: &[&str], note: &str) -> Stri
 pub(crate) struct BuildContext {
     pub base_dir: std::path::PathBuf,
     pub rank: usize,
-    /// How `gaussian_noise` draws: the resumed state's version, else today's.
+    /// How `gaussian_noise` draws: the resumed state's version, else `runtime.draws`, else
+    /// today's.
     pub draws: crate::state::Draws,
 }
 

@@ -155,9 +155,11 @@ impl rand::TryRng for SplitMix64 {
 fn splitmix_fill(stream: u64, words: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512dq") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
             #[allow(unsafe_code)]
-            // SAFETY: the CPU has AVX-512 F and DQ (DQ implies F; checked just above).
+            // SAFETY: the CPU has AVX-512 F and DQ (checked just above).
             return unsafe { splitmix_fill_avx512(stream, words) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -218,9 +220,11 @@ fn signed(x: f32, r: u32) -> f32 {
 fn fast_row(words: &[u8], row: &mut [f32], std: f32, rejected: &mut [u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512bw") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
             #[allow(unsafe_code)]
-            // SAFETY: the CPU has AVX-512 F and BW (BW implies F; checked just above).
+            // SAFETY: the CPU has AVX-512 F and BW (checked just above).
             return unsafe { fast_row_avx512(words, row, std, rejected) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -444,7 +448,9 @@ mod tests {
             if std::arch::is_x86_feature_detected!("avx2") {
                 variants.push(("avx2", fast_row_avx2));
             }
-            if std::arch::is_x86_feature_detected!("avx512bw") {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+            {
                 variants.push(("avx512", fast_row_avx512));
             }
         }
@@ -546,7 +552,9 @@ mod tests {
                 unsafe { splitmix_fill_avx2(stream, &mut dispatched) };
                 assert_eq!(dispatched, bytes);
             }
-            if std::arch::is_x86_feature_detected!("avx512dq") {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+            {
                 dispatched.fill(0);
                 // SAFETY: the CPU has AVX-512 F and DQ (checked just above).
                 unsafe { splitmix_fill_avx512(stream, &mut dispatched) };

@@ -44,7 +44,7 @@ impl TryFrom<u32> for Draws {
             1 => Ok(Draws::ChaCha8),
             2 => Ok(Draws::SplitMix64),
             _ => Err(format!(
-                "draws version {v} is not one this Sluice knows: 1 (ChaCha8) or 2 (SplitMix64). A state that says {v} was written by a newer Sluice: resume it with that one, or start over without it"
+                "draws version {v} is not one this Sluice knows: 1 (ChaCha8) or 2 (SplitMix64) (in a checkpoint, it means a newer Sluice wrote it: resume it with that one, or start over without it)"
             )),
         }
     }
@@ -67,12 +67,28 @@ mod tests {
         assert_eq!(back, now);
     }
 
+    /// States of one interrupted run carry one version; states drawn otherwise cannot be
+    /// continued together (some rows would get other values than their run gave them).
+    #[test]
+    fn states_of_different_draws_do_not_continue_together() {
+        let old = SourceState {
+            draws: Draws::ChaCha8,
+            ..SourceState::default()
+        };
+        let err = SourceState::next_epoch(&[old.clone(), SourceState::default()])
+            .err()
+            .unwrap();
+        assert!(err.contains("different draws versions"), "{err}");
+        let next = SourceState::next_epoch(&[old.clone(), old]).unwrap();
+        assert_eq!(next.state.draws, Draws::ChaCha8);
+    }
+
     #[test]
     fn a_newer_version_is_refused_by_name() {
         let err = serde_json::from_str::<SourceState>(r#"{"draws": 3}"#)
             .unwrap_err()
             .to_string();
         assert!(err.contains("draws version 3 is not one"), "{err}");
-        assert!(err.contains("newer Sluice"), "{err}");
+        assert!(err.contains("a newer Sluice wrote it"), "{err}");
     }
 }

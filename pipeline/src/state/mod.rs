@@ -102,6 +102,11 @@ impl SourceState {
                 "a Kafka stream's positions are per partition; resume it on as many ranks as wrote them".into(),
             );
         }
+        if states.iter().any(|s| s.draws != states[0].draws) {
+            return Err(
+                "the ranks' states were drawn with different draws versions: they are not from one run".into(),
+            );
+        }
         let interrupted = states
             .iter()
             .filter_map(|s| s.parquet)

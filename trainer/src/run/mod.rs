@@ -264,6 +264,7 @@ pub(crate) fn worker(
     }
 
     // The data.
+    let last_state = resume::position(&resumed, rank, &config);
     let input = setup::open_data(job, rank, config, data, &resumed, options, handle)?;
     let live_steps = input.live.as_ref().filter(|_| rank == 0); // step counters are rank 0's
 
@@ -297,7 +298,7 @@ pub(crate) fn worker(
         tensorboard: setup::open_tensorboard(job, rank)?,
         live_steps,
         total_steps,
-        last_state: resume::position(&resumed, rank),
+        last_state,
         rows_trained: resumed.as_ref().map_or(0, |(m, _)| m.rows_trained),
         rows_this_run: 0,
         rows_untrained: 0,

@@ -343,10 +343,24 @@ pub(super) fn resumed_length(
     Some(meta.step + epochs.saturating_sub(at.epoch) * per_epoch)
 }
 
-/// This rank's pipeline position in the checkpoint resumed (the start without one).
-pub(super) fn position(resumed: &Option<Resumed>, rank: usize) -> SourceState {
+/// This rank's pipeline position in the checkpoint resumed (the start without one, drawing
+/// as `runtime.draws` asks: a checkpoint taken before the first step must say so).
+pub(super) fn position(
+    resumed: &Option<Resumed>,
+    rank: usize,
+    config: &PipelineConfig,
+) -> SourceState {
     resumed
         .as_ref()
         .and_then(|(m, _)| m.pipeline.get(rank).cloned())
-        .unwrap_or_default()
+        .unwrap_or_else(|| fresh_state(config))
+}
+
+/// The position of a run that starts from nothing: the start, drawing as `runtime.draws`
+/// asks (else today's way).
+pub(super) fn fresh_state(config: &PipelineConfig) -> SourceState {
+    SourceState {
+        draws: config.runtime.draws.unwrap_or_default(),
+        ..SourceState::default()
+    }
 }

@@ -168,7 +168,9 @@ pub(super) fn serve(
         }
     };
     let (tensors, step, rows_trained, total_steps) = init;
-    let states = vec![SourceState::default(); world];
+    // Until a rank says hello: the start, drawing as the job asks (a checkpoint may be taken
+    // before a slow rank's first push).
+    let states = vec![super::resume::fresh_state(&job.pipeline); world];
     let (model, optim): (Vec<_>, Vec<_>) = tensors
         .into_iter()
         .partition(|(n, _)| n.starts_with("model."));

@@ -73,9 +73,10 @@ pub(super) fn open_data(
     handle: &Handle,
 ) -> Result<Input, TrainError> {
     let tc = &job.trainer;
+    let fresh = super::resume::fresh_state(&config);
     let mut pipeline = Pipeline::from_config(config, job.base_dir.clone()).with_collective(data);
     if let Some((meta, _)) = resumed {
-        pipeline = pipeline.resume_from(meta.pipeline.get(rank).cloned().unwrap_or_default());
+        pipeline = pipeline.resume_from(meta.pipeline.get(rank).cloned().unwrap_or(fresh));
     }
     let prepared = handle.block_on(pipeline.prepare())?;
     let schema = prepared.schema().clone();

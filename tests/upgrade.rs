@@ -19,20 +19,23 @@ fn fixture(name: &str) -> PathBuf {
     repo().join("tests/fixtures/upgrade").join(name)
 }
 
-/// Copies the fixture `name` into a fresh directory, with `edit` applied to its job.yaml.
-fn copy_fixture(name: &str, with_state: bool, edit: impl Fn(&str) -> String) -> tempfile::TempDir {
-    fn copy_dir(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap() {
-            let e = e.unwrap();
-            let target = to.join(e.file_name());
-            if e.file_type().unwrap().is_dir() {
-                copy_dir(&e.path(), &target);
-            } else {
-                std::fs::copy(e.path(), target).unwrap();
-            }
+/// Copies the directory `from` to `to`, recursively.
+fn copy_data(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_data(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
         }
     }
+}
+
+/// Copies the fixture `name` into a fresh directory, with `edit` applied to its job.yaml.
+fn copy_fixture(name: &str, with_state: bool, edit: impl Fn(&str) -> String) -> tempfile::TempDir {
+    let copy_dir = copy_data;
     let dir = tempfile::tempdir().unwrap();
     let from = fixture(name);
     if from.join("data").exists() {
@@ -96,6 +99,38 @@ fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
     assert!(
         got == want,
         "the run resumed from 0.1.0's checkpoint differs from an uninterrupted run"
+    );
+}
+
+/// A checkpoint of draws version 2 (`run-shuffled-draws2/`: the same job, written at
+/// `b30a9b4`, killed inside a shuffle window of epoch 1) resumes exactly: its parts, written
+/// before the kill with `gaussian_noise` on SplitMix64, and the resumed run's equal an
+/// uninterrupted run of today's binary. Fails if version 2's draws ever change.
+#[test]
+fn a_draws_version_2_checkpoint_resumes_exactly() {
+    let two_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 2");
+    let reference = copy_fixture("run-shuffled", false, two_epochs);
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["run", "job.yaml", "--no-report"],
+        Duration::from_secs(300),
+    ));
+    let want = parts_in_order(&reference.path().join("out"));
+
+    let resumed = copy_fixture("run-shuffled-draws2", true, two_epochs);
+    copy_data(
+        &fixture("run-shuffled").join("data"),
+        &resumed.path().join("data"),
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(resumed.path().join("state/cp.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["source"]["draws"], 2, "{state}");
+    let got = resume_run(resumed.path(), 8793);
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got == want,
+        "the run resumed from a draws-2 checkpoint differs from an uninterrupted run"
     );
 }
 

@@ -35,16 +35,15 @@ fn copy_data(from: &Path, to: &Path) {
 
 /// Copies the fixture `name` into a fresh directory, with `edit` applied to its job.yaml.
 fn copy_fixture(name: &str, with_state: bool, edit: impl Fn(&str) -> String) -> tempfile::TempDir {
-    let copy_dir = copy_data;
     let dir = tempfile::tempdir().unwrap();
     let from = fixture(name);
     if from.join("data").exists() {
-        copy_dir(&from.join("data"), &dir.path().join("data"));
+        copy_data(&from.join("data"), &dir.path().join("data"));
     }
     if with_state {
-        copy_dir(&from.join("state"), &dir.path().join("state"));
+        copy_data(&from.join("state"), &dir.path().join("state"));
         if from.join("out").exists() {
-            copy_dir(&from.join("out"), &dir.path().join("out"));
+            copy_data(&from.join("out"), &dir.path().join("out"));
         }
     }
     let job = std::fs::read_to_string(from.join("job.yaml")).unwrap();
@@ -60,6 +59,18 @@ fn drawn_as_0_1_0(job: &str) -> String {
         true => job.replace("runtime: {", "runtime: {draws: 1, "),
         false => format!("{job}\nruntime: {{draws: 1}}\n"),
     }
+}
+
+/// The part files, in order, of an uninterrupted `sluice run` of the fixture `name` (without
+/// its state), with `edit` applied to its job.yaml.
+fn uninterrupted_parts(name: &str, edit: impl Fn(&str) -> String) -> Vec<(i64, u32)> {
+    let reference = copy_fixture(name, false, edit);
+    assert_ok(&run_in_for(
+        reference.path(),
+        &["run", "job.yaml", "--no-report"],
+        Duration::from_secs(300),
+    ));
+    parts_in_order(&reference.path().join("out"))
 }
 
 /// `sluice run job.yaml --resume` in `dir`, which must succeed saying that `before` rows were
@@ -82,13 +93,7 @@ fn resume_run(dir: &Path, before: u64) -> Vec<(i64, u32)> {
 #[test]
 fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
     let two_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 2");
-    let reference = copy_fixture("run-shuffled", false, |j| drawn_as_0_1_0(&two_epochs(j)));
-    assert_ok(&run_in_for(
-        reference.path(),
-        &["run", "job.yaml", "--no-report"],
-        Duration::from_secs(300),
-    ));
-    let want = parts_in_order(&reference.path().join("out"));
+    let want = uninterrupted_parts("run-shuffled", |j| drawn_as_0_1_0(&two_epochs(j)));
     // 6,000 rows an epoch, those with id % 7 = 3 filtered out.
     let kept = (0..6000).filter(|i| i % 7 != 3).count();
     assert_eq!(want.len(), 2 * kept);
@@ -109,13 +114,7 @@ fn a_shuffled_augmented_run_checkpoint_from_0_1_0_resumes_exactly() {
 #[test]
 fn a_draws_version_2_checkpoint_resumes_exactly() {
     let two_epochs = |job: &str| job.replace("epochs: 1000", "epochs: 2");
-    let reference = copy_fixture("run-shuffled", false, two_epochs);
-    assert_ok(&run_in_for(
-        reference.path(),
-        &["run", "job.yaml", "--no-report"],
-        Duration::from_secs(300),
-    ));
-    let want = parts_in_order(&reference.path().join("out"));
+    let want = uninterrupted_parts("run-shuffled", two_epochs);
 
     let resumed = copy_fixture("run-shuffled-draws2", true, two_epochs);
     copy_data(
@@ -216,13 +215,7 @@ fn a_state_without_a_field_added_later_resumes_and_a_changed_field_is_named() {
              sink: {{type: parquet, path: out, max_rows_per_file: 500}}\n"
         )
     };
-    let reference = copy_fixture("run-shuffled", false, |_| job(4));
-    assert_ok(&run_in_for(
-        reference.path(),
-        &["run", "job.yaml", "--no-report"],
-        Duration::from_secs(300),
-    ));
-    let want = parts_in_order(&reference.path().join("out"));
+    let want = uninterrupted_parts("run-shuffled", |_| job(4));
     assert_eq!(want.len(), 24_000);
 
     // A run of today's binary, killed once its checkpoint covers some rows.
@@ -322,13 +315,7 @@ fn a_kafka_static_checkpoint_from_0_1_0_resumes_exactly() {
     use std::collections::{BTreeMap, BTreeSet};
     kafka_fixture_topic();
     let same = |job: &str| job.to_string();
-    let reference = copy_fixture("kafka-static", false, drawn_as_0_1_0);
-    assert_ok(&run_in_for(
-        reference.path(),
-        &["run", "job.yaml", "--no-report"],
-        Duration::from_secs(300),
-    ));
-    let reference_rows = parts_in_order(&reference.path().join("out"));
+    let reference_rows = uninterrupted_parts("kafka-static", drawn_as_0_1_0);
     assert_eq!(reference_rows.len(), 8000);
     let want: BTreeMap<i64, u32> = reference_rows.into_iter().collect();
     assert_eq!(want.len(), 8000, "the uninterrupted run wrote an id twice");

@@ -199,6 +199,11 @@ impl Pipeline {
         }
     }
 
+    /// The acknowledger of a run: from the resumed state, recording this run's draws.
+    fn acknowledger(&self) -> Acknowledger {
+        Acknowledger::new(self.resume.as_ref()).drawing(self.draws())
+    }
+
     /// Refuses a resumed state drawn otherwise than `runtime.draws` asks.
     fn check_draws(&self) -> Result<()> {
         match (&self.resume, self.config.runtime.draws) {
@@ -270,7 +275,7 @@ impl Pipeline {
     /// tokio runtime.
     pub fn stream(self) -> BatchStream {
         let metrics = Arc::new(PipelineMetrics::default());
-        let acker = Arc::new(Acknowledger::new(self.resume.as_ref()).drawing(self.draws()));
+        let acker = Arc::new(self.acknowledger());
         let (m, a) = (metrics.clone(), acker.clone());
         let delivered = acker.follower(self.resume.as_ref());
         let mut prelude = self.prelude();

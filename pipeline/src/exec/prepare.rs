@@ -23,7 +23,7 @@ impl Pipeline {
     /// Opens the source, builds every stage and computes the statistics `standardize` stages
     /// need (one pass over the data for each such stage).
     pub async fn prepare(&self) -> Result<PreparedPipeline> {
-        let acker = Arc::new(Acknowledger::new(self.resume.as_ref()).drawing(self.draws()));
+        let acker = Arc::new(self.acknowledger());
         let mut prepared = self
             .prepare_with(Arc::new(PipelineMetrics::default()), acker)
             .await?;

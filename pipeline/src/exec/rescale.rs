@@ -25,7 +25,7 @@ use crate::batch::{Batch, Lineage, Mark};
 use crate::error::{Error, Result};
 use crate::source::{ShardPolicy, SourceConfig};
 use crate::stage::StageConfig;
-use crate::state::{BatchRun, PlanStamp, Rescaled, SourceState};
+use crate::state::{BatchRun, Draws, PlanStamp, Rescaled, SourceState};
 
 impl Pipeline {
     /// For a Parquet pipeline interrupted on `old.len()` ranks (`old`: every rank's state,
@@ -49,13 +49,7 @@ impl Pipeline {
         if world == 0 || old.is_empty() {
             return Err("no ranks".into());
         }
-        if old.iter().any(|s| s.draws != old[0].draws) {
-            // Whichever version the run took, some rows would get other values than their
-            // run gave them.
-            return Err(
-                "the ranks' states were drawn with different draws versions: they are not from one run".into(),
-            );
-        }
+        Draws::of(old)?;
         let rescaled: Vec<&Rescaled> = old.iter().filter_map(|s| s.rescaled.as_deref()).collect();
         if !rescaled.is_empty() {
             // Interrupted while delivering the rest of an epoch: deal out what is left of it.

@@ -408,6 +408,24 @@ mod tests {
         assert_standard_normal(xs);
     }
 
+    /// Checks that every value the fast path accepts — value `i` by word `words[i]` — is
+    /// `row[i] + std · z` in `out`; returns the flags of the values it rejects (1, else 0).
+    fn rejected_by_the_fast_path(row: &[f32], out: &[f32], words: &[u32], std: f32) -> Vec<u8> {
+        row.iter()
+            .zip(out)
+            .zip(words)
+            .enumerate()
+            .map(|(i, ((v, o), &r))| {
+                let (layer, m) = ((r & 0xff) as usize, r >> 9);
+                if m >= K[layer] {
+                    return 1;
+                }
+                assert_eq!(*o, v + std * signed(m as f32 * W[layer], r), "value {i}");
+                0
+            })
+            .collect()
+    }
+
     #[test]
     fn value_i_of_a_row_takes_word_i_unless_rejected() {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
@@ -415,21 +433,13 @@ mod tests {
         let (mut out, mut words) = (row.clone(), Vec::new());
         noise_row_f32(&mut rng, &mut out, 0.25, &mut words);
         let mut fresh = ChaCha8Rng::seed_from_u64(9);
-        let (mut rejected, mut after) = (0, ChaCha8Rng::seed_from_u64(9));
+        let mut after = ChaCha8Rng::seed_from_u64(9);
         after.set_word_pos(1000);
-        for (i, v) in row.iter().enumerate() {
-            let r = fresh.next_u32();
-            let (layer, m) = ((r & 0xff) as usize, r >> 9);
-            if m < K[layer] {
-                assert_eq!(
-                    out[i],
-                    v + 0.25 * signed(m as f32 * W[layer], r),
-                    "value {i}"
-                );
-            } else {
-                rejected += 1;
-            }
-        }
+        let fresh_words: Vec<u32> = (0..1000).map(|_| fresh.next_u32()).collect();
+        let rejected = rejected_by_the_fast_path(&row, &out, &fresh_words, 0.25)
+            .iter()
+            .map(|f| u32::from(*f))
+            .sum::<u32>();
         // 1.5 % are rejected; their samples come from the words after the row's.
         assert!((5..40).contains(&rejected), "{rejected} rejected");
         assert!(rng.get_word_pos() > after.get_word_pos());
@@ -567,33 +577,14 @@ mod tests {
         let row: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
         let (mut out, mut scratch) = (row.clone(), Vec::new());
         noise_row_f32_splitmix(stream, &mut out, 0.25, &mut scratch);
-        let (mut rejected, mut fixed) = (0, row.clone());
-        for (i, v) in row.iter().enumerate() {
-            let r = want[i];
-            let (layer, m) = ((r & 0xff) as usize, r >> 9);
-            if m < K[layer] {
-                assert_eq!(
-                    out[i],
-                    v + 0.25 * signed(m as f32 * W[layer], r),
-                    "value {i}"
-                );
-            } else {
-                rejected += 1;
-                fixed[i] = out[i];
-            }
-        }
+        let flags = rejected_by_the_fast_path(&row, &out, &want, 0.25);
+        let rejected = flags.iter().filter(|f| **f == 1).count();
         assert!((5..40).contains(&rejected), "{rejected} rejected");
         // The rejected values, redrawn from the generator positioned after the row's words.
         let mut after = SplitMix64(stream);
         for _ in 0..n.div_ceil(2) {
             after.next_u64();
         }
-        let flags: Vec<u8> = row
-            .iter()
-            .zip(&out)
-            .zip(&want)
-            .map(|((_, _), r)| u8::from((r >> 9) >= K[(r & 0xff) as usize]))
-            .collect();
         let mut redrawn = row.clone();
         for (i, f) in flags.iter().enumerate() {
             if *f == 0 {

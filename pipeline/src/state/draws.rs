@@ -25,6 +25,19 @@ impl Draws {
     pub fn first() -> Self {
         Draws::ChaCha8
     }
+
+    /// The version the ranks' `states` of one run share (today's for none). States of
+    /// different versions are refused: whichever version a run continuing them took, some
+    /// rows would get other values than their run gave them.
+    pub fn of(states: &[super::SourceState]) -> Result<Self, String> {
+        let draws = states.first().map_or_else(Draws::default, |s| s.draws);
+        if states.iter().any(|s| s.draws != draws) {
+            return Err(
+                "the ranks' states were drawn with different draws versions: they are not from one run".into(),
+            );
+        }
+        Ok(draws)
+    }
 }
 
 impl From<Draws> for u32 {

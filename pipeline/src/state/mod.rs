@@ -102,11 +102,7 @@ impl SourceState {
                 "a Kafka stream's positions are per partition; resume it on as many ranks as wrote them".into(),
             );
         }
-        if states.iter().any(|s| s.draws != states[0].draws) {
-            return Err(
-                "the ranks' states were drawn with different draws versions: they are not from one run".into(),
-            );
-        }
+        let draws = Draws::of(states)?;
         let interrupted = states
             .iter()
             .filter_map(|s| s.parquet)
@@ -125,7 +121,7 @@ impl SourceState {
             state: SourceState {
                 parquet: Some(Mark::start_of(interrupted.map_or(0, |e| e + 1))),
                 plan,
-                draws: states.first().map_or_else(Draws::default, |s| s.draws),
+                draws,
                 ..SourceState::default()
             },
             interrupted,

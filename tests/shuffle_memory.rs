@@ -1,7 +1,8 @@
 //! Peak RSS, measured by the kernel: a shuffle window ten times larger than its memory cap
 //! spills to disk and stays within the cap plus a stated overhead over the same job without
-//! the shuffle; the Parquet source's row groups in flight stay within `prefetch_bytes`; a JSON
-//! Kafka backlog stays within the Kafka source's byte bounds.
+//! the shuffle; the Parquet source's row groups in flight stay within `prefetch_bytes`, and a
+//! local one never holds its whole column chunks; a JSON Kafka backlog stays within the Kafka
+//! source's byte bounds.
 //!
 //! This is its own test binary on purpose, and its tests take turns (`ONE_AT_A_TIME`): tests
 //! that start `sluice` processes of their own change each other's thread timing on a 2-core
@@ -177,8 +178,9 @@ fn a_window_ten_times_its_memory_cap_spills_and_stays_within_the_cap() {
 
 /// Four row groups of ~40 MiB (fetched, and as much decoded): with `prefetch: 4` and a budget
 /// that fits them all, all four are read ahead at once; with a 32 MiB budget they are read
-/// one at a time, each held as fetched plus the decoded chunks in flight (decoding hands rows
-/// over 8 MiB at a time, never the whole row group).
+/// one at a time. A local row group in flight holds the pages being decoded and the decoded
+/// chunks (decoding hands rows over 8 MiB at a time), never the whole row group, fetched or
+/// decoded.
 #[test]
 fn large_row_groups_are_read_ahead_within_prefetch_bytes() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -229,15 +231,17 @@ fn large_row_groups_are_read_ahead_within_prefetch_bytes() {
         mib(&bounded),
         mib(&ahead)
     );
-    // One row group: ~40 MiB fetched, at most 16 MiB of it decoded at a time.
+    // One row group: its pages as they are decoded, at most 16 MiB decoded at a time —
+    // less than the 40 MiB of the row group. (Measured: 16 MiB one at a time; four ahead
+    // 60 MiB more. When local row groups were fetched whole: ~53 and ~175 more.)
     let (base, bounded, ahead) = (least(&base), least(&bounded), least(&ahead));
     assert!(
-        bounded.saturating_sub(base) < 100 * MIB,
+        bounded.saturating_sub(base) < 36 * MIB,
         "one row group at a time added {} MiB",
         (bounded - base) / MIB
     );
     assert!(
-        ahead.saturating_sub(bounded) > 80 * MIB,
+        ahead.saturating_sub(bounded) > 30 * MIB,
         "reading all four ahead should take far more memory than one: {} vs {} MiB",
         ahead / MIB,
         bounded / MIB

@@ -497,7 +497,7 @@ pub fn feature_off(what: &str, feature: &str) -> String {
 
 /// A read that failed, in the file system or the object store (as opposed to bytes that do
 /// not decode).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ReadError {
     pub(crate) message: String,
     pub(crate) kind: ReadKind,

@@ -3,7 +3,7 @@
 //! footer read with the size known from listing. Errors name the object and byte range.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::FutureExt;
@@ -146,28 +146,145 @@ fn encrypted_columns(m: &ArrowReaderMetadata) -> bool {
         .any(|c| c.crypto_metadata().is_some())
 }
 
+/// A local file as the synchronous decoder reads it: page by page, as it decodes, so a row
+/// group in flight holds the page being decoded rather than all its compressed column chunks
+/// (the tabular bench's row groups are 28 MB each, and 2–4 are in flight). Written by hand
+/// over parquet's own `ChunkReader for File`, which makes the same reads, because its errors
+/// name neither the file nor the byte range, and a read that fails must be told apart from
+/// bytes that do not decode: the first failure is kept for [`LocalChunks::failed`].
+#[derive(Debug, Clone)]
+pub(crate) struct LocalChunks {
+    /// Locked for each read of a page, which seeks the file's one position.
+    file: Arc<Mutex<std::fs::File>>,
+    url: Arc<str>,
+    size: u64,
+    failed: Arc<std::sync::OnceLock<ReadError>>,
+}
+
+impl LocalChunks {
+    /// Opens the file of `reader`, or `None` when its object is not local. Every range in
+    /// `ranges` must lie within the file as it is now (a file that shrank after listing is a
+    /// read error, as when the ranges are fetched whole).
+    pub(crate) fn open(reader: &ObjectReader, ranges: &[Range<u64>]) -> Option<Result<Self>> {
+        let path = reader.local.as_ref()?;
+        let chunks = |file| LocalChunks {
+            file: Arc::new(Mutex::new(file)),
+            url: reader.url.clone(),
+            size: reader.size,
+            failed: Arc::default(),
+        };
+        let opened = std::fs::File::open(&**path).and_then(|f| Ok((f.metadata()?.len(), f)));
+        Some(match opened {
+            Err(e) => Err(reader.error(ranges, ReadKind::Local(e.kind()), e)),
+            Ok((now, file)) => match ranges.iter().find(|r| r.end > now) {
+                Some(r) => {
+                    let e = format!(
+                        "the file ends after {} of the {} bytes",
+                        now.saturating_sub(r.start),
+                        r.end - r.start
+                    );
+                    let kind = ReadKind::Local(std::io::ErrorKind::UnexpectedEof);
+                    Err(reader.error(std::slice::from_ref(r), kind, e))
+                }
+                None => Ok(chunks(file)),
+            },
+        })
+    }
+
+    /// The first read that failed, if one did: a decode error after it is that read's.
+    pub(crate) fn failed(&self) -> Option<ReadError> {
+        self.failed.get().cloned()
+    }
+
+    fn file(&self) -> std::sync::MutexGuard<'_, std::fs::File> {
+        self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `e` as the unit's failure (the first one) and returns it as the decoder's error.
+    fn fail(&self, range: Range<u64>, e: &std::io::Error) -> ParquetError {
+        let error = ReadError {
+            message: format!(
+                "reading bytes {}..{} of {} ({} bytes) failed: {e}",
+                range.start, range.end, self.url, self.size
+            ),
+            kind: ReadKind::Local(e.kind()),
+        };
+        let _ = self.failed.set(error.clone());
+        ParquetError::External(Box::new(error))
+    }
+}
+
+impl parquet::file::reader::Length for LocalChunks {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl parquet::file::reader::ChunkReader for LocalChunks {
+    type T = std::io::BufReader<LocalRead>;
+
+    /// A page header's bytes (the decoder reads it through this, then the page with
+    /// `get_bytes`), read at their offset, whatever other reads do meanwhile.
+    fn get_read(&self, start: u64) -> Result<Self::T> {
+        Ok(std::io::BufReader::new(LocalRead {
+            chunks: self.clone(),
+            at: start,
+        }))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
+        let range = start..start + length as u64;
+        let read = read_range(&mut self.file(), &range);
+        read.map(Bytes::from).map_err(|e| self.fail(range, &e))
+    }
+}
+
+/// Reads a local file from an offset of its own (`pread`), keeping a failure as the unit's.
+#[derive(Debug)]
+pub(crate) struct LocalRead {
+    chunks: LocalChunks,
+    at: u64,
+}
+
+impl std::io::Read for LocalRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let read = self.chunks.file().read_at(buf, self.at);
+        let n = read.inspect_err(|e| {
+            let _ = self.chunks.fail(self.at..self.at + buf.len() as u64, e);
+        })?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
 /// Reads `ranges` of a local file, each into a buffer of its own. `object_store`'s local
 /// store zero-fills every buffer before reading into it (a `memset` of everything read: 10 %
 /// of the CPU of a raw decode of images from tmpfs); `read_to_end` into reserved capacity
 /// does not. A range past the end of the file (it shrank after listing) is an error.
 fn read_local(path: &std::path::Path, ranges: &[Range<u64>]) -> std::io::Result<Vec<Bytes>> {
-    use std::io::{Read, Seek, SeekFrom};
     let mut file = std::fs::File::open(path)?;
-    let mut out = Vec::with_capacity(ranges.len());
-    for r in ranges {
-        let want = r.end.saturating_sub(r.start);
-        file.seek(SeekFrom::Start(r.start))?;
-        let mut buf = Vec::with_capacity(want as usize);
-        (&mut file).take(want).read_to_end(&mut buf)?;
-        if buf.len() as u64 != want {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("the file ends after {} of the {want} bytes", buf.len()),
-            ));
-        }
-        out.push(Bytes::from(buf));
+    ranges
+        .iter()
+        .map(|r| read_range(&mut file, r).map(Bytes::from))
+        .collect()
+}
+
+/// Bytes `r` of `file`, read into reserved capacity (not zero-filled first); a range past the
+/// end of the file is an `UnexpectedEof` error.
+fn read_range(file: &mut std::fs::File, r: &Range<u64>) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let want = r.end.saturating_sub(r.start);
+    file.seek(SeekFrom::Start(r.start))?;
+    let mut buf = Vec::with_capacity(want as usize);
+    file.take(want).read_to_end(&mut buf)?;
+    if buf.len() as u64 != want {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the file ends after {} of the {want} bytes", buf.len()),
+        ));
     }
-    Ok(out)
+    Ok(buf)
 }
 
 impl AsyncFileReader for ObjectReader {
@@ -231,6 +348,67 @@ mod tests {
                 && e.contains(&*location.url)
                 && e.contains("the file ends after 1000 of the 4999 bytes"),
             "{e}"
+        );
+    }
+
+    /// The decoder's reads of a local file: headers and pages at any offset, each reader
+    /// with a position of its own; ranges past the end refused when the file is opened; a
+    /// read that fails later names the object and range and is kept as the unit's failure.
+    #[test]
+    fn local_chunks_read_what_the_decoder_asks_and_keep_the_first_failure() {
+        use parquet::file::reader::ChunkReader;
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let path = dir.path().join("a.parquet");
+        std::fs::write(&path, &data).unwrap();
+        let location = crate::storage::resolve_output(path.to_str().unwrap(), dir.path()).unwrap();
+        let reader = ObjectReader::new(&location, data.len() as u64);
+
+        let past = LocalChunks::open(&reader, &[0..10, 9000..10_001]).unwrap();
+        let e = past.unwrap_err().to_string();
+        assert!(
+            e.contains("bytes 9000..10001")
+                && e.contains(&*location.url)
+                && e.contains("the file ends after 1000 of the 1001 bytes"),
+            "{e}"
+        );
+
+        let chunks = LocalChunks::open(&reader, &[0..10, 10..10_000])
+            .unwrap()
+            .unwrap();
+        let (mut a, mut b) = (
+            chunks.get_read(100).unwrap(),
+            chunks.get_read(7000).unwrap(),
+        );
+        let (mut x, mut y) = ([0u8; 16], [0u8; 16]);
+        a.read_exact(&mut x).unwrap();
+        b.read_exact(&mut y).unwrap();
+        a.read_exact(&mut x).unwrap();
+        assert_eq!((&x[..], &y[..]), (&data[116..132], &data[7000..7016]));
+        assert_eq!(
+            &chunks.get_bytes(4096, 5000).unwrap()[..],
+            &data[4096..9096]
+        );
+        assert!(chunks.failed().is_none());
+
+        std::fs::write(&path, &data[..6000]).unwrap();
+        let e = chunks.get_bytes(5000, 4999).unwrap_err().to_string();
+        assert!(
+            e.contains("bytes 5000..9999") && e.contains(&*location.url),
+            "{e}"
+        );
+        let failed = chunks.failed().unwrap();
+        assert_eq!(
+            failed.kind(),
+            ReadKind::Local(std::io::ErrorKind::UnexpectedEof)
+        );
+        assert!(
+            failed
+                .message
+                .contains("the file ends after 1000 of the 4999 bytes"),
+            "{}",
+            failed.message
         );
     }
 }

@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use super::ParquetFile;
@@ -18,7 +20,7 @@ use crate::batch::{Batch, Lineage, Mark, Name, Origin};
 use crate::error::{Error, ReadError, Result};
 use crate::runtime::CpuPool;
 use crate::runtime::metrics::PipelineMetrics;
-use crate::source::reader::ObjectReader;
+use crate::source::reader::{LocalChunks, ObjectReader};
 
 /// Decoded rows handed over at a time (at least one batch): what a unit in flight holds
 /// besides its fetched column chunks, twice (one chunk queued, one being decoded).
@@ -26,8 +28,9 @@ pub(super) const DECODE_CHUNK_BYTES: usize = 8 << 20;
 
 impl Unit {
     /// Memory reading this unit from row `first` takes, from the footer: its projected
-    /// column chunks as fetched (compressed) plus its rows decoded, of which at most two
-    /// chunks are held at a time.
+    /// column chunks as fetched (compressed; from a local file only the pages being decoded,
+    /// counted as one decode chunk's worth) plus its rows decoded, of which at most two chunks
+    /// are held at a time.
     pub(super) fn estimated_bytes(&self, first: u64) -> u64 {
         let rows = self
             .file
@@ -39,7 +42,12 @@ impl Unit {
         let taken = self.len.saturating_sub(first);
         // Decoded rows are handed over a chunk at a time: at most two chunks are held.
         let decoded = (self.decoded_bytes() as u128 * taken as u128 / rows as u128) as u64;
-        self.fetched_bytes() + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
+        let fetched = if self.file.object.location.url.starts_with("file:") {
+            self.fetched_bytes().min(DECODE_CHUNK_BYTES as u64)
+        } else {
+            self.fetched_bytes()
+        };
+        fetched + decoded.min(2 * DECODE_CHUNK_BYTES as u64)
     }
 
     /// The projected columns of the whole row group decoded: the uncompressed size, or the
@@ -126,6 +134,46 @@ pub(super) async fn fetch(
     }
 }
 
+/// The decoder of row group `rg` of a local `file`, which reads its pages as it decodes them
+/// (see [`LocalChunks`]), with the file it reads; `None` for other stores, read whole with
+/// [`fetch`].
+fn open_local(
+    file: &ParquetFile,
+    rg: usize,
+    selection: Option<RowSelection>,
+    batch_rows: usize,
+) -> Option<Result<(ParquetRecordBatchReader, LocalChunks)>> {
+    let url = &file.object.location.url;
+    let reader = ObjectReader::new(&file.object.location, file.object.size);
+    let columns = file.metadata.metadata().row_group(rg).columns();
+    let ranges: Vec<_> = (columns.iter().enumerate())
+        .filter(|(i, _)| file.mask.leaf_included(*i))
+        .map(|(_, c)| {
+            let (start, len) = c.byte_range();
+            start..start + len
+        })
+        .collect();
+    let opened = LocalChunks::open(&reader, &ranges)?;
+    let decoder = |chunks: LocalChunks| {
+        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            chunks.clone(),
+            file.metadata.clone(),
+        )
+        .with_projection(file.mask.clone())
+        .with_row_groups(vec![rg])
+        .with_batch_size(batch_rows);
+        if let Some(selection) = selection {
+            builder = builder.with_row_selection(selection);
+        }
+        Ok((builder.build()?, chunks))
+    };
+    Some(
+        opened
+            .and_then(decoder)
+            .map_err(|e| Error::parquet(url, Some(rg), e)),
+    )
+}
+
 /// A decoded batch of `file` as a batch of the source's `schema`: its columns in output
 /// order, partition values (`partitioning: hive`) filled in.
 pub(super) fn source_batch(
@@ -172,7 +220,14 @@ impl UnitRead {
             sel.push(RowSelector::select(take as usize));
             RowSelection::from(sel)
         });
-        let mut decoder = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
+        // A local file is read as it is decoded; other stores' chunks are fetched first.
+        let (mut decoder, local) = match open_local(file, rg, selection.clone(), self.batch_rows) {
+            Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
+            None => (
+                fetch(file, rg, selection, self.batch_rows, &self.pool).await?,
+                None,
+            ),
+        };
         let origin = Origin::Object {
             url: Name::from(&**url),
             row_group: rg as u32,
@@ -202,6 +257,10 @@ impl UnitRead {
             decoder = back;
             let decoded = match decoded {
                 Ok(d) => d,
+                Err(_) if let Some(read) = local.as_ref().and_then(LocalChunks::failed) => {
+                    let e = parquet::errors::ParquetError::External(Box::new(read));
+                    return Err(Error::parquet(url, Some(rg), e));
+                }
                 Err(e) => {
                     let column = failing_column(file, rg, &self.pool).await;
                     return Err(Error::parquet(url, Some(rg), decode_error(e)).in_column(column));

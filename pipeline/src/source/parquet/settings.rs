@@ -37,8 +37,9 @@ pub struct ParquetSourceConfig {
     #[serde(default = "default_prefetch")]
     pub prefetch: usize,
     /// Memory the row groups in flight may take (`256 MiB`), estimated from the footers as
-    /// the bytes fetched plus the bytes decoded: fewer than `prefetch` row groups are read
-    /// ahead when they are large, and one larger than this is read alone. Default: 256 MiB.
+    /// the bytes fetched (a local file's pages as they are decoded: at most 8 MiB) plus the
+    /// bytes decoded: fewer than `prefetch` row groups are read ahead when they are large, and
+    /// one larger than this is read alone. Default: 256 MiB.
     #[serde(default = "default_prefetch_bytes")]
     pub prefetch_bytes: ByteSize,
     /// Passes over the files. Default: 1.

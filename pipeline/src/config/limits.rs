@@ -145,7 +145,7 @@ pub const LIMITS: &[Limit] = &[
         "prefetch",
         (1, 1024),
         Unit::Count,
-        "each row group read ahead is a task holding its fetched bytes",
+        "each row group read ahead is a task holding its fetched bytes (local: its pages being decoded)",
     ),
     limit(
         "source",

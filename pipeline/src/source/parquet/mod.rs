@@ -10,6 +10,7 @@ mod columns;
 mod files;
 mod gather;
 mod global;
+mod lists;
 mod mix;
 mod partitions;
 mod plan;

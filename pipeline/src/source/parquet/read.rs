@@ -7,13 +7,12 @@ use std::sync::atomic::Ordering;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{
-    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
-};
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, RowSelection, RowSelector};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use super::ParquetFile;
 use super::columns::Slot;
+use super::lists::{Rows, UnitDecoder};
 use super::partitions::partition_column;
 use super::unit::Unit;
 use crate::batch::{Batch, Lineage, Mark, Name, Origin};
@@ -134,15 +133,16 @@ pub(super) async fn fetch(
     }
 }
 
-/// The decoder of row group `rg` of a local `file`, which reads its pages as it decodes them
-/// (see [`LocalChunks`]), with the file it reads; `None` for other stores, read whole with
+/// The decoder of rows `skip..skip + take` of row group `rg` of a local `file`, which reads
+/// its pages as it decodes them (see [`LocalChunks`]; fixed-size list columns see
+/// [`super::lists`]), with the file it reads; `None` for other stores, read whole with
 /// [`fetch`].
 fn open_local(
     file: &ParquetFile,
     rg: usize,
-    selection: Option<RowSelection>,
+    (skip, take): (usize, usize),
     batch_rows: usize,
-) -> Option<Result<(ParquetRecordBatchReader, LocalChunks)>> {
+) -> Option<Result<(UnitDecoder, LocalChunks)>> {
     let url = &file.object.location.url;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
     let columns = file.metadata.metadata().row_group(rg).columns();
@@ -155,17 +155,16 @@ fn open_local(
         .collect();
     let opened = LocalChunks::open(&reader, &ranges)?;
     let decoder = |chunks: LocalChunks| {
-        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            chunks.clone(),
-            file.metadata.clone(),
-        )
-        .with_projection(file.mask.clone())
-        .with_row_groups(vec![rg])
-        .with_batch_size(batch_rows);
-        if let Some(selection) = selection {
-            builder = builder.with_row_selection(selection);
-        }
-        Ok((builder.build()?, chunks))
+        let rows = Rows {
+            chunks: chunks.clone(),
+            metadata: file.metadata.clone(),
+            mask: file.mask.clone(),
+            rg,
+            skip,
+            take,
+            batch_rows,
+        };
+        Ok((rows.decoder()?, chunks))
     };
     Some(
         opened
@@ -221,12 +220,13 @@ impl UnitRead {
             RowSelection::from(sel)
         });
         // A local file is read as it is decoded; other stores' chunks are fetched first.
-        let (mut decoder, local) = match open_local(file, rg, selection.clone(), self.batch_rows) {
+        let span = (skip as usize, take as usize);
+        let (mut decoder, local) = match open_local(file, rg, span, self.batch_rows) {
             Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
-            None => (
-                fetch(file, rg, selection, self.batch_rows, &self.pool).await?,
-                None,
-            ),
+            None => {
+                let fetched = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
+                (UnitDecoder::Arrow(fetched), None)
+            }
         };
         let origin = Origin::Object {
             url: Name::from(&**url),

@@ -1,0 +1,383 @@
+//! Fixed-size list columns (embeddings, feature vectors: `fixed_size_list<float32>[128]`) of
+//! a local row group decoded without arrow-rs's walk over their levels.
+//!
+//! Why by hand: arrow-rs's `FixedSizeListArrayReader` checks, value by value and with a
+//! branch per value, that every list has its size: 13 % of the CPU time of the tabular bench
+//! (2M × 128 float32), more than any other part of the decode but zstd. Here such a column
+//! is read with parquet's own column reader (pages, decompression, encodings and the levels'
+//! decoding are parquet's), its levels are checked in one vectorised pass (every value
+//! present, every list exactly its size), and its values become the list's child without a
+//! copy. The other columns are read by arrow-rs's reader as before, and each batch is put
+//! together in the file's column order.
+//!
+//! Only lists without nulls take this path: at the first batch whose levels are anything
+//! else (a null list or value, a list of another size, bytes that do not decode as the
+//! pattern), the row group is read from that batch's first row on by arrow-rs's reader
+//! alone, which builds nulls and reports errors as it always does.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, FixedSizeListArray, PrimitiveArray, RecordBatch};
+use arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Schema, SchemaRef};
+use arrow::error::ArrowError;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use parquet::column::reader::{ColumnReader, ColumnReaderImpl, get_column_reader};
+use parquet::data_type::DataType as ParquetType;
+use parquet::file::serialized_reader::SerializedPageReader;
+
+use crate::source::reader::LocalChunks;
+
+/// The decoder of one local row group: arrow-rs's reader, or this module's when the
+/// projection has fixed-size list columns.
+pub(super) enum UnitDecoder {
+    Arrow(ParquetRecordBatchReader),
+    Lists(Box<ListDecoder>),
+}
+
+impl Iterator for UnitDecoder {
+    type Item = Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            UnitDecoder::Arrow(d) => d.next(),
+            UnitDecoder::Lists(d) => d.next(),
+        }
+    }
+}
+
+/// What a row group's decoder reads: rows `skip..skip + take` of row group `rg`, the
+/// projection `mask`, `batch_rows` rows per batch.
+#[derive(Clone)]
+pub(super) struct Rows {
+    pub(super) chunks: LocalChunks,
+    pub(super) metadata: ArrowReaderMetadata,
+    pub(super) mask: ProjectionMask,
+    pub(super) rg: usize,
+    pub(super) skip: usize,
+    pub(super) take: usize,
+    pub(super) batch_rows: usize,
+}
+
+impl Rows {
+    /// arrow-rs's reader of these rows from row `from` (counted from `skip`) on, every
+    /// projected column.
+    fn arrow(
+        &self,
+        from: usize,
+        mask: ProjectionMask,
+    ) -> parquet::errors::Result<ParquetRecordBatchReader> {
+        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            self.chunks.clone(),
+            self.metadata.clone(),
+        )
+        .with_projection(mask)
+        .with_row_groups(vec![self.rg])
+        .with_batch_size(self.batch_rows);
+        let rows = self.metadata.metadata().row_group(self.rg).num_rows() as usize;
+        let (skip, take) = (self.skip + from, self.take - from);
+        if skip > 0 || take < rows {
+            let mut selection = Vec::new();
+            if skip > 0 {
+                selection.push(RowSelector::skip(skip));
+            }
+            selection.push(RowSelector::select(take));
+            builder = builder.with_row_selection(RowSelection::from(selection));
+        }
+        builder.build()
+    }
+
+    /// The decoder of these rows: this module's when a projected column is a fixed-size list
+    /// of `float32`, `float64`, `int32` or `int64` values, else arrow-rs's.
+    pub(super) fn decoder(self) -> parquet::errors::Result<UnitDecoder> {
+        let descr = self.metadata.metadata().file_metadata().schema_descr_ptr();
+        let fields = self.metadata.schema().fields().clone();
+        // Each projected root: its field and, when it is a list read here, its one leaf.
+        let mut roots: Vec<(usize, Option<usize>)> = Vec::new();
+        for leaf in (0..descr.num_columns()).filter(|&l| self.mask.leaf_included(l)) {
+            let root = descr.get_column_root_idx(leaf);
+            if let Some(last) = roots.last_mut()
+                && last.0 == root
+            {
+                last.1 = None; // more than one leaf: not a list of values
+                continue;
+            }
+            let column = descr.column(leaf);
+            let list = fields
+                .get(root)
+                .and_then(|f| list_of(f, column.physical_type()));
+            let one_level = column.max_rep_level() == 1;
+            roots.push((root, (list.is_some() && one_level).then_some(leaf)));
+        }
+        if roots.iter().all(|(_, leaf)| leaf.is_none()) {
+            return Ok(UnitDecoder::Arrow(self.arrow(0, self.mask.clone())?));
+        }
+        let rest: Vec<usize> = roots
+            .iter()
+            .filter(|r| r.1.is_none())
+            .map(|r| r.0)
+            .collect();
+        let rest = if rest.is_empty() {
+            None
+        } else {
+            Some(self.arrow(0, ProjectionMask::roots(&descr, rest))?)
+        };
+        let meta = self.metadata.metadata().row_group(self.rg);
+        let mut lists = Vec::new();
+        let mut order = Vec::new();
+        let mut schema = Vec::new();
+        for (root, leaf) in &roots {
+            let field = fields[*root].clone();
+            schema.push(field.clone());
+            let Some(leaf) = *leaf else {
+                order.push(None);
+                continue;
+            };
+            let pages = SerializedPageReader::new(
+                Arc::new(self.chunks.clone()),
+                meta.column(leaf),
+                meta.num_rows() as usize,
+                None,
+            )?;
+            let column = descr.column(leaf);
+            let max_def = column.max_def_level();
+            let reader = get_column_reader(column, Box::new(pages));
+            let (item, size) = match field.data_type() {
+                DataType::FixedSizeList(item, size) => (item.clone(), *size as usize),
+                _ => unreachable!("checked by list_of"),
+            };
+            let mut list = ListColumn {
+                values: Values::of(reader),
+                item,
+                size,
+                max_def,
+                def: Vec::new(),
+                rep: Vec::new(),
+            };
+            list.values.skip(self.skip)?;
+            order.push(Some(lists.len()));
+            lists.push(list);
+        }
+        Ok(UnitDecoder::Lists(Box::new(ListDecoder {
+            schema: Arc::new(Schema::new(schema)),
+            rest,
+            lists,
+            order,
+            emitted: 0,
+            rows: self,
+            slow: None,
+        })))
+    }
+}
+
+/// The list's item type when `field` is a fixed-size list of values this module reads
+/// (stored as `physical`), else `None`.
+fn list_of(field: &FieldRef, physical: parquet::basic::Type) -> Option<DataType> {
+    use parquet::basic::Type;
+    let DataType::FixedSizeList(item, size) = field.data_type() else {
+        return None;
+    };
+    let item = item.data_type();
+    let stored = matches!(
+        (item, physical),
+        (DataType::Float32, Type::FLOAT)
+            | (DataType::Float64, Type::DOUBLE)
+            | (DataType::Int32, Type::INT32)
+            | (DataType::Int64, Type::INT64)
+    );
+    (stored && *size > 0).then(|| item.clone())
+}
+
+/// Reads the fixed-size list columns itself and the others with arrow-rs's reader.
+pub(super) struct ListDecoder {
+    schema: SchemaRef,
+    /// arrow-rs's reader of the other columns, if any.
+    rest: Option<ParquetRecordBatchReader>,
+    lists: Vec<ListColumn>,
+    /// Each output column: a list column (its index in `lists`) or the next of `rest`'s.
+    order: Vec<Option<usize>>,
+    /// Rows handed over.
+    emitted: usize,
+    rows: Rows,
+    /// arrow-rs's reader of every column, once a batch's levels broke the pattern.
+    slow: Option<ParquetRecordBatchReader>,
+}
+
+impl ListDecoder {
+    fn next(&mut self) -> Option<Result<RecordBatch, ArrowError>> {
+        if let Some(slow) = &mut self.slow {
+            return slow.next();
+        }
+        let rest = match self.rest.as_mut().map(Iterator::next) {
+            Some(None) => return None,
+            Some(Some(Err(e))) => return Some(Err(e)),
+            Some(Some(Ok(b))) => Some(b),
+            None => None,
+        };
+        let n = match &rest {
+            Some(b) => b.num_rows(),
+            None => self.rows.batch_rows.min(self.rows.take - self.emitted),
+        };
+        if n == 0 {
+            return None;
+        }
+        let mut lists = Vec::with_capacity(self.lists.len());
+        for list in &mut self.lists {
+            match list.read(n) {
+                Ok(Some(array)) => lists.push(array),
+                // Not the pattern (or not decodable as it): arrow-rs reads from here on.
+                Ok(None) | Err(_) => return self.fall_back(),
+            }
+        }
+        let mut rest_columns = rest.iter().flat_map(|b| b.columns().iter().cloned());
+        let mut lists = lists.into_iter();
+        let columns: Option<Vec<ArrayRef>> = (self.order.iter())
+            .map(|o| match o {
+                Some(_) => lists.next(),
+                None => rest_columns.next(),
+            })
+            .collect();
+        let columns = columns.ok_or_else(|| ArrowError::ComputeError("columns missing".into()));
+        self.emitted += n;
+        Some(columns.and_then(|c| RecordBatch::try_new(self.schema.clone(), c)))
+    }
+
+    /// Reads the rest of the row group with arrow-rs's reader alone, from the first row not
+    /// handed over.
+    fn fall_back(&mut self) -> Option<Result<RecordBatch, ArrowError>> {
+        let slow = self.rows.arrow(self.emitted, self.rows.mask.clone());
+        match slow {
+            Ok(slow) => {
+                self.rest = None;
+                self.lists.clear();
+                self.slow.insert(slow).next()
+            }
+            Err(e) => Some(Err(ArrowError::ParquetError(e.to_string()))),
+        }
+    }
+}
+
+/// One fixed-size list column read here, and its level buffers (reused batch to batch).
+struct ListColumn {
+    values: Values,
+    item: FieldRef,
+    size: usize,
+    max_def: i16,
+    def: Vec<i16>,
+    rep: Vec<i16>,
+}
+
+/// Parquet's column reader of a list's values, by their type.
+enum Values {
+    F32(ColumnReaderImpl<parquet::data_type::FloatType>),
+    F64(ColumnReaderImpl<parquet::data_type::DoubleType>),
+    I32(ColumnReaderImpl<parquet::data_type::Int32Type>),
+    I64(ColumnReaderImpl<parquet::data_type::Int64Type>),
+}
+
+impl Values {
+    fn of(reader: ColumnReader) -> Values {
+        match reader {
+            ColumnReader::FloatColumnReader(r) => Values::F32(r),
+            ColumnReader::DoubleColumnReader(r) => Values::F64(r),
+            ColumnReader::Int32ColumnReader(r) => Values::I32(r),
+            ColumnReader::Int64ColumnReader(r) => Values::I64(r),
+            _ => unreachable!("physical type checked by list_of"),
+        }
+    }
+
+    fn skip(&mut self, rows: usize) -> parquet::errors::Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let skipped = match self {
+            Values::F32(r) => r.skip_records(rows)?,
+            Values::F64(r) => r.skip_records(rows)?,
+            Values::I32(r) => r.skip_records(rows)?,
+            Values::I64(r) => r.skip_records(rows)?,
+        };
+        if skipped == rows {
+            return Ok(());
+        }
+        Err(parquet::errors::ParquetError::General(format!(
+            "skipped {skipped} of {rows} rows"
+        )))
+    }
+}
+
+impl ListColumn {
+    /// The next `rows` lists, or `None` when their levels are not `rows` lists of exactly
+    /// `size` present values.
+    fn read(&mut self, rows: usize) -> parquet::errors::Result<Option<ArrayRef>> {
+        use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
+        let values: Option<ArrayRef> = match &mut self.values {
+            Values::F32(r) => {
+                read_values::<_, Float32Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
+            }
+            Values::F64(r) => {
+                read_values::<_, Float64Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
+            }
+            Values::I32(r) => {
+                read_values::<_, Int32Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
+            }
+            Values::I64(r) => {
+                read_values::<_, Int64Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
+            }
+        };
+        let Some(values) = values else {
+            return Ok(None);
+        };
+        if !levels_are_lists(&self.def, &self.rep, self.max_def, self.size) {
+            return Ok(None);
+        }
+        let list = FixedSizeListArray::try_new(self.item.clone(), self.size as i32, values, None)
+            .map_err(|e| parquet::errors::ParquetError::General(e.to_string()))?;
+        Ok(Some(Arc::new(list)))
+    }
+}
+
+/// Reads `rows` records of `size` values each; `None` when the reader holds other than
+/// `rows × size` values (a list of another size, nulls, or fewer rows).
+fn read_values<T, A>(
+    reader: &mut ColumnReaderImpl<T>,
+    rows: usize,
+    size: usize,
+    def: &mut Vec<i16>,
+    rep: &mut Vec<i16>,
+) -> parquet::errors::Result<Option<ArrayRef>>
+where
+    T: ParquetType,
+    T::T: arrow::datatypes::ArrowNativeType,
+    A: ArrowPrimitiveType<Native = T::T>,
+{
+    def.clear();
+    rep.clear();
+    let mut values: Vec<T::T> = Vec::with_capacity(rows * size);
+    let (records, read, levels) = reader.read_records(rows, Some(def), Some(rep), &mut values)?;
+    if records != rows || read != rows * size || levels != rows * size {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(PrimitiveArray::<A>::new(
+        values.into(),
+        None,
+    ))))
+}
+
+/// Whether levels `def` and `rep` are lists of exactly `size` present values each: every
+/// definition level the column's maximum, every repetition level 0 at a list's first value
+/// and 1 elsewhere. One pass over `size`-value chunks, which compiles to vector compares.
+fn levels_are_lists(def: &[i16], rep: &[i16], max_def: i16, size: usize) -> bool {
+    def.len() == rep.len()
+        && def.len().is_multiple_of(size)
+        && def.iter().fold(true, |ok, &d| ok & (d == max_def))
+        && rep.chunks_exact(size).fold(true, |ok, list| {
+            ok & (list[0] == 0) & list[1..].iter().fold(true, |ok, &r| ok & (r == 1))
+        })
+}
+
+#[cfg(test)]
+#[path = "lists_tests.rs"]
+mod tests;

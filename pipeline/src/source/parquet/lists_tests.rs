@@ -1,0 +1,191 @@
+//! The list decoder against arrow-rs's reader of the same rows: the same batches, whatever
+//! the lists' type, the pages, the rows skipped and the other columns; nulls and lists of
+//! another size read by arrow-rs from where they start.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int32Array, Int64Array,
+    RecordBatch, StringArray, StructArray,
+};
+use arrow::buffer::NullBuffer;
+use arrow::datatypes::{DataType, Field};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::file::properties::WriterProperties;
+
+use super::{Rows, UnitDecoder, levels_are_lists};
+use crate::source::reader::{LocalChunks, ObjectReader};
+
+fn list(values: ArrayRef, size: i32, nulls: Option<NullBuffer>) -> ArrayRef {
+    let item = Arc::new(Field::new("item", values.data_type().clone(), false));
+    Arc::new(FixedSizeListArray::new(item, size, values, nulls))
+}
+
+/// `n` rows: `x` lists of 4 float32, `d` lists of 2 float64, `i` lists of 3 int32, `l` lists
+/// of 1 int64, a string and a struct column; `null_at` rows with a null `x`.
+fn batch(first: usize, n: usize, null_at: &[usize]) -> RecordBatch {
+    let f32s = Float32Array::from_iter_values((0..n * 4).map(|v| (first * 4 + v) as f32 * 0.5));
+    let f64s = Float64Array::from_iter_values((0..n * 2).map(|v| (first * 2 + v) as f64 / 3.0));
+    let i32s = Int32Array::from_iter_values((0..n * 3).map(|v| (first * 3 + v) as i32 - 7));
+    let i64s = Int64Array::from_iter_values((0..n).map(|v| (first + v) as i64 * 1_000_003));
+    let nulls = (!null_at.is_empty())
+        .then(|| NullBuffer::from_iter((first..first + n).map(|r| !null_at.contains(&r))));
+    let names = StringArray::from_iter_values((first..first + n).map(|r| format!("row {r}")));
+    let inner = StructArray::from(vec![(
+        Arc::new(Field::new("k", DataType::Int64, false)),
+        Arc::new(Int64Array::from_iter_values(
+            (first..first + n).map(|r| r as i64),
+        )) as ArrayRef,
+    )]);
+    RecordBatch::try_from_iter([
+        ("x", list(Arc::new(f32s), 4, nulls)),
+        ("name", Arc::new(names) as ArrayRef),
+        ("d", list(Arc::new(f64s), 2, None)),
+        ("s", Arc::new(inner) as ArrayRef),
+        ("i", list(Arc::new(i32s), 3, None)),
+        ("l", list(Arc::new(i64s), 1, None)),
+    ])
+    .unwrap()
+}
+
+/// A file of 1,000 rows in one row group, small pages, dictionary pages for the first
+/// values; its reader metadata and local chunks.
+fn file(dir: &std::path::Path, null_at: &[usize]) -> (ArrowReaderMetadata, LocalChunks) {
+    let path = dir.join("lists.parquet");
+    let props = WriterProperties::builder()
+        .set_data_page_size_limit(1024)
+        .set_write_batch_size(64)
+        .set_dictionary_page_size_limit(512)
+        .build();
+    let first = batch(0, 1000, null_at);
+    let mut writer = ArrowWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        first.schema(),
+        Some(props),
+    )
+    .unwrap();
+    writer.write(&first).unwrap();
+    writer.close().unwrap();
+    let metadata = ArrowReaderMetadata::load(
+        &std::fs::File::open(&path).unwrap(),
+        ArrowReaderOptions::new(),
+    )
+    .unwrap();
+    let location = crate::storage::resolve_output(path.to_str().unwrap(), dir).unwrap();
+    let size = std::fs::metadata(&path).unwrap().len();
+    let reader = ObjectReader::new(&location, size);
+    let chunks = LocalChunks::open(&reader, std::slice::from_ref(&(0..size)))
+        .unwrap()
+        .unwrap();
+    (metadata, chunks)
+}
+
+/// The batches of `rows` through `decoder` and through arrow-rs's reader alone; whether the
+/// list decoder was used and had fallen back at the end.
+fn both(rows: Rows) -> (Vec<RecordBatch>, Vec<RecordBatch>, bool, bool) {
+    let arrow: Vec<RecordBatch> = (rows.arrow(0, rows.mask.clone()).unwrap())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut decoder = rows.decoder().unwrap();
+    let ours: Vec<RecordBatch> = (&mut decoder).collect::<Result<_, _>>().unwrap();
+    let (lists, fell_back) = match &decoder {
+        UnitDecoder::Lists(d) => (true, d.slow.is_some()),
+        UnitDecoder::Arrow(_) => (false, false),
+    };
+    (ours, arrow, lists, fell_back)
+}
+
+fn assert_same(ours: &[RecordBatch], arrow: &[RecordBatch]) {
+    assert_eq!(ours.len(), arrow.len());
+    for (a, b) in ours.iter().zip(arrow) {
+        assert_eq!(a.num_columns(), b.num_columns());
+        assert_eq!(a.schema().fields(), b.schema().fields());
+        for (x, y) in a.columns().iter().zip(b.columns()) {
+            assert_eq!(x.as_ref(), y.as_ref());
+        }
+    }
+}
+
+fn rows(metadata: ArrowReaderMetadata, chunks: LocalChunks, mask: Option<&[usize]>) -> Rows {
+    let descr = metadata.metadata().file_metadata().schema_descr_ptr();
+    let mask = match mask {
+        Some(roots) => parquet::arrow::ProjectionMask::roots(&descr, roots.iter().copied()),
+        None => parquet::arrow::ProjectionMask::all(),
+    };
+    Rows {
+        chunks,
+        metadata,
+        mask,
+        rg: 0,
+        skip: 0,
+        take: 1000,
+        batch_rows: 128,
+    }
+}
+
+#[test]
+fn lists_decode_as_arrow_rs_decodes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (metadata, chunks) = file(dir.path(), &[]);
+    // Every column; lists only; one list alone; lists after skipping rows, taking fewer,
+    // batches that do not divide the rows.
+    let cases: [(Option<&[usize]>, usize, usize, usize); 5] = [
+        (None, 0, 1000, 128),
+        (Some(&[0, 2, 4, 5]), 0, 1000, 100),
+        (Some(&[0]), 0, 1000, 1000),
+        (None, 333, 500, 77),
+        (Some(&[2, 4]), 999, 1, 8),
+    ];
+    for (mask, skip, take, batch_rows) in cases {
+        let mut r = rows(metadata.clone(), chunks.clone(), mask);
+        (r.skip, r.take, r.batch_rows) = (skip, take, batch_rows);
+        let (ours, arrow, lists, fell_back) = both(r);
+        assert!(lists && !fell_back, "{mask:?} {skip} {take}");
+        assert_eq!(ours.iter().map(|b| b.num_rows()).sum::<usize>(), take);
+        assert_same(&ours, &arrow);
+    }
+    // No list in the projection: arrow-rs's reader.
+    let (ours, arrow, lists, _) = both(rows(metadata, chunks, Some(&[1, 3])));
+    assert!(!lists);
+    assert_same(&ours, &arrow);
+}
+
+#[test]
+fn a_null_list_is_read_by_arrow_rs_from_its_batch_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (metadata, chunks) = file(dir.path(), &[700, 701, 950]);
+    let (ours, arrow, lists, fell_back) = both(rows(metadata, chunks, None));
+    assert!(lists && fell_back);
+    assert_same(&ours, &arrow);
+    let nulls: usize = ours.iter().map(|b| b.column(0).null_count()).sum();
+    assert_eq!(nulls, 3);
+}
+
+#[test]
+fn levels_are_lists_of_their_size_only() {
+    let lists = |n: usize, size: usize| -> (Vec<i16>, Vec<i16>) {
+        let rep = (0..n * size).map(|i| i16::from(i % size != 0)).collect();
+        (vec![2; n * size], rep)
+    };
+    let (def, rep) = lists(5, 4);
+    assert!(levels_are_lists(&def, &rep, 2, 4));
+    assert!(!levels_are_lists(&def, &rep, 2, 2), "lists of 4 read as 2");
+    assert!(
+        !levels_are_lists(&def, &rep, 2, 5),
+        "20 values are not lists of 5"
+    );
+    assert!(
+        !levels_are_lists(&def, &rep, 3, 4),
+        "values below the maximum level"
+    );
+    let mut null = def.clone();
+    null[6] = 1;
+    assert!(!levels_are_lists(&null, &rep, 2, 4), "a null value");
+    let mut longer = rep.clone();
+    longer[8] = 1;
+    assert!(!levels_are_lists(&def, &longer, 2, 4), "a list of 8");
+    let (def, rep) = lists(3, 1);
+    assert!(levels_are_lists(&def, &rep, 2, 1));
+}

@@ -70,6 +70,7 @@ fn bench(workload: &str, rows: usize) {
         names,
         [
             "raw",
+            "source",
             "sluice",
             "global",
             "python",

@@ -12,6 +12,7 @@ use sluice::observe::Observed;
 use sluice::pipeline::Pipeline;
 use sluice::report::{Bottleneck, Report};
 
+use super::ceiling;
 use super::workload::{Workload, yaml};
 
 /// What one variant measured.
@@ -58,6 +59,21 @@ pub(crate) async fn child(
     threads: usize,
 ) -> ExitCode {
     let result = async {
+        if variant == "raw" {
+            let start = Instant::now();
+            let cpu_start = cpu_seconds();
+            let data = data.to_path_buf();
+            let rows =
+                tokio::task::spawn_blocking(move || ceiling::decode(&data, workload, threads))
+                    .await??;
+            return Ok(Measured {
+                rows,
+                seconds: start.elapsed().as_secs_f64(),
+                peak_rss_mib: peak_rss_mib(),
+                cpu_seconds: cpu_seconds().zip(cpu_start).map(|(end, start)| end - start),
+                bottleneck: None,
+            });
+        }
         let pipeline = Pipeline::from_yaml(&yaml(data, workload, variant, threads))?;
         let prepared = pipeline.prepare().await?;
         let observed = Arc::new(Observed::default());
@@ -116,7 +132,7 @@ async fn consume(
         return Ok(rows);
     }
     #[cfg(feature = "torch")]
-    if variant != "raw" {
+    if variant != "source" {
         let loader: sluice::loader::LoaderConfig = serde_json::from_value(match workload {
             Workload::Images => serde_json::json!({"device": "cpu", "tensors": {
                 "x": {"column": "image", "dtype": if variant == "uint8" { "u8" } else { "f32" }, "shape": [3, 32, 32]},

@@ -13,6 +13,7 @@ use std::process::{Command, ExitCode};
 use serde::Serialize;
 use sluice::report::Bottleneck;
 
+mod ceiling;
 mod child;
 mod workload;
 
@@ -49,7 +50,7 @@ pub(crate) struct BenchArgs {
     /// Also write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Leave out a variant (`raw`, `sluice`, `global`, `python`, `uint8`, `floor`,
+    /// Leave out a variant (`raw`, `source`, `sluice`, `global`, `python`, `uint8`, `floor`,
     /// `dataloader`, `numpy`); may be given more than once. Its row says it was skipped.
     #[arg(long = "skip", value_name = "VARIANT")]
     skip: Vec<String>,
@@ -175,13 +176,17 @@ fn run_child(mut cmd: Command) -> Result<Measured, String> {
 }
 
 /// The variants, in table order, each with what it does.
-fn variants(w: Workload) -> [(&'static str, &'static str); 8] {
+fn variants(w: Workload) -> [(&'static str, &'static str); 9] {
     let desc = match w {
         Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
         Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
     };
     [
-        ("raw", "raw Parquet decode (the ceiling)"),
+        (
+            "raw",
+            "arrow-rs's Parquet reader alone, row groups across the threads (the ceiling)",
+        ),
+        ("source", "Sluice's Parquet source alone, no stages"),
         ("sluice", desc),
         (
             "global",
@@ -416,9 +421,8 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     if let Some(x) = python_vs_dl {
         out!("Sluice from Python vs PyTorch DataLoader: {x:.1}×");
     }
-    let bottleneck = table[1]
-        .measured
-        .as_ref()
+    let bottleneck = (table.iter().find(|r| r.variant == "sluice"))
+        .and_then(|r| r.measured.as_ref())
         .and_then(|m| m.bottleneck.clone());
     if let Some(b) = &bottleneck {
         out!("bottleneck: {} — {}", b.element, b.evidence);

@@ -200,7 +200,7 @@ pub(super) fn generate(
     Ok(())
 }
 
-/// The pipeline of a variant (`raw`: the source alone).
+/// The pipeline of a variant (`source`: the source alone).
 pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize) -> String {
     // Row groups read ahead. Images: 2 — Sluice as fast as with 4 (0.221–0.241 s for 200k
     // either way) at 25 MiB less peak RSS (225–262 MiB vs 260–285), and the raw decode faster
@@ -216,7 +216,7 @@ pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize
         dir.display()
     );
     let stages = match (workload, variant) {
-        (_, "raw" | "floor") => String::new(),
+        (_, "source" | "floor") => String::new(),
         // DALI's split: the crop and flip here, the images handed over as uint8 (a quarter of
         // the bytes), `normalize` on the device (`sluice.torch.normalize` or the loader's
         // `augment_on: device`), where it costs a GPU a few microseconds per batch.

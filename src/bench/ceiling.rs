@@ -1,0 +1,97 @@
+//! The ceiling every variant is compared with: arrow-rs's own `ParquetRecordBatchReader`
+//! decoding the files with no loader around it, row groups shared between `threads` threads,
+//! every value touched (summed) so that nothing is decoded for nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::Float32Type;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use super::workload::Workload;
+
+/// Decodes every row group of the `train-*.parquet` files in `data` with `threads` threads
+/// (each takes the next row group), in batches of 1024 rows as the Sluice variants read them;
+/// returns the rows decoded.
+pub(super) fn decode(data: &Path, workload: Workload, threads: usize) -> anyhow::Result<usize> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    files.sort();
+    let mut groups = Vec::new();
+    for file in &files {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file)?)?;
+        groups.extend((0..reader.metadata().num_row_groups()).map(|rg| (file.clone(), rg)));
+    }
+    let next = AtomicUsize::new(0);
+    let per_thread = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| -> anyhow::Result<(usize, f64)> {
+                    let (mut rows, mut sum) = (0usize, 0f64);
+                    while let Some((file, rg)) = groups.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let reader =
+                            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file)?)?
+                                .with_row_groups(vec![*rg])
+                                .with_batch_size(1024)
+                                .build()?;
+                        for batch in reader {
+                            let batch = batch?;
+                            rows += batch.num_rows();
+                            sum += touch(&batch, workload);
+                        }
+                    }
+                    Ok((rows, sum))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("a decode thread panicked"))?
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let sum: f64 = per_thread.iter().map(|(_, s)| s).sum();
+    // The sum is kept (printed to nowhere) so the reads are not optimised away.
+    std::hint::black_box(sum);
+    Ok(per_thread.iter().map(|(r, _)| r).sum())
+}
+
+/// Reads every feature value of `batch` once: the pixels' bytes, the float32 features.
+fn touch(batch: &RecordBatch, workload: Workload) -> f64 {
+    let Some(column) = batch.column_by_name(match workload {
+        Workload::Images => "image",
+        Workload::Tabular => "x",
+    }) else {
+        return 0.0;
+    };
+    match workload {
+        Workload::Images => {
+            let bytes = column.as_fixed_size_binary().value_data();
+            bytes.iter().map(|&b| u64::from(b)).sum::<u64>() as f64
+        }
+        Workload::Tabular => {
+            let list = column.as_fixed_size_list();
+            let values = list.values().as_primitive::<Float32Type>();
+            let start = list.offset() * list.value_length() as usize;
+            let end = start + list.len() * list.value_length() as usize;
+            // Sixteen running sums, so the loop is vectorised (one sum would be a chain of
+            // dependent additions, slower than the decode it is measuring).
+            let lanes =
+                values.values()[start..end]
+                    .chunks_exact(16)
+                    .fold([0f32; 16], |mut acc, c| {
+                        for (a, v) in acc.iter_mut().zip(c) {
+                            *a += v;
+                        }
+                        acc
+                    });
+            lanes.iter().sum::<f32>() as f64
+        }
+    }
+}

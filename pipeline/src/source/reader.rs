@@ -43,7 +43,7 @@ impl ObjectReader {
 
     /// `ranges` of the object: from the file directly when it is local, else through the
     /// store.
-    async fn read(&self, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
+    pub(crate) async fn read(&self, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
         match &self.local {
             Some(file) => {
                 let file = file.clone();
@@ -255,6 +255,92 @@ impl std::io::Read for LocalRead {
         })?;
         self.at += n as u64;
         Ok(n)
+    }
+}
+
+/// The bytes a row group's decoder reads: a local file read as it is decoded, or the
+/// projected column chunks fetched whole from an object store.
+#[derive(Debug, Clone)]
+pub(crate) enum Chunks {
+    Local(LocalChunks),
+    Fetched(FetchedChunks),
+}
+
+/// Column chunks fetched from an object store, each at its offset in the object.
+#[derive(Debug, Clone)]
+pub(crate) struct FetchedChunks {
+    parts: Arc<Vec<(u64, Bytes)>>,
+    size: u64,
+}
+
+impl FetchedChunks {
+    /// Fetches `ranges` of the object of `reader` (coalesced and retried as every read).
+    pub(crate) async fn fetch(reader: &ObjectReader, ranges: Vec<Range<u64>>) -> Result<Self> {
+        let starts: Vec<u64> = ranges.iter().map(|r| r.start).collect();
+        let got = reader.read(ranges).await?;
+        Ok(FetchedChunks {
+            parts: Arc::new(starts.into_iter().zip(got).collect()),
+            size: reader.size,
+        })
+    }
+
+    /// Bytes from `start` (`len` of them, or to the end of their part), from the part that
+    /// holds them all.
+    fn slice(&self, start: u64, len: Option<usize>) -> Result<Bytes> {
+        let held = self.parts.iter().find_map(|(at, bytes)| {
+            let from = usize::try_from(start.checked_sub(*at)?).ok()?;
+            let to = from.checked_add(len.unwrap_or(bytes.len().saturating_sub(from)))?;
+            (to <= bytes.len() && from < bytes.len().max(1)).then(|| bytes.slice(from..to))
+        });
+        held.ok_or_else(|| {
+            let end = len.map_or(String::new(), |l| (start + l as u64).to_string());
+            ParquetError::General(format!(
+                "bytes {start}..{end} are outside the column chunks the footer names"
+            ))
+        })
+    }
+}
+
+impl parquet::file::reader::Length for Chunks {
+    fn len(&self) -> u64 {
+        match self {
+            Chunks::Local(c) => c.size,
+            Chunks::Fetched(f) => f.size,
+        }
+    }
+}
+
+impl parquet::file::reader::ChunkReader for Chunks {
+    type T = ChunkRead;
+
+    fn get_read(&self, start: u64) -> Result<ChunkRead> {
+        use bytes::Buf;
+        match self {
+            Chunks::Local(c) => c.get_read(start).map(ChunkRead::Local),
+            Chunks::Fetched(f) => Ok(ChunkRead::Fetched(f.slice(start, None)?.reader())),
+        }
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
+        match self {
+            Chunks::Local(c) => c.get_bytes(start, length),
+            Chunks::Fetched(f) => f.slice(start, Some(length)),
+        }
+    }
+}
+
+/// A page header's bytes, from either kind of [`Chunks`].
+pub(crate) enum ChunkRead {
+    Local(std::io::BufReader<LocalRead>),
+    Fetched(bytes::buf::Reader<Bytes>),
+}
+
+impl std::io::Read for ChunkRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            ChunkRead::Local(r) => r.read(buf),
+            ChunkRead::Fetched(r) => r.read(buf),
+        }
     }
 }
 

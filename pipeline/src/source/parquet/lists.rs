@@ -1,5 +1,5 @@
-//! Fixed-size list columns (embeddings, feature vectors: `fixed_size_list<float32>[128]`) of
-//! a local row group decoded without arrow-rs's walk over their levels.
+//! Fixed-size list columns (embeddings, feature vectors: `fixed_size_list<float32>[128]`)
+//! decoded without arrow-rs's walk over their levels.
 //!
 //! Why by hand: arrow-rs's `FixedSizeListArrayReader` checks, value by value and with a
 //! branch per value, that every list has its size: 13 % of the CPU time of the tabular bench
@@ -29,10 +29,10 @@ use parquet::column::reader::{ColumnReader, ColumnReaderImpl, get_column_reader}
 use parquet::data_type::DataType as ParquetType;
 use parquet::file::serialized_reader::SerializedPageReader;
 
-use crate::source::reader::LocalChunks;
+use crate::source::reader::Chunks;
 
-/// The decoder of one local row group: arrow-rs's reader, or this module's when the
-/// projection has fixed-size list columns.
+/// The decoder of one row group: arrow-rs's reader, or this module's when the projection has
+/// fixed-size list columns.
 pub(super) enum UnitDecoder {
     Arrow(ParquetRecordBatchReader),
     Lists(Box<ListDecoder>),
@@ -53,7 +53,7 @@ impl Iterator for UnitDecoder {
 /// projection `mask`, `batch_rows` rows per batch.
 #[derive(Clone)]
 pub(super) struct Rows {
-    pub(super) chunks: LocalChunks,
+    pub(super) chunks: Chunks,
     pub(super) metadata: ArrowReaderMetadata,
     pub(super) mask: ProjectionMask,
     pub(super) rg: usize,
@@ -95,23 +95,7 @@ impl Rows {
     pub(super) fn decoder(self) -> parquet::errors::Result<UnitDecoder> {
         let descr = self.metadata.metadata().file_metadata().schema_descr_ptr();
         let fields = self.metadata.schema().fields().clone();
-        // Each projected root: its field and, when it is a list read here, its one leaf.
-        let mut roots: Vec<(usize, Option<usize>)> = Vec::new();
-        for leaf in (0..descr.num_columns()).filter(|&l| self.mask.leaf_included(l)) {
-            let root = descr.get_column_root_idx(leaf);
-            if let Some(last) = roots.last_mut()
-                && last.0 == root
-            {
-                last.1 = None; // more than one leaf: not a list of values
-                continue;
-            }
-            let column = descr.column(leaf);
-            let list = fields
-                .get(root)
-                .and_then(|f| list_of(f, column.physical_type()));
-            let one_level = column.max_rep_level() == 1;
-            roots.push((root, (list.is_some() && one_level).then_some(leaf)));
-        }
+        let roots = projected_roots(&self.metadata, &self.mask);
         if roots.iter().all(|(_, leaf)| leaf.is_none()) {
             return Ok(UnitDecoder::Arrow(self.arrow(0, self.mask.clone())?));
         }
@@ -171,6 +155,38 @@ impl Rows {
             slow: None,
         })))
     }
+}
+
+/// Each projected root column, in file order, with its one leaf when it is a fixed-size list
+/// of values this module reads.
+fn projected_roots(
+    metadata: &ArrowReaderMetadata,
+    mask: &ProjectionMask,
+) -> Vec<(usize, Option<usize>)> {
+    let descr = metadata.metadata().file_metadata().schema_descr_ptr();
+    let fields = metadata.schema().fields();
+    let mut roots: Vec<(usize, Option<usize>)> = Vec::new();
+    for leaf in (0..descr.num_columns()).filter(|&l| mask.leaf_included(l)) {
+        let root = descr.get_column_root_idx(leaf);
+        if let Some(last) = roots.last_mut()
+            && last.0 == root
+        {
+            last.1 = None; // more than one leaf: not a list of values
+            continue;
+        }
+        let column = descr.column(leaf);
+        let list = (fields.get(root)).and_then(|f| list_of(f, column.physical_type()));
+        let one_level = column.max_rep_level() == 1;
+        roots.push((root, (list.is_some() && one_level).then_some(leaf)));
+    }
+    roots
+}
+
+/// Whether `mask` projects a fixed-size list column this module reads.
+pub(super) fn has_lists(metadata: &ArrowReaderMetadata, mask: &ProjectionMask) -> bool {
+    projected_roots(metadata, mask)
+        .iter()
+        .any(|(_, leaf)| leaf.is_some())
 }
 
 /// The list's item type when `field` is a fixed-size list of values this module reads

@@ -16,7 +16,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::properties::WriterProperties;
 
 use super::{Rows, UnitDecoder, levels_are_lists};
-use crate::source::reader::{LocalChunks, ObjectReader};
+use crate::source::reader::{Chunks, FetchedChunks, LocalChunks, ObjectReader};
 
 fn list(values: ArrayRef, size: i32, nulls: Option<NullBuffer>) -> ArrayRef {
     let item = Arc::new(Field::new("item", values.data_type().clone(), false));
@@ -52,7 +52,14 @@ fn batch(first: usize, n: usize, null_at: &[usize]) -> RecordBatch {
 
 /// A file of 1,000 rows in one row group, small pages, dictionary pages for the first
 /// values; its reader metadata and local chunks.
-fn file(dir: &std::path::Path, null_at: &[usize]) -> (ArrowReaderMetadata, LocalChunks) {
+fn file(dir: &std::path::Path, null_at: &[usize]) -> (ArrowReaderMetadata, Chunks) {
+    let (metadata, reader, size) = written(dir, null_at);
+    let chunks = LocalChunks::open(&reader, std::slice::from_ref(&(0..size)));
+    (metadata, Chunks::Local(chunks.unwrap().unwrap()))
+}
+
+/// Writes the file; its reader metadata, object reader and size.
+fn written(dir: &std::path::Path, null_at: &[usize]) -> (ArrowReaderMetadata, ObjectReader, u64) {
     let path = dir.join("lists.parquet");
     let props = WriterProperties::builder()
         .set_data_page_size_limit(1024)
@@ -75,11 +82,7 @@ fn file(dir: &std::path::Path, null_at: &[usize]) -> (ArrowReaderMetadata, Local
     .unwrap();
     let location = crate::storage::resolve_output(path.to_str().unwrap(), dir).unwrap();
     let size = std::fs::metadata(&path).unwrap().len();
-    let reader = ObjectReader::new(&location, size);
-    let chunks = LocalChunks::open(&reader, std::slice::from_ref(&(0..size)))
-        .unwrap()
-        .unwrap();
-    (metadata, chunks)
+    (metadata, ObjectReader::new(&location, size), size)
 }
 
 /// The batches of `rows` through `decoder` and through arrow-rs's reader alone; whether the
@@ -108,7 +111,7 @@ fn assert_same(ours: &[RecordBatch], arrow: &[RecordBatch]) {
     }
 }
 
-fn rows(metadata: ArrowReaderMetadata, chunks: LocalChunks, mask: Option<&[usize]>) -> Rows {
+fn rows(metadata: ArrowReaderMetadata, chunks: Chunks, mask: Option<&[usize]>) -> Rows {
     let descr = metadata.metadata().file_metadata().schema_descr_ptr();
     let mask = match mask {
         Some(roots) => parquet::arrow::ProjectionMask::roots(&descr, roots.iter().copied()),
@@ -161,6 +164,39 @@ fn a_null_list_is_read_by_arrow_rs_from_its_batch_on() {
     assert_same(&ours, &arrow);
     let nulls: usize = ours.iter().map(|b| b.column(0).null_count()).sum();
     assert_eq!(nulls, 3);
+}
+
+/// Column chunks fetched whole (as from an object store) decode as the local file does;
+/// bytes outside them are an error naming the range.
+#[tokio::test]
+async fn fetched_chunks_decode_as_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (metadata, reader, _) = written(dir.path(), &[]);
+    let columns = metadata.metadata().row_group(0).columns();
+    let ranges: Vec<_> = (columns.iter())
+        .map(|c| c.byte_range())
+        .map(|(start, len)| start..start + len)
+        .collect();
+    let fetched = FetchedChunks::fetch(&reader, ranges.clone()).await.unwrap();
+    let mut r = rows(metadata, Chunks::Fetched(fetched.clone()), Some(&[0, 1, 5]));
+    (r.skip, r.take) = (10, 900);
+    let (ours, arrow, lists, fell_back) = both(r);
+    assert!(lists && !fell_back);
+    assert_same(&ours, &arrow);
+
+    use parquet::file::reader::ChunkReader;
+    let chunks = Chunks::Fetched(fetched);
+    let first = ranges[0].clone();
+    assert!(
+        chunks
+            .get_bytes(first.start, (first.end - first.start) as usize)
+            .is_ok()
+    );
+    let e = chunks.get_bytes(0, 4).unwrap_err().to_string();
+    assert!(
+        e.contains("bytes 0..4 are outside the column chunks"),
+        "{e}"
+    );
 }
 
 #[test]

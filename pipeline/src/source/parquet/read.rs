@@ -12,14 +12,14 @@ use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use super::ParquetFile;
 use super::columns::Slot;
-use super::lists::{Rows, UnitDecoder};
+use super::lists::{Rows, UnitDecoder, has_lists};
 use super::partitions::partition_column;
 use super::unit::Unit;
 use crate::batch::{Batch, Lineage, Mark, Name, Origin};
 use crate::error::{Error, ReadError, Result};
 use crate::runtime::CpuPool;
 use crate::runtime::metrics::PipelineMetrics;
-use crate::source::reader::{LocalChunks, ObjectReader};
+use crate::source::reader::{Chunks, FetchedChunks, LocalChunks, ObjectReader};
 
 /// Decoded rows handed over at a time (at least one batch): what a unit in flight holds
 /// besides its fetched column chunks, twice (one chunk queued, one being decoded).
@@ -145,18 +145,10 @@ fn open_local(
 ) -> Option<Result<(UnitDecoder, LocalChunks)>> {
     let url = &file.object.location.url;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
-    let columns = file.metadata.metadata().row_group(rg).columns();
-    let ranges: Vec<_> = (columns.iter().enumerate())
-        .filter(|(i, _)| file.mask.leaf_included(*i))
-        .map(|(_, c)| {
-            let (start, len) = c.byte_range();
-            start..start + len
-        })
-        .collect();
-    let opened = LocalChunks::open(&reader, &ranges)?;
+    let opened = LocalChunks::open(&reader, &chunk_ranges(file, rg))?;
     let decoder = |chunks: LocalChunks| {
         let rows = Rows {
-            chunks: chunks.clone(),
+            chunks: Chunks::Local(chunks.clone()),
             metadata: file.metadata.clone(),
             mask: file.mask.clone(),
             rg,
@@ -171,6 +163,49 @@ fn open_local(
             .and_then(decoder)
             .map_err(|e| Error::parquet(url, Some(rg), e)),
     )
+}
+
+/// The decoder of rows `skip..skip + take` of row group `rg` of `file` in an object store,
+/// its projected column chunks fetched whole, when the projection has fixed-size list columns
+/// (see [`super::lists`]); `None` when it has none, read with [`fetch`].
+async fn fetch_lists(
+    file: &ParquetFile,
+    rg: usize,
+    (skip, take): (usize, usize),
+    batch_rows: usize,
+) -> Option<Result<UnitDecoder>> {
+    if !has_lists(&file.metadata, &file.mask) {
+        return None;
+    }
+    let url = &file.object.location.url;
+    let reader = ObjectReader::new(&file.object.location, file.object.size);
+    let ranges = chunk_ranges(file, rg);
+    let decoder = match FetchedChunks::fetch(&reader, ranges).await {
+        Ok(fetched) => Rows {
+            chunks: Chunks::Fetched(fetched),
+            metadata: file.metadata.clone(),
+            mask: file.mask.clone(),
+            rg,
+            skip,
+            take,
+            batch_rows,
+        }
+        .decoder(),
+        Err(e) => Err(e),
+    };
+    Some(decoder.map_err(|e| Error::parquet(url, Some(rg), e)))
+}
+
+/// The byte ranges of the projected column chunks of row group `rg` of `file`.
+fn chunk_ranges(file: &ParquetFile, rg: usize) -> Vec<std::ops::Range<u64>> {
+    let columns = file.metadata.metadata().row_group(rg).columns();
+    (columns.iter().enumerate())
+        .filter(|(i, _)| file.mask.leaf_included(*i))
+        .map(|(_, c)| {
+            let (start, len) = c.byte_range();
+            start..start + len
+        })
+        .collect()
 }
 
 /// A decoded batch of `file` as a batch of the source's `schema`: its columns in output
@@ -223,10 +258,13 @@ impl UnitRead {
         let span = (skip as usize, take as usize);
         let (mut decoder, local) = match open_local(file, rg, span, self.batch_rows) {
             Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
-            None => {
-                let fetched = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
-                (UnitDecoder::Arrow(fetched), None)
-            }
+            None => match fetch_lists(file, rg, span, self.batch_rows).await {
+                Some(decoder) => (decoder?, None),
+                None => {
+                    let fetched = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
+                    (UnitDecoder::Arrow(fetched), None)
+                }
+            },
         };
         let origin = Origin::Object {
             url: Name::from(&**url),

@@ -1,5 +1,5 @@
 //! Corrupt Parquet input: truncated, bit-flipped and wrongly-sized copies of a small valid
-//! file (five row groups of four columns, zstd, several pages per column chunk), each read by
+//! file (five row groups of five columns, zstd, several pages per column chunk), each read by
 //! `sluice run` into a Parquet file. Whatever the damage, the run never panics, aborts or
 //! hangs, the input is left byte for byte as it was, and a run that fails exits 1 with an
 //! `error:` naming the file and leaves nothing at (or next to) the sink's path.
@@ -33,8 +33,9 @@ const SEED: u64 = 0xC0AA_0F7E_5EED_0032;
 /// is hung (a hang detector, not a timing check).
 const HANG: Duration = Duration::from_secs(60);
 
-/// The valid file: ids 0..1000, a nullable float, a dictionary-encoded string and a bool, in
-/// row groups of 200 rows and pages of 50, zstd.
+/// The valid file: ids 0..1000, a nullable float, a dictionary-encoded string, a bool and a
+/// fixed-size list of 4 float32 (read by the source's own list reader), in row groups of 200
+/// rows and pages of 50, zstd.
 fn write_original(path: &Path) {
     let ids: Vec<i64> = (0..ROWS as i64).collect();
     let x: Vec<Option<f64>> = ids
@@ -48,6 +49,7 @@ fn write_original(path: &Path) {
         ("x", arc(Float64Array::from(x))),
         ("name", arc(StringArray::from_iter_values(names))),
         ("flag", arc(BooleanArray::from(flags))),
+        ("emb", arc(embeddings())),
     ])
     .unwrap();
     let props = WriterProperties::builder()
@@ -60,6 +62,17 @@ fn write_original(path: &Path) {
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
+}
+
+/// Rows of 4 float32 without nulls: the shape of embeddings and feature vectors.
+fn embeddings() -> arrow::array::FixedSizeListArray {
+    let values = arrow::array::Float32Array::from_iter_values((0..ROWS * 4).map(|v| v as f32 * 0.25));
+    let item = std::sync::Arc::new(arrow::datatypes::Field::new(
+        "item",
+        arrow::datatypes::DataType::Float32,
+        false,
+    ));
+    arrow::array::FixedSizeListArray::new(item, 4, arc(values), None)
 }
 
 /// Where things are in the valid file.
@@ -279,6 +292,27 @@ fn variants(original: &[u8], l: &Layout) -> Vec<Variant> {
             &format!("chunk-flip-{at}"),
             format!(
                 "bit {bit} of byte {at} ({part} of the column chunk at bytes {start}..{}) flipped",
+                start + size
+            ),
+            false,
+            flipped(original, at, bit),
+            None,
+        );
+    }
+    // Bits flipped in the list column's chunks (the last of each row group's five).
+    for k in 0..4 {
+        let (start, size) = l.chunks[rng.below(l.chunks.len() / 5) * 5 + 4];
+        let at = if k == 0 {
+            start + rng.below(8)
+        } else {
+            start + 8 + rng.below(size - 8)
+        };
+        let bit = rng.below(8);
+        add(
+            &mut out,
+            &format!("list-flip-{at}"),
+            format!(
+                "bit {bit} of byte {at} (the list column's chunk at bytes {start}..{}) flipped",
                 start + size
             ),
             false,

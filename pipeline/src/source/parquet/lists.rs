@@ -91,7 +91,7 @@ impl Rows {
     }
 
     /// The decoder of these rows: this module's when a projected column is a fixed-size list
-    /// of `float32`, `float64`, `int32` or `int64` values, else arrow-rs's.
+    /// of float or integer values, else arrow-rs's.
     pub(super) fn decoder(self) -> parquet::errors::Result<UnitDecoder> {
         let descr = self.metadata.metadata().file_metadata().schema_descr_ptr();
         let fields = self.metadata.schema().fields().clone();
@@ -201,7 +201,15 @@ fn list_of(field: &FieldRef, physical: parquet::basic::Type) -> Option<DataType>
         (item, physical),
         (DataType::Float32, Type::FLOAT)
             | (DataType::Float64, Type::DOUBLE)
-            | (DataType::Int32, Type::INT32)
+            | (
+                DataType::Int32
+                    | DataType::Int16
+                    | DataType::Int8
+                    | DataType::UInt32
+                    | DataType::UInt16
+                    | DataType::UInt8,
+                Type::INT32
+            )
             | (DataType::Int64, Type::INT64)
     );
     (stored && *size > 0).then(|| item.clone())
@@ -349,9 +357,31 @@ impl ListColumn {
         if !levels_are_lists(&self.def, &self.rep, self.max_def, self.size) {
             return Ok(None);
         }
+        let values = narrowed(values, self.item.data_type());
         let list = FixedSizeListArray::try_new(self.item.clone(), self.size as i32, values, None)
             .map_err(|e| parquet::errors::ParquetError::General(e.to_string()))?;
         Ok(Some(Arc::new(list)))
+    }
+}
+
+/// Values stored as INT32 as the list's narrower integers, converted as arrow-rs's reader
+/// converts them (`as`: the bits kept; `uint32` reinterpreted); other values as they are.
+fn narrowed(values: ArrayRef, item: &DataType) -> ArrayRef {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Int8Type, Int16Type, Int32Type, UInt8Type, UInt16Type};
+    let Some(ints) = values.as_primitive_opt::<Int32Type>() else {
+        return values;
+    };
+    match item {
+        DataType::Int8 => Arc::new(ints.unary::<_, Int8Type>(|v| v as i8)),
+        DataType::Int16 => Arc::new(ints.unary::<_, Int16Type>(|v| v as i16)),
+        DataType::UInt8 => Arc::new(ints.unary::<_, UInt8Type>(|v| v as u8)),
+        DataType::UInt16 => Arc::new(ints.unary::<_, UInt16Type>(|v| v as u16)),
+        DataType::UInt32 => Arc::new(arrow::array::UInt32Array::new(
+            ints.values().inner().clone().into(),
+            None,
+        )),
+        _ => values,
     }
 }
 

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int32Array, Int64Array,
-    RecordBatch, StringArray, StructArray,
+    Array, ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int16Array, Int32Array,
+    Int64Array, RecordBatch, StringArray, StructArray, UInt8Array,
 };
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field};
@@ -24,12 +24,15 @@ fn list(values: ArrayRef, size: i32, nulls: Option<NullBuffer>) -> ArrayRef {
 }
 
 /// `n` rows: `x` lists of 4 float32, `d` lists of 2 float64, `i` lists of 3 int32, `l` lists
-/// of 1 int64, a string and a struct column; `null_at` rows with a null `x`.
+/// of 1 int64, `u` lists of 5 uint8, `h` lists of 2 int16, a string and a struct column;
+/// `null_at` rows with a null `x`.
 fn batch(first: usize, n: usize, null_at: &[usize]) -> RecordBatch {
     let f32s = Float32Array::from_iter_values((0..n * 4).map(|v| (first * 4 + v) as f32 * 0.5));
     let f64s = Float64Array::from_iter_values((0..n * 2).map(|v| (first * 2 + v) as f64 / 3.0));
     let i32s = Int32Array::from_iter_values((0..n * 3).map(|v| (first * 3 + v) as i32 - 7));
     let i64s = Int64Array::from_iter_values((0..n).map(|v| (first + v) as i64 * 1_000_003));
+    let u8s = UInt8Array::from_iter_values((0..n * 5).map(|v| ((first * 5 + v) * 37 % 256) as u8));
+    let i16s = Int16Array::from_iter_values((0..n * 2).map(|v| (first * 2 + v) as i16 - 900));
     let nulls = (!null_at.is_empty())
         .then(|| NullBuffer::from_iter((first..first + n).map(|r| !null_at.contains(&r))));
     let names = StringArray::from_iter_values((first..first + n).map(|r| format!("row {r}")));
@@ -46,6 +49,8 @@ fn batch(first: usize, n: usize, null_at: &[usize]) -> RecordBatch {
         ("s", Arc::new(inner) as ArrayRef),
         ("i", list(Arc::new(i32s), 3, None)),
         ("l", list(Arc::new(i64s), 1, None)),
+        ("u", list(Arc::new(u8s), 5, None)),
+        ("h", list(Arc::new(i16s), 2, None)),
     ])
     .unwrap()
 }
@@ -136,7 +141,7 @@ fn lists_decode_as_arrow_rs_decodes_them() {
     // batches that do not divide the rows.
     let cases: [(Option<&[usize]>, usize, usize, usize); 5] = [
         (None, 0, 1000, 128),
-        (Some(&[0, 2, 4, 5]), 0, 1000, 100),
+        (Some(&[0, 2, 4, 5, 6, 7]), 0, 1000, 100),
         (Some(&[0]), 0, 1000, 1000),
         (None, 333, 500, 77),
         (Some(&[2, 4]), 999, 1, 8),

@@ -66,7 +66,8 @@ fn write_original(path: &Path) {
 
 /// Rows of 4 float32 without nulls: the shape of embeddings and feature vectors.
 fn embeddings() -> arrow::array::FixedSizeListArray {
-    let values = arrow::array::Float32Array::from_iter_values((0..ROWS * 4).map(|v| v as f32 * 0.25));
+    let values =
+        arrow::array::Float32Array::from_iter_values((0..ROWS * 4).map(|v| v as f32 * 0.25));
     let item = std::sync::Arc::new(arrow::datatypes::Field::new(
         "item",
         arrow::datatypes::DataType::Float32,

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::Float32Type;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 
 use super::workload::Workload;
 
-/// Decodes every row group of the `train-*.parquet` files in `data` with `threads` threads
+/// Decodes every row group of the `*.parquet` files in `data` with `threads` threads
 /// (each takes the next row group), in batches of 1024 rows as the Sluice variants read them;
 /// returns the rows decoded.
 pub(super) fn decode(data: &Path, workload: Workload, threads: usize) -> anyhow::Result<usize> {
@@ -21,10 +21,13 @@ pub(super) fn decode(data: &Path, workload: Workload, threads: usize) -> anyhow:
         .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
         .collect();
     files.sort();
+    // Each footer read once; the row groups then decoded from it.
     let mut groups = Vec::new();
     for file in &files {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file)?)?;
-        groups.extend((0..reader.metadata().num_row_groups()).map(|rg| (file.clone(), rg)));
+        let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new();
+        let metadata = ArrowReaderMetadata::load(&std::fs::File::open(file)?, options)?;
+        let row_groups = metadata.metadata().num_row_groups();
+        groups.extend((0..row_groups).map(|rg| (file.clone(), metadata.clone(), rg)));
     }
     let next = AtomicUsize::new(0);
     let per_thread = std::thread::scope(|s| {
@@ -32,12 +35,17 @@ pub(super) fn decode(data: &Path, workload: Workload, threads: usize) -> anyhow:
             .map(|_| {
                 s.spawn(|| -> anyhow::Result<(usize, f64)> {
                     let (mut rows, mut sum) = (0usize, 0f64);
-                    while let Some((file, rg)) = groups.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        let reader =
-                            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file)?)?
-                                .with_row_groups(vec![*rg])
-                                .with_batch_size(1024)
-                                .build()?;
+                    while let Some((file, metadata, rg)) =
+                        groups.get(next.fetch_add(1, Ordering::Relaxed))
+                    {
+                        let file = std::fs::File::open(file)?;
+                        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+                            file,
+                            metadata.clone(),
+                        )
+                        .with_row_groups(vec![*rg])
+                        .with_batch_size(1024)
+                        .build()?;
                         for batch in reader {
                             let batch = batch?;
                             rows += batch.num_rows();
@@ -63,7 +71,7 @@ pub(super) fn decode(data: &Path, workload: Workload, threads: usize) -> anyhow:
 }
 
 /// Reads every feature value of `batch` once: the pixels' bytes, the float32 features.
-fn touch(batch: &RecordBatch, workload: Workload) -> f64 {
+pub(super) fn touch(batch: &RecordBatch, workload: Workload) -> f64 {
     let Some(column) = batch.column_by_name(match workload {
         Workload::Images => "image",
         Workload::Tabular => "x",

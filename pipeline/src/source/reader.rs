@@ -251,7 +251,10 @@ impl std::io::Read for LocalRead {
         use std::os::unix::fs::FileExt;
         let read = self.chunks.file().read_at(buf, self.at);
         let n = read.inspect_err(|e| {
-            let _ = self.chunks.fail(self.at..self.at + buf.len() as u64, e);
+            // An interrupted read is retried by the reader above; it is no failure.
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                let _ = self.chunks.fail(self.at..self.at + buf.len() as u64, e);
+            }
         })?;
         self.at += n as u64;
         Ok(n)
@@ -289,8 +292,12 @@ impl FetchedChunks {
     fn slice(&self, start: u64, len: Option<usize>) -> Result<Bytes> {
         let held = self.parts.iter().find_map(|(at, bytes)| {
             let from = usize::try_from(start.checked_sub(*at)?).ok()?;
-            let to = from.checked_add(len.unwrap_or(bytes.len().saturating_sub(from)))?;
-            (to <= bytes.len() && from < bytes.len().max(1)).then(|| bytes.slice(from..to))
+            let (to, inside) = match len {
+                Some(len) => (from.checked_add(len)?, from <= bytes.len()),
+                // A reader from `start` on: at least one byte there.
+                None => (bytes.len(), from < bytes.len()),
+            };
+            (inside && to <= bytes.len()).then(|| bytes.slice(from..to))
         });
         held.ok_or_else(|| {
             let end = len.map_or(String::new(), |l| (start + l as u64).to_string());

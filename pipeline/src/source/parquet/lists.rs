@@ -96,7 +96,7 @@ impl Rows {
         let descr = self.metadata.metadata().file_metadata().schema_descr_ptr();
         let fields = self.metadata.schema().fields().clone();
         let roots = projected_roots(&self.metadata, &self.mask);
-        if roots.iter().all(|(_, leaf)| leaf.is_none()) {
+        if roots.iter().all(|(_, leaf)| leaf.is_none()) || !whole_roots(&descr, &self.mask) {
             return Ok(UnitDecoder::Arrow(self.arrow(0, self.mask.clone())?));
         }
         let rest: Vec<usize> = roots
@@ -133,15 +133,15 @@ impl Rows {
                 DataType::FixedSizeList(item, size) => (item.clone(), *size as usize),
                 _ => unreachable!("checked by list_of"),
             };
-            let mut list = ListColumn {
+            let list = ListColumn {
                 values: Values::of(reader),
                 item,
                 size,
                 max_def,
                 def: Vec::new(),
                 rep: Vec::new(),
+                skip: self.skip,
             };
-            list.values.skip(self.skip)?;
             order.push(Some(lists.len()));
             lists.push(list);
         }
@@ -180,6 +180,22 @@ fn projected_roots(
         roots.push((root, (list.is_some() && one_level).then_some(leaf)));
     }
     roots
+}
+
+/// Whether `mask` takes every leaf of each root it takes any of (a mask of roots, as the
+/// source builds): the other columns are read by a mask of their roots, in the fields
+/// arrow-rs gives whole roots. A struct read in part goes to arrow-rs's reader alone.
+fn whole_roots(descr: &parquet::schema::types::SchemaDescriptor, mask: &ProjectionMask) -> bool {
+    let mut taken = vec![None::<bool>; descr.root_schema().get_fields().len()];
+    for leaf in 0..descr.num_columns() {
+        let root = &mut taken[descr.get_column_root_idx(leaf)];
+        let included = mask.leaf_included(leaf);
+        if root.is_some_and(|all| all != included) {
+            return false;
+        }
+        *root = Some(included);
+    }
+    true
 }
 
 /// Whether `mask` projects a fixed-size list column this module reads.
@@ -292,6 +308,9 @@ struct ListColumn {
     max_def: i16,
     def: Vec<i16>,
     rep: Vec<i16>,
+    /// Rows to pass over before the first read: done by the first read, on the CPU pool,
+    /// where a page that does not decode hands the row group to arrow-rs's reader.
+    skip: usize,
 }
 
 /// Parquet's column reader of a list's values, by their type.
@@ -337,6 +356,7 @@ impl ListColumn {
     /// `size` present values.
     fn read(&mut self, rows: usize) -> parquet::errors::Result<Option<ArrayRef>> {
         use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
+        self.values.skip(std::mem::take(&mut self.skip))?;
         let values: Option<ArrayRef> = match &mut self.values {
             Values::F32(r) => {
                 read_values::<_, Float32Type>(r, rows, self.size, &mut self.def, &mut self.rep)?

@@ -36,12 +36,20 @@ fn batch(first: usize, n: usize, null_at: &[usize]) -> RecordBatch {
     let nulls = (!null_at.is_empty())
         .then(|| NullBuffer::from_iter((first..first + n).map(|r| !null_at.contains(&r))));
     let names = StringArray::from_iter_values((first..first + n).map(|r| format!("row {r}")));
-    let inner = StructArray::from(vec![(
-        Arc::new(Field::new("k", DataType::Int64, false)),
-        Arc::new(Int64Array::from_iter_values(
-            (first..first + n).map(|r| r as i64),
-        )) as ArrayRef,
-    )]);
+    let inner = StructArray::from(vec![
+        (
+            Arc::new(Field::new("k", DataType::Int64, false)),
+            Arc::new(Int64Array::from_iter_values(
+                (first..first + n).map(|r| r as i64),
+            )) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("k2", DataType::Int32, false)),
+            Arc::new(Int32Array::from_iter_values(
+                (first..first + n).map(|r| r as i32 * 3),
+            )) as ArrayRef,
+        ),
+    ]);
     RecordBatch::try_from_iter([
         ("x", list(Arc::new(f32s), 4, nulls)),
         ("name", Arc::new(names) as ArrayRef),
@@ -155,8 +163,21 @@ fn lists_decode_as_arrow_rs_decodes_them() {
         assert_same(&ours, &arrow);
     }
     // No list in the projection: arrow-rs's reader.
-    let (ours, arrow, lists, _) = both(rows(metadata, chunks, Some(&[1, 3])));
+    let (ours, arrow, lists, _) = both(rows(metadata.clone(), chunks.clone(), Some(&[1, 3])));
     assert!(!lists);
+    assert_same(&ours, &arrow);
+    // A struct read in part (`s.k2` without `s.k`) next to a list: arrow-rs's reader alone.
+    let descr = metadata.metadata().file_metadata().schema_descr_ptr();
+    let leaf = |path: &str| {
+        (0..descr.num_columns())
+            .find(|&l| descr.column(l).path().string() == path)
+            .unwrap()
+    };
+    let mut r = rows(metadata, chunks, None);
+    r.mask = parquet::arrow::ProjectionMask::leaves(&descr, [leaf("x.list.item"), leaf("s.k2")]);
+    let (ours, arrow, lists, _) = both(r);
+    assert!(!lists);
+    assert_eq!(ours[0].num_columns(), 2);
     assert_same(&ours, &arrow);
 }
 
@@ -197,6 +218,10 @@ async fn fetched_chunks_decode_as_the_file() {
             .get_bytes(first.start, (first.end - first.start) as usize)
             .is_ok()
     );
+    // The end of the last chunk: nothing to read there, but an empty read is fine.
+    let end = ranges.iter().map(|r| r.end).max().unwrap();
+    assert!(chunks.get_bytes(end, 0).unwrap().is_empty());
+    assert!(chunks.get_read(end).is_err(), "no byte to read there");
     let e = chunks.get_bytes(0, 4).unwrap_err().to_string();
     assert!(
         e.contains("bytes 0..4 are outside the column chunks"),

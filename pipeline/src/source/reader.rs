@@ -117,6 +117,16 @@ impl ObjectReader {
         kind: ReadKind,
         e: impl std::fmt::Display,
     ) -> ParquetError {
+        ParquetError::External(Box::new(self.read_error(ranges, kind, e)))
+    }
+
+    /// The [`ReadError`] of [`ObjectReader::error`], as it is.
+    fn read_error(
+        &self,
+        ranges: &[Range<u64>],
+        kind: ReadKind,
+        e: impl std::fmt::Display,
+    ) -> ReadError {
         let span = match (ranges.first(), ranges.last()) {
             (Some(a), Some(_)) if ranges.len() == 1 => format!("bytes {}..{}", a.start, a.end),
             (Some(a), Some(b)) => format!(
@@ -127,13 +137,13 @@ impl ObjectReader {
             ),
             _ => "no bytes".to_string(),
         };
-        ParquetError::External(Box::new(ReadError {
+        ReadError {
             message: format!(
                 "reading {span} of {} ({} bytes) failed: {e}",
                 self.url, self.size
             ),
             kind,
-        }))
+        }
     }
 }
 
@@ -156,8 +166,8 @@ fn encrypted_columns(m: &ArrowReaderMetadata) -> bool {
 pub(crate) struct LocalChunks {
     /// Locked for each read of a page, which seeks the file's one position.
     file: Arc<Mutex<std::fs::File>>,
-    url: Arc<str>,
-    size: u64,
+    /// The object, for the messages of failed reads.
+    reader: ObjectReader,
     failed: Arc<std::sync::OnceLock<ReadError>>,
 }
 
@@ -169,8 +179,7 @@ impl LocalChunks {
         let path = reader.local.as_ref()?;
         let chunks = |file| LocalChunks {
             file: Arc::new(Mutex::new(file)),
-            url: reader.url.clone(),
-            size: reader.size,
+            reader: reader.clone(),
             failed: Arc::default(),
         };
         let opened = std::fs::File::open(&**path).and_then(|f| Ok((f.metadata()?.len(), f)));
@@ -178,11 +187,7 @@ impl LocalChunks {
             Err(e) => Err(reader.error(ranges, ReadKind::Local(e.kind()), e)),
             Ok((now, file)) => match ranges.iter().find(|r| r.end > now) {
                 Some(r) => {
-                    let e = format!(
-                        "the file ends after {} of the {} bytes",
-                        now.saturating_sub(r.start),
-                        r.end - r.start
-                    );
+                    let e = ends_after(now.saturating_sub(r.start), r.end - r.start);
                     let kind = ReadKind::Local(std::io::ErrorKind::UnexpectedEof);
                     Err(reader.error(std::slice::from_ref(r), kind, e))
                 }
@@ -202,13 +207,10 @@ impl LocalChunks {
 
     /// Keeps `e` as the unit's failure (the first one) and returns it as the decoder's error.
     fn fail(&self, range: Range<u64>, e: &std::io::Error) -> ParquetError {
-        let error = ReadError {
-            message: format!(
-                "reading bytes {}..{} of {} ({} bytes) failed: {e}",
-                range.start, range.end, self.url, self.size
-            ),
-            kind: ReadKind::Local(e.kind()),
-        };
+        let kind = ReadKind::Local(e.kind());
+        let error = self
+            .reader
+            .read_error(std::slice::from_ref(&range), kind, e);
         let _ = self.failed.set(error.clone());
         ParquetError::External(Box::new(error))
     }
@@ -216,7 +218,7 @@ impl LocalChunks {
 
 impl parquet::file::reader::Length for LocalChunks {
     fn len(&self) -> u64 {
-        self.size
+        self.reader.size
     }
 }
 
@@ -311,7 +313,7 @@ impl FetchedChunks {
 impl parquet::file::reader::Length for Chunks {
     fn len(&self) -> u64 {
         match self {
-            Chunks::Local(c) => c.size,
+            Chunks::Local(c) => c.reader.size,
             Chunks::Fetched(f) => f.size,
         }
     }
@@ -374,10 +376,15 @@ fn read_range(file: &mut std::fs::File, r: &Range<u64>) -> std::io::Result<Vec<u
     if buf.len() as u64 != want {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
-            format!("the file ends after {} of the {want} bytes", buf.len()),
+            ends_after(buf.len() as u64, want),
         ));
     }
     Ok(buf)
+}
+
+/// What a read that found the file shorter than its range says.
+fn ends_after(got: u64, want: u64) -> String {
+    format!("the file ends after {got} of the {want} bytes")
 }
 
 impl AsyncFileReader for ObjectReader {

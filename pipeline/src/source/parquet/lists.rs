@@ -78,14 +78,8 @@ impl Rows {
         .with_row_groups(vec![self.rg])
         .with_batch_size(self.batch_rows);
         let rows = self.metadata.metadata().row_group(self.rg).num_rows() as usize;
-        let (skip, take) = (self.skip + from, self.take - from);
-        if skip > 0 || take < rows {
-            let mut selection = Vec::new();
-            if skip > 0 {
-                selection.push(RowSelector::skip(skip));
-            }
-            selection.push(RowSelector::select(take));
-            builder = builder.with_row_selection(RowSelection::from(selection));
+        if let Some(selection) = span_selection(self.skip + from, self.take - from, rows) {
+            builder = builder.with_row_selection(selection);
         }
         builder.build()
     }
@@ -155,6 +149,18 @@ impl Rows {
             slow: None,
         })))
     }
+}
+
+/// The selection of rows `skip..skip + take` of a row group of `rows`; `None` for all of them.
+pub(super) fn span_selection(skip: usize, take: usize, rows: usize) -> Option<RowSelection> {
+    (skip > 0 || take < rows).then(|| {
+        let mut selection = Vec::new();
+        if skip > 0 {
+            selection.push(RowSelector::skip(skip));
+        }
+        selection.push(RowSelector::select(take));
+        RowSelection::from(selection)
+    })
 }
 
 /// Each projected root column, in file order, with its one leaf when it is a fixed-size list

@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, RowSelection};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 
 use super::ParquetFile;
 use super::columns::Slot;
-use super::lists::{Rows, UnitDecoder, has_lists};
+use super::lists::{Rows, UnitDecoder, has_lists, span_selection};
 use super::partitions::partition_column;
 use super::unit::Unit;
 use crate::batch::{Batch, Lineage, Mark, Name, Origin};
@@ -140,22 +140,14 @@ pub(super) async fn fetch(
 fn open_local(
     file: &ParquetFile,
     rg: usize,
-    (skip, take): (usize, usize),
+    span: (usize, usize),
     batch_rows: usize,
 ) -> Option<Result<(UnitDecoder, LocalChunks)>> {
     let url = &file.object.location.url;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
     let opened = LocalChunks::open(&reader, &chunk_ranges(file, rg))?;
     let decoder = |chunks: LocalChunks| {
-        let rows = Rows {
-            chunks: Chunks::Local(chunks.clone()),
-            metadata: file.metadata.clone(),
-            mask: file.mask.clone(),
-            rg,
-            skip,
-            take,
-            batch_rows,
-        };
+        let rows = rows_of(file, rg, Chunks::Local(chunks.clone()), span, batch_rows);
         Ok((rows.decoder()?, chunks))
     };
     Some(
@@ -171,7 +163,7 @@ fn open_local(
 async fn fetch_lists(
     file: &ParquetFile,
     rg: usize,
-    (skip, take): (usize, usize),
+    span: (usize, usize),
     batch_rows: usize,
 ) -> Option<Result<UnitDecoder>> {
     if !has_lists(&file.metadata, &file.mask) {
@@ -180,20 +172,30 @@ async fn fetch_lists(
     let url = &file.object.location.url;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
     let ranges = chunk_ranges(file, rg);
-    let decoder = match FetchedChunks::fetch(&reader, ranges).await {
-        Ok(fetched) => Rows {
-            chunks: Chunks::Fetched(fetched),
-            metadata: file.metadata.clone(),
-            mask: file.mask.clone(),
-            rg,
-            skip,
-            take,
-            batch_rows,
-        }
-        .decoder(),
-        Err(e) => Err(e),
-    };
+    let decoder = (FetchedChunks::fetch(&reader, ranges).await).and_then(|fetched| {
+        rows_of(file, rg, Chunks::Fetched(fetched), span, batch_rows).decoder()
+    });
     Some(decoder.map_err(|e| Error::parquet(url, Some(rg), e)))
+}
+
+/// What the decoder of rows `skip..skip + take` of row group `rg` of `file` reads, from
+/// `chunks`.
+fn rows_of(
+    file: &ParquetFile,
+    rg: usize,
+    chunks: Chunks,
+    (skip, take): (usize, usize),
+    batch_rows: usize,
+) -> Rows {
+    Rows {
+        chunks,
+        metadata: file.metadata.clone(),
+        mask: file.mask.clone(),
+        rg,
+        skip,
+        take,
+        batch_rows,
+    }
 }
 
 /// The byte ranges of the projected column chunks of row group `rg` of `file`.
@@ -245,17 +247,10 @@ impl UnitRead {
         let url = &file.object.location.url;
         let skip = unit.start + self.first;
         let take = unit.len - self.first;
-        let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as u64;
-        let selection = (skip > 0 || take < rg_rows).then(|| {
-            let mut sel = Vec::new();
-            if skip > 0 {
-                sel.push(RowSelector::skip(skip as usize));
-            }
-            sel.push(RowSelector::select(take as usize));
-            RowSelection::from(sel)
-        });
+        let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as usize;
         // A local file is read as it is decoded; other stores' chunks are fetched first.
         let span = (skip as usize, take as usize);
+        let selection = span_selection(span.0, span.1, rg_rows);
         let (mut decoder, local) = match open_local(file, rg, span, self.batch_rows) {
             Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
             None => match fetch_lists(file, rg, span, self.batch_rows).await {

@@ -152,6 +152,55 @@ async fn given_lists_standardize_each_element_with_its_own_mean_and_std() {
     assert_eq!(bits(&got), bits(&expected(&rows, &mean, &[2.0; WIDTH])));
 }
 
+/// `standardize` then `gaussian_noise` and `feature_dropout` on its column: the noise stage
+/// does the standardization in its own pass over each row (the run notes say so on the
+/// `standardize` stage), and every value is bit for bit what the stages give one after the
+/// other (a `select` between them keeps them apart; one before them in the fused run keeps
+/// the noise at the same stage index, which its draws depend on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standardize_fused_with_the_noise_after_it_gives_the_same_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, rows) = write(dir.path(), true);
+    let select = "- {type: select, columns: [x]}\n";
+    let run = |before: &'static str, between: &'static str, noise: &'static str| {
+        let path = path.clone();
+        async move {
+            let yaml = format!(
+                "source: {{type: parquet, path: '{path}'}}\n\
+                 stages:\n\
+                 {before}\
+                 - {{type: standardize, columns: [x], mean: [-150.5, -48.0, 52.25, 148.0], std: 2}}\n\
+                 {between}\
+                 - {noise}\n\
+                 runtime: {{threads: 2}}\n"
+            );
+            let prepared = prepare(&yaml).await.unwrap();
+            let notes: Vec<String> = prepared
+                .metrics()
+                .stages()
+                .iter()
+                .flat_map(|s| s.notes.lock().unwrap().clone())
+                .collect();
+            (notes, rows_out(prepared).await)
+        }
+    };
+    for noise in [
+        "{type: gaussian_noise, columns: [x], std: 0.5, seed: 3}",
+        "{type: feature_dropout, columns: [x], p: 0.25, seed: 4}",
+    ] {
+        let (notes, fused) = run(select, "", noise).await;
+        assert!(
+            notes.iter().any(|n| n.contains("is done by stages[2]")),
+            "{noise}: {notes:?}"
+        );
+        let (notes, apart) = run("", select, noise).await;
+        assert!(notes.is_empty(), "{noise}: {notes:?}");
+        assert_eq!(bits(&fused), bits(&apart), "{noise}");
+        assert_eq!(fused.len(), rows.len());
+        assert!(fused[4].is_none(), "the null row stays null");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn computed_per_element_statistics_equal_a_two_pass_computation() {
     let dir = tempfile::tempdir().unwrap();

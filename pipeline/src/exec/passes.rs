@@ -25,7 +25,49 @@ pub(super) fn run(
     //    shuffle's spec as pass 1 left it; the two change different parts of it, so their
     //    order decides only the order of their notes on a shuffle.
     notes.extend(fuse_gathers(configs, slots, output, ctx)?);
+    // 3. A `standardize` is done by the `gaussian_noise`/`feature_dropout` after it, row by
+    //    row in that stage's own pass. Independent of passes 1 and 2 (neither builds either).
+    notes.extend(fuse_standardize(slots));
     Ok(notes)
+}
+
+/// Lets the stage right after a `standardize` do its work, each row standardized just before
+/// that stage's own work on it (see [`stage::fused`](crate::stage)), when the `standardize`
+/// only rescales float columns in place (none cast) and the next stage takes every one of
+/// them; the `standardize` stage then passes its batches on. The values are bit for bit the
+/// same. Returns a note for each `standardize` it deferred.
+fn fuse_standardize(slots: &mut [StageSlot]) -> Vec<(usize, String)> {
+    let mut notes = Vec::new();
+    for i in 1..slots.len() {
+        let (BuiltStage::Map(first), BuiltStage::Map(next)) =
+            (&slots[i - 1].built, &slots[i].built)
+        else {
+            continue;
+        };
+        let Some(columns) = first.standardizes() else {
+            continue;
+        };
+        let input = &slots[i - 1].input;
+        if columns
+            .iter()
+            .any(|c| input.field(c.index).data_type() != &c.to)
+        {
+            continue;
+        }
+        let Some(fused) = next.after_standardize(columns) else {
+            continue;
+        };
+        slots[i].built = BuiltStage::Map(fused);
+        slots[i - 1].built = stage::deferred();
+        notes.push((
+            i - 1,
+            format!(
+                "is done by {}, each row standardized in that stage's own pass over it (the same values)",
+                slots[i].stage
+            ),
+        ));
+    }
+    notes
 }
 
 /// Gives each shuffle with `group_by_length` the size of the `batch` stage after it (the

@@ -15,6 +15,8 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
+use super::fused::RowAffine;
+use super::kernels::StandardizeColumn;
 use super::normal::{SplitMix64, splitmix64};
 use super::{Build, BuiltStage, StageKind};
 use crate::batch::{Batch, Lineage, Origin};
@@ -63,13 +65,16 @@ pub(crate) enum Noise {
     Dropout { p: f64, scale: f64 },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Augment {
     pub stage: StageRef,
     pub noise: Noise,
     /// Column index and the ChaCha key for it.
     pub columns: Vec<(usize, [u8; 32])>,
     pub schema: SchemaRef,
+    /// For each of `columns`, the `standardize` stage before this one whose work this stage
+    /// does on each row before its own (see [`super::fused`]); empty when fused with none.
+    pub pre: Vec<Option<StandardizeColumn>>,
 }
 
 /// Whether a column can be augmented: float32/float64, or a fixed-size list of them.
@@ -202,6 +207,8 @@ trait Float: ArrowPrimitiveType {
     fn gaussian_splitmix(row: &mut [Self::Native], std: f64, stream: u64, scratch: &mut Vec<u8>);
     /// `v · scale`.
     fn scaled(v: Self::Native, scale: f64) -> Self::Native;
+    /// `x` as this type, as `standardize` converts its statistics.
+    fn of(x: f64) -> Self::Native;
     fn is_nan(v: Self::Native) -> bool;
 }
 
@@ -214,6 +221,9 @@ impl Float for Float32Type {
     }
     fn scaled(v: f32, scale: f64) -> f32 {
         v * scale as f32
+    }
+    fn of(x: f64) -> f32 {
+        x as f32
     }
     fn is_nan(v: f32) -> bool {
         v.is_nan()
@@ -237,24 +247,37 @@ impl Float for Float64Type {
     fn scaled(v: f64, scale: f64) -> f64 {
         v * scale
     }
+    fn of(x: f64) -> f64 {
+        x
+    }
     fn is_nan(v: f64) -> bool {
         v.is_nan()
     }
 }
 
-/// Applies `noise` to `values` in place (row `r` owns `values[r*width .. (r+1)*width]`).
+/// Applies `noise` to `values` in place (row `r` owns `values[r*width .. (r+1)*width]`),
+/// each row standardized by `pre` first when this stage does a `standardize` stage's work.
 fn augment_values<T: Float>(
     values: &mut [T::Native],
     width: usize,
     ids: &[u64],
     key: [u8; 32],
     noise: Noise,
-) {
+    pre: Option<&RowAffine<T::Native>>,
+) where
+    T::Native: std::ops::Sub<Output = T::Native> + std::ops::Div<Output = T::Native>,
+{
+    let standardize = |row: &mut [T::Native]| {
+        if let Some(a) = pre {
+            a.apply(row);
+        }
+    };
     match noise {
         Noise::Gaussian {
             std,
             draws: Draws::ChaCha8,
         } => per_row::<T>(values, width, ids, key, |rng, row, scratch| {
+            standardize(row);
             T::gaussian(row, std, rng, scratch)
         }),
         Noise::Gaussian {
@@ -268,12 +291,14 @@ fn augment_values<T: Float>(
             ]);
             let mut scratch = Vec::new();
             for (row, id) in values.chunks_exact_mut(width.max(1)).zip(ids) {
+                standardize(row);
                 T::gaussian_splitmix(row, std, splitmix64(k ^ id), &mut scratch);
             }
         }
         Noise::Dropout { p, scale } => {
             let drop = Chance::new(p);
             per_row::<T>(values, width, ids, key, move |rng, row, buf| {
+                standardize(row);
                 let n = row.len();
                 for (v, w) in row.iter_mut().zip(words(rng, n, buf)) {
                     // A dropped NaN stays NaN (as PyTorch's multiply-by-mask dropout): dropout
@@ -330,22 +355,26 @@ pub(crate) fn map_float_rows(
 }
 
 /// `noise` over a float32 or float64 column or fixed-size list of them, in place when the
-/// batch held the only reference to its values ([`owned`](super::owned)).
+/// batch held the only reference to its values ([`owned`](super::owned)); each row
+/// standardized first when `pre` is the work of a `standardize` stage fused with this one.
 fn augment_column(
     col: ArrayRef,
     ids: &[u64],
     key: [u8; 32],
     noise: Noise,
+    pre: Option<&StandardizeColumn>,
 ) -> std::result::Result<ArrayRef, String> {
     use super::owned::{rewritable, rewrite_rows};
     let t = col.data_type().clone();
     if rewritable::<Float32Type>(&t) {
+        let pre = pre.map(|c| RowAffine::new(&c.mean, &c.std, Float32Type::of));
         rewrite_rows::<Float32Type>(col, |v, width| {
-            augment_values::<Float32Type>(v, width, ids, key, noise)
+            augment_values::<Float32Type>(v, width, ids, key, noise, pre.as_ref())
         })
     } else if rewritable::<Float64Type>(&t) {
+        let pre = pre.map(|c| RowAffine::new(&c.mean, &c.std, Float64Type::of));
         rewrite_rows::<Float64Type>(col, |v, width| {
-            augment_values::<Float64Type>(v, width, ids, key, noise)
+            augment_values::<Float64Type>(v, width, ids, key, noise, pre.as_ref())
         })
     } else {
         return Err(format!("unsupported type {t}"));
@@ -370,18 +399,35 @@ impl super::Transform for Augment {
     fn apply(&self, mut batch: Batch) -> Result<Batch> {
         let ids = batch_row_ids(&self.stage, &batch)?;
         let mut cols = super::take_columns(&mut batch);
-        for (i, key) in &self.columns {
+        for (n, (i, key)) in self.columns.iter().enumerate() {
             let col = std::mem::replace(&mut cols[*i], super::placeholder());
-            cols[*i] = augment_column(col, &ids, *key, self.noise).map_err(|m| Error::Stage {
-                stage: self.stage.clone(),
-                message: m,
-            })?;
+            let pre = self.pre.get(n).and_then(Option::as_ref);
+            cols[*i] =
+                augment_column(col, &ids, *key, self.noise, pre).map_err(|m| Error::Stage {
+                    stage: self.stage.clone(),
+                    message: m,
+                })?;
         }
         let data = RecordBatch::try_new(self.schema.clone(), cols).map_err(|e| Error::Arrow {
             context: self.stage.to_string(),
             source: e,
         })?;
         Ok(batch.with_data(data))
+    }
+
+    fn after_standardize(&self, pre: &[StandardizeColumn]) -> Option<Arc<dyn super::Transform>> {
+        if !self.pre.is_empty() {
+            return None;
+        }
+        let mut aligned = vec![None; self.columns.len()];
+        for c in pre {
+            let n = self.columns.iter().position(|(i, _)| *i == c.index)?;
+            aligned[n] = Some(c.clone());
+        }
+        Some(Arc::new(Augment {
+            pre: aligned,
+            ..self.clone()
+        }))
     }
 }
 
@@ -471,6 +517,7 @@ mod tests {
             noise,
             columns: vec![(0, column_key(7, 0, "x"))],
             schema: batch(1, 0, 0).data.schema(),
+            pre: Vec::new(),
         }
     }
 

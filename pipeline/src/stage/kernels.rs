@@ -260,7 +260,7 @@ pub(crate) struct Standardize {
 
 /// One column of a [`Standardize`]: its index, output type, and the mean and std — one
 /// value, or one per element of a fixed-size list (element `k` of every row uses `[k]`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct StandardizeColumn {
     pub index: usize,
     pub to: DataType,
@@ -269,6 +269,10 @@ pub(crate) struct StandardizeColumn {
 }
 
 impl super::Transform for Standardize {
+    fn standardizes(&self) -> Option<&[StandardizeColumn]> {
+        Some(&self.columns)
+    }
+
     fn apply(&self, mut batch: Batch) -> Result<Batch> {
         let mut cols = super::take_columns(&mut batch);
         for c in &self.columns {
@@ -303,26 +307,13 @@ impl super::Transform for Standardize {
 
 /// `v = (v - mean[k]) / std[k]` for the `k`-th value of each group of `mean.len()` values
 /// (the leaf values of a fixed-size list start at element 0 of a row, see [`map_leaf`]); with
-/// one mean, every value. The per-element loop runs over rows of `width` values against two
-/// slices of the same width, which the compiler vectorises.
+/// one mean, every value. The same [`RowAffine`](super::fused::RowAffine) a stage fused with
+/// this one runs on each row.
 fn affine<N>(values: &mut [N], mean: &[f64], std: &[f64], of: fn(f64) -> N)
 where
     N: Copy + std::ops::Sub<Output = N> + std::ops::Div<Output = N>,
 {
-    let width = mean.len().max(std.len()).max(1);
-    let pick = |v: &[f64], k: usize| of(if v.len() == 1 { v[0] } else { v[k] });
-    if width == 1 {
-        let (m, s) = (pick(mean, 0), pick(std, 0));
-        values.iter_mut().for_each(|v| *v = (*v - m) / s);
-        return;
-    }
-    let m: Vec<N> = (0..width).map(|k| pick(mean, k)).collect();
-    let s: Vec<N> = (0..width).map(|k| pick(std, k)).collect();
-    for row in values.chunks_mut(width) {
-        for ((v, &m), &s) in row.iter_mut().zip(&m).zip(&s) {
-            *v = (*v - m) / s;
-        }
-    }
+    super::fused::RowAffine::new(mean, std, of).apply(values);
 }
 
 /// [`affine`] into a new array (a column that was cast, or a variable-length list). Nulls

@@ -5,6 +5,7 @@
 mod augment;
 mod columns;
 mod expr;
+mod fused;
 pub(crate) mod image;
 mod kernels;
 mod mixup;
@@ -76,6 +77,24 @@ pub use values::{
 pub(crate) trait Transform: Send + Sync + fmt::Debug {
     /// Applies the transformation; the output has the schema computed at build time.
     fn apply(&self, batch: Batch) -> Result<Batch>;
+
+    /// The columns this stage standardizes, when that is all it does (`standardize`): what a
+    /// next stage may do in its own pass over each row instead (see [`fused`]).
+    fn standardizes(&self) -> Option<&[kernels::StandardizeColumn]> {
+        None
+    }
+
+    /// This stage standardizing each row of `pre`'s columns just before its own work on the
+    /// row, bit for bit as the `standardize` stage before it would have (see [`fused`]);
+    /// `None` when it cannot take all of them.
+    fn after_standardize(&self, _pre: &[kernels::StandardizeColumn]) -> Option<Arc<dyn Transform>> {
+        None
+    }
+}
+
+/// What a `standardize` stage becomes when the stage after it does its work (see [`fused`]).
+pub(crate) fn deferred() -> BuiltStage {
+    BuiltStage::Map(Arc::new(fused::Deferred))
 }
 
 /// A stage ready to run.
@@ -274,6 +293,7 @@ fn augment_stage(
             noise,
             columns: cols,
             schema: input.clone(),
+            pre: Vec::new(),
         })),
         input.clone(),
     ))

@@ -149,7 +149,15 @@ impl Lineage {
 
     /// Lineage of rows `offset..offset+len` of this batch.
     pub fn slice(&self, offset: u64, len: u64) -> Lineage {
-        let mut out = Lineage::default();
+        // Room for one span per row at most: after a shuffle every row is a span of its own,
+        // and growing the vector a push at a time was ~0.5 % of the tabular bench's CPU.
+        let most = self
+            .spans
+            .len()
+            .min(usize::try_from(len).unwrap_or(usize::MAX));
+        let mut out = Lineage {
+            spans: Vec::with_capacity(most),
+        };
         let (mut skip, mut want) = (offset, len);
         for s in &self.spans {
             if want == 0 {

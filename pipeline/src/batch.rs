@@ -126,6 +126,13 @@ impl Lineage {
         self.spans.iter().map(|s| s.len).sum()
     }
 
+    /// An empty lineage with room for `spans` spans.
+    pub fn with_capacity(spans: usize) -> Self {
+        Lineage {
+            spans: Vec::with_capacity(spans),
+        }
+    }
+
     /// Appends a span, merging it into the last one when it continues it.
     pub fn push(&mut self, span: LineageSpan) {
         if span.len == 0 {
@@ -155,9 +162,7 @@ impl Lineage {
             .spans
             .len()
             .min(usize::try_from(len).unwrap_or(usize::MAX));
-        let mut out = Lineage {
-            spans: Vec::with_capacity(most),
-        };
+        let mut out = Lineage::with_capacity(most);
         let (mut skip, mut want) = (offset, len);
         for s in &self.spans {
             if want == 0 {

@@ -128,7 +128,8 @@ impl Rebatcher {
                 source: e,
             }
         })?;
-        let mut lineage = Lineage::default();
+        let mut lineage =
+            Lineage::with_capacity(pieces.iter().map(|p| p.lineage.spans().len()).sum());
         for p in &pieces {
             lineage.extend(&p.lineage);
         }

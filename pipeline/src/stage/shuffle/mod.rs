@@ -135,7 +135,8 @@ impl Origins {
     }
 
     fn lineage(&self, rows: impl Iterator<Item = RowOrigin>) -> Lineage {
-        let mut l = Lineage::default();
+        // One span per row at most (a shuffled batch has about that many).
+        let mut l = Lineage::with_capacity(rows.size_hint().0);
         for r in rows {
             l.push(LineageSpan {
                 origin: self.list[r.origin as usize],

@@ -236,7 +236,7 @@ impl parquet::file::reader::ChunkReader for LocalChunks {
 
     fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
         let range = start..start + length as u64;
-        let read = read_range(&mut self.file(), &range);
+        let read = read_range(&self.file(), &range);
         read.map(Bytes::from).map_err(|e| self.fail(range, &e))
     }
 }
@@ -358,25 +358,55 @@ impl std::io::Read for ChunkRead {
 /// of the CPU of a raw decode of images from tmpfs); `read_to_end` into reserved capacity
 /// does not. A range past the end of the file (it shrank after listing) is an error.
 fn read_local(path: &std::path::Path, ranges: &[Range<u64>]) -> std::io::Result<Vec<Bytes>> {
-    let mut file = std::fs::File::open(path)?;
+    let file = std::fs::File::open(path)?;
     ranges
         .iter()
-        .map(|r| read_range(&mut file, r).map(Bytes::from))
+        .map(|r| read_range(&file, r).map(Bytes::from))
         .collect()
 }
 
-/// Bytes `r` of `file`, read into reserved capacity (not zero-filled first); a range past the
+/// Bytes `r` of `file`, read with `pread(2)` straight into reserved capacity; a range past the
 /// end of the file is an `UnexpectedEof` error.
-fn read_range(file: &mut std::fs::File, r: &Range<u64>) -> std::io::Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let want = r.end.saturating_sub(r.start);
-    file.seek(SeekFrom::Start(r.start))?;
-    let mut buf = Vec::with_capacity(want as usize);
-    file.take(want).read_to_end(&mut buf)?;
-    if buf.len() as u64 != want {
+///
+/// By hand rather than `take(n).read_to_end`, which does not zero-fill either but starts at
+/// 8 KiB and doubles each call (eight calls for a 1 MiB page, into a buffer that is no longer
+/// in the cache when the decoder reads it): here one call reads a whole page (std has no
+/// stable positional read into uninitialised memory).
+fn read_range(file: &std::fs::File, r: &Range<u64>) -> std::io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let too_far = || {
+        std::io::Error::other(format!(
+            "byte range {r:?} is beyond what this system can read"
+        ))
+    };
+    let want = usize::try_from(r.end.saturating_sub(r.start)).map_err(|_| too_far())?;
+    let mut buf: Vec<u8> = Vec::with_capacity(want);
+    while buf.len() < want {
+        let at = libc::off_t::try_from(r.start + buf.len() as u64).map_err(|_| too_far())?;
+        let left = want - buf.len();
+        let spare = &mut buf.spare_capacity_mut()[..left];
+        #[allow(unsafe_code)]
+        // SAFETY: `pread` writes at most `spare.len()` bytes at `spare`'s start, inside the
+        // vector's allocation, and returns how many it wrote (or -1).
+        let n =
+            unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), at) };
+        match n {
+            0 => break,
+            n if n < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            #[allow(unsafe_code)]
+            // SAFETY: the `n` bytes after the initialised ones were just written by `pread`.
+            n => unsafe { buf.set_len(buf.len() + n as usize) },
+        }
+    }
+    if buf.len() != want {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
-            ends_after(buf.len() as u64, want),
+            ends_after(buf.len() as u64, want as u64),
         ));
     }
     Ok(buf)

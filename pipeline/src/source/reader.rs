@@ -3,7 +3,7 @@
 //! footer read with the size known from listing. Errors name the object and byte range.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::FutureExt;
@@ -164,8 +164,8 @@ fn encrypted_columns(m: &ArrowReaderMetadata) -> bool {
 /// bytes that do not decode: the first failure is kept for [`LocalChunks::failed`].
 #[derive(Debug, Clone)]
 pub(crate) struct LocalChunks {
-    /// Locked for each read of a page, which seeks the file's one position.
-    file: Arc<Mutex<std::fs::File>>,
+    /// Read at offsets (`pread`), never through the file's position: shared without a lock.
+    file: Arc<std::fs::File>,
     /// The object, for the messages of failed reads.
     reader: ObjectReader,
     failed: Arc<std::sync::OnceLock<ReadError>>,
@@ -178,7 +178,7 @@ impl LocalChunks {
     pub(crate) fn open(reader: &ObjectReader, ranges: &[Range<u64>]) -> Option<Result<Self>> {
         let path = reader.local.as_ref()?;
         let chunks = |file| LocalChunks {
-            file: Arc::new(Mutex::new(file)),
+            file: Arc::new(file),
             reader: reader.clone(),
             failed: Arc::default(),
         };
@@ -199,10 +199,6 @@ impl LocalChunks {
     /// The first read that failed, if one did: a decode error after it is that read's.
     pub(crate) fn failed(&self) -> Option<ReadError> {
         self.failed.get().cloned()
-    }
-
-    fn file(&self) -> std::sync::MutexGuard<'_, std::fs::File> {
-        self.file.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps `e` as the unit's failure (the first one) and returns it as the decoder's error.
@@ -236,7 +232,7 @@ impl parquet::file::reader::ChunkReader for LocalChunks {
 
     fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
         let range = start..start + length as u64;
-        let read = read_range(&self.file(), &range);
+        let read = read_range(&self.file, &range);
         read.map(Bytes::from).map_err(|e| self.fail(range, &e))
     }
 }
@@ -251,7 +247,7 @@ pub(crate) struct LocalRead {
 impl std::io::Read for LocalRead {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
-        let read = self.chunks.file().read_at(buf, self.at);
+        let read = self.chunks.file.read_at(buf, self.at);
         let n = read.inspect_err(|e| {
             // An interrupted read is retried by the reader above; it is no failure.
             if e.kind() != std::io::ErrorKind::Interrupted {
@@ -355,8 +351,8 @@ impl std::io::Read for ChunkRead {
 
 /// Reads `ranges` of a local file, each into a buffer of its own. `object_store`'s local
 /// store zero-fills every buffer before reading into it (a `memset` of everything read: 10 %
-/// of the CPU of a raw decode of images from tmpfs); `read_to_end` into reserved capacity
-/// does not. A range past the end of the file (it shrank after listing) is an error.
+/// of the CPU of a raw decode of images from tmpfs); [`read_range`] reads into reserved
+/// capacity. A range past the end of the file (it shrank after listing) is an error.
 fn read_local(path: &std::path::Path, ranges: &[Range<u64>]) -> std::io::Result<Vec<Bytes>> {
     let file = std::fs::File::open(path)?;
     ranges

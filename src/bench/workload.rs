@@ -202,14 +202,17 @@ pub(super) fn generate(
 
 /// The pipeline of a variant (`source`: the source alone).
 pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize) -> String {
-    // Row groups read ahead. Images: 2 — Sluice as fast as with 4 (0.221–0.241 s for 200k
-    // either way) at 25 MiB less peak RSS (225–262 MiB vs 260–285), and the raw decode faster
-    // (0.065 s vs 0.082: less in flight stays in cache), so the ceiling it is compared with
-    // is the higher one. Tabular: 4 — with 2 both slow down (Sluice 1.75 M rows/s vs 2.0,
-    // raw 4.1 vs 5.9–6.5).
-    let prefetch = match workload {
-        Workload::Images => 2,
-        Workload::Tabular => 4,
+    // Row groups in flight (the one being handed over among them; measured 2026-11-30, after
+    // `prefetch` came to mean that — it had been one fewer). Images to float32 and the floor:
+    // 1 — CPU-bound on writing 4 bytes per pixel, a second row group left them as fast
+    // (0.68–0.71 s for 200k) at 40 MiB more peak RSS; the source alone and uint8: 2 — the
+    // decode no longer waits for the consumer (source 0.33–0.37 s → 0.30, uint8 0.54–0.62 →
+    // 0.47–0.49) for the same 40 MiB. Tabular: 3 — 4 was no faster (2.56–2.59 s) and took
+    // 30 MiB more.
+    let prefetch = match (workload, variant) {
+        (Workload::Images, "source" | "uint8") => 2,
+        (Workload::Images, _) => 1,
+        (Workload::Tabular, _) => 3,
     };
     let source = format!(
         "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 1024, prefetch: {prefetch}}}\n",

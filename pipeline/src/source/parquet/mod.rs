@@ -344,7 +344,7 @@ impl ParquetSource {
         // started, in plan order, and gives it back once its batches are queued.
         let budget_kib = (this.config.prefetch_bytes.as_u64() / 1024).clamp(1, u32::MAX as u64);
         let budget = Arc::new(tokio::sync::Semaphore::new(budget_kib as usize));
-        let mut reading = units
+        let reading = units
             .then(move |unit| {
                 let budget = budget.clone();
                 async move {
@@ -389,9 +389,8 @@ impl ParquetSource {
                 });
                 futures::future::ready(read)
             })
-            // The unit being handed over counts: `prefetch` in all.
-            .buffered(this.config.prefetch.saturating_sub(1).max(1))
             .boxed();
+        let mut reading = in_flight(reading, this.config.prefetch);
         while let Some(result) = reading.next().await {
             let (mut chunks, permit) = match result {
                 Ok(r) => r,
@@ -425,6 +424,18 @@ impl ParquetSource {
         self.world = world.max(1);
         self.resume = resume;
     }
+}
+
+/// `units` (each item starts its unit's task when it is taken from `units`) with `prefetch`
+/// of them started in all, the one being handed over among them. `buffered` refills its queue
+/// only when polled, and the source does not poll it while it drains a unit, so a queue of
+/// `prefetch` leaves `prefetch - 1` started ahead of the one being drained. (It was a queue
+/// of `prefetch - 1`, which left `prefetch: 2` decoding one row group at a time.)
+fn in_flight<'a, T: Send + 'a>(
+    units: impl futures::Stream<Item = futures::future::Ready<T>> + Send + 'a,
+    prefetch: usize,
+) -> futures::stream::BoxStream<'a, T> {
+    units.buffered(prefetch.max(1)).boxed()
 }
 
 #[cfg(test)]

@@ -54,3 +54,31 @@ fn an_epoch_takes_the_most_rows_that_repeat_none() {
     let e = mix_counts(&[3000, 0], &[3.0, 1.0], None, &paths).unwrap_err();
     assert!(e.contains("entry 1 (`b`) has no rows"), "{e}");
 }
+
+/// `prefetch` units started in all while one is handed over: the source drains a unit without
+/// polling the stream, so what is started then is what was started when it was taken.
+#[test]
+fn prefetch_units_are_started_while_one_is_handed_over() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for prefetch in [1, 2, 4] {
+        let started = Arc::new(AtomicUsize::new(0));
+        let counter = started.clone();
+        let units = futures::stream::iter(0..10).map(move |i| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            futures::future::ready(i)
+        });
+        let mut reading = in_flight(units, prefetch);
+        futures::executor::block_on(async {
+            for taken in 0..5 {
+                assert_eq!(reading.next().await, Some(taken));
+                // Units `taken..taken + prefetch` are started: the one handed over and
+                // `prefetch - 1` ahead of it.
+                assert_eq!(
+                    started.load(Ordering::SeqCst),
+                    taken + prefetch,
+                    "prefetch {prefetch}"
+                );
+            }
+        });
+    }
+}

@@ -29,6 +29,7 @@ use parquet::column::reader::{ColumnReader, ColumnReaderImpl, get_column_reader}
 use parquet::data_type::DataType as ParquetType;
 use parquet::file::serialized_reader::SerializedPageReader;
 
+use super::fixed::BinaryColumn;
 use crate::source::reader::Chunks;
 
 /// The decoder of one row group: arrow-rs's reader, or this module's when the projection has
@@ -123,21 +124,24 @@ impl Rows {
             let column = descr.column(leaf);
             let max_def = column.max_def_level();
             let reader = get_column_reader(column, Box::new(pages));
-            let (item, size) = match field.data_type() {
-                DataType::FixedSizeList(item, size) => (item.clone(), *size as usize),
-                _ => unreachable!("checked by list_of"),
-            };
-            let list = ListColumn {
-                values: Values::of(reader),
-                item,
-                size,
-                max_def,
-                def: Vec::new(),
-                rep: Vec::new(),
-                skip: self.skip,
+            let read = match (field.data_type(), reader) {
+                (
+                    DataType::FixedSizeBinary(size),
+                    ColumnReader::FixedLenByteArrayColumnReader(r),
+                ) => Column::Binary(BinaryColumn::new(r, *size as usize, max_def, self.skip)),
+                (DataType::FixedSizeList(item, size), reader) => Column::List(ListColumn {
+                    values: Values::of(reader),
+                    item: item.clone(),
+                    size: *size as usize,
+                    max_def,
+                    def: Vec::new(),
+                    rep: Vec::new(),
+                    skip: self.skip,
+                }),
+                _ => unreachable!("checked by read_here"),
             };
             order.push(Some(lists.len()));
-            lists.push(list);
+            lists.push(read);
         }
         Ok(UnitDecoder::Lists(Box::new(ListDecoder {
             schema: Arc::new(Schema::new(schema)),
@@ -147,6 +151,7 @@ impl Rows {
             emitted: 0,
             rows: self,
             slow: None,
+            pending: std::collections::VecDeque::new(),
         })))
     }
 }
@@ -181,9 +186,8 @@ fn projected_roots(
             continue;
         }
         let column = descr.column(leaf);
-        let list = (fields.get(root)).and_then(|f| list_of(f, column.physical_type()));
-        let one_level = column.max_rep_level() == 1;
-        roots.push((root, (list.is_some() && one_level).then_some(leaf)));
+        let here = (fields.get(root)).is_some_and(|f| read_here(f, &column));
+        roots.push((root, here.then_some(leaf)));
     }
     roots
 }
@@ -209,6 +213,21 @@ pub(super) fn has_lists(metadata: &ArrowReaderMetadata, mask: &ProjectionMask) -
     projected_roots(metadata, mask)
         .iter()
         .any(|(_, leaf)| leaf.is_some())
+}
+
+/// Whether root `field`, stored as `column`, is read here: a fixed-size list of values
+/// (`list_of`) one level deep, or a fixed-size binary column at the top level
+/// ([`super::fixed`]).
+fn read_here(field: &FieldRef, column: &parquet::schema::types::ColumnDescriptor) -> bool {
+    match field.data_type() {
+        DataType::FixedSizeBinary(size) => {
+            *size > 0
+                && column.physical_type() == parquet::basic::Type::FIXED_LEN_BYTE_ARRAY
+                && column.type_length() == *size
+                && column.max_rep_level() == 0
+        }
+        _ => list_of(field, column.physical_type()).is_some() && column.max_rep_level() == 1,
+    }
 }
 
 /// The list's item type when `field` is a fixed-size list of values this module reads
@@ -242,7 +261,7 @@ pub(super) struct ListDecoder {
     schema: SchemaRef,
     /// arrow-rs's reader of the other columns, if any.
     rest: Option<ParquetRecordBatchReader>,
-    lists: Vec<ListColumn>,
+    lists: Vec<Column>,
     /// Each output column: a list column (its index in `lists`) or the next of `rest`'s.
     order: Vec<Option<usize>>,
     /// Rows handed over.
@@ -250,10 +269,33 @@ pub(super) struct ListDecoder {
     rows: Rows,
     /// arrow-rs's reader of every column, once a batch's levels broke the pattern.
     slow: Option<ParquetRecordBatchReader>,
+    /// Batches read and not yet handed over: a batch is cut where a binary column's values
+    /// change buffers (see [`super::fixed`]).
+    pending: std::collections::VecDeque<RecordBatch>,
+}
+
+/// A column this module reads.
+enum Column {
+    List(ListColumn),
+    Binary(BinaryColumn),
+}
+
+impl Column {
+    /// The next `rows` rows as arrays of consecutive rows (a list: one), or `None` when they
+    /// are not of the pattern this module reads.
+    fn read(&mut self, rows: usize) -> parquet::errors::Result<Option<Vec<ArrayRef>>> {
+        match self {
+            Column::List(list) => Ok(list.read(rows)?.map(|a| vec![a])),
+            Column::Binary(binary) => binary.read(rows),
+        }
+    }
 }
 
 impl ListDecoder {
     fn next(&mut self) -> Option<Result<RecordBatch, ArrowError>> {
+        if let Some(batch) = self.pending.pop_front() {
+            return Some(Ok(batch));
+        }
         if let Some(slow) = &mut self.slow {
             return slow.next();
         }
@@ -280,15 +322,23 @@ impl ListDecoder {
         }
         let mut rest_columns = rest.iter().flat_map(|b| b.columns().iter().cloned());
         let mut lists = lists.into_iter();
-        let columns: Option<Vec<ArrayRef>> = (self.order.iter())
+        let columns: Option<Vec<Vec<ArrayRef>>> = (self.order.iter())
             .map(|o| match o {
                 Some(_) => lists.next(),
-                None => rest_columns.next(),
+                None => rest_columns.next().map(|c| vec![c]),
             })
             .collect();
-        let columns = columns.ok_or_else(|| ArrowError::ComputeError("columns missing".into()));
         self.emitted += n;
-        Some(columns.and_then(|c| RecordBatch::try_new(self.schema.clone(), c)))
+        let Some(columns) = columns else {
+            return Some(Err(ArrowError::ComputeError("columns missing".into())));
+        };
+        for piece in pieces(&columns, n) {
+            match RecordBatch::try_new(self.schema.clone(), piece) {
+                Ok(b) => self.pending.push_back(b),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        self.pending.pop_front().map(Ok)
     }
 
     /// Reads the rest of the row group with arrow-rs's reader alone, from the first row not
@@ -304,6 +354,48 @@ impl ListDecoder {
             Err(e) => Some(Err(ArrowError::ParquetError(e.to_string()))),
         }
     }
+}
+
+/// `n` rows of `columns`, each given as arrays of consecutive rows, cut into batches wherever
+/// any column's array ends: each batch's columns are slices of one array each (no copy).
+fn pieces(columns: &[Vec<ArrayRef>], n: usize) -> Vec<Vec<ArrayRef>> {
+    if columns.iter().all(|c| c.len() == 1) {
+        return vec![columns.iter().map(|c| c[0].clone()).collect()];
+    }
+    let mut cuts: Vec<usize> = columns
+        .iter()
+        .flat_map(|c| {
+            c.iter().scan(0, |end, a| {
+                *end += a.len();
+                Some(*end)
+            })
+        })
+        .filter(|&end| end < n)
+        .collect();
+    cuts.push(n);
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out = Vec::with_capacity(cuts.len());
+    let mut from = 0;
+    for to in cuts {
+        let piece = columns
+            .iter()
+            .map(|arrays| {
+                // The array holding rows `from..to`, and where it starts.
+                let mut start = 0;
+                for a in arrays {
+                    if from < start + a.len() {
+                        return a.slice(from - start, to - from);
+                    }
+                    start += a.len();
+                }
+                arrays[arrays.len() - 1].slice(0, 0)
+            })
+            .collect();
+        out.push(piece);
+        from = to;
+    }
+    out
 }
 
 /// One fixed-size list column read here, and its level buffers (reused batch to batch).

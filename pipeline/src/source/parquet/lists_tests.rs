@@ -255,3 +255,115 @@ fn levels_are_lists_of_their_size_only() {
     let (def, rep) = lists(3, 1);
     assert!(levels_are_lists(&def, &rep, 2, 1));
 }
+
+/// Writes `n` rows of a fixed-size binary `image` (48 bytes; `null_at` rows null, `repeat`:
+/// every value one of 3) and an int64 `label`, pages of about 10 rows, a dictionary tried for
+/// the first values; its reader metadata and local chunks.
+fn images(
+    dir: &std::path::Path,
+    n: usize,
+    null_at: &[usize],
+    repeat: bool,
+) -> (ArrowReaderMetadata, Chunks) {
+    use arrow::array::FixedSizeBinaryArray;
+    let path = dir.join("images.parquet");
+    let values = (0..n).map(|r| {
+        let v = if repeat { r % 3 } else { r };
+        (!null_at.contains(&r)).then(|| (0..48).map(|k| (v * 7 + k) as u8).collect::<Vec<u8>>())
+    });
+    let image = FixedSizeBinaryArray::try_from_sparse_iter_with_size(values, 48).unwrap();
+    let label = Int64Array::from_iter_values((0..n).map(|r| r as i64));
+    let rb = RecordBatch::try_from_iter([
+        ("image", Arc::new(image) as ArrayRef),
+        ("label", Arc::new(label) as ArrayRef),
+    ])
+    .unwrap();
+    let props = WriterProperties::builder()
+        .set_data_page_size_limit(480)
+        .set_write_batch_size(10)
+        .set_dictionary_page_size_limit(960)
+        .build();
+    let mut writer = ArrowWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        rb.schema(),
+        Some(props),
+    )
+    .unwrap();
+    writer.write(&rb).unwrap();
+    writer.close().unwrap();
+    let metadata = ArrowReaderMetadata::load(
+        &std::fs::File::open(&path).unwrap(),
+        ArrowReaderOptions::new(),
+    )
+    .unwrap();
+    let location = crate::storage::resolve_output(path.to_str().unwrap(), dir).unwrap();
+    let size = std::fs::metadata(&path).unwrap().len();
+    let reader = ObjectReader::new(&location, size);
+    let chunks = LocalChunks::open(&reader, std::slice::from_ref(&(0..size)));
+    (metadata, Chunks::Local(chunks.unwrap().unwrap()))
+}
+
+/// The rows of `batches` as one batch.
+fn all_rows(batches: &[RecordBatch]) -> RecordBatch {
+    arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap()
+}
+
+#[test]
+fn fixed_size_binary_is_handed_over_as_decoded_without_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (metadata, chunks) = images(dir.path(), 500, &[], false);
+    // Both columns; the images alone; after skipping rows, taking fewer, odd batch sizes.
+    let cases: [(Option<&[usize]>, usize, usize, usize); 4] = [
+        (None, 0, 500, 64),
+        (Some(&[0]), 0, 500, 500),
+        (None, 123, 300, 37),
+        (Some(&[0]), 499, 1, 8),
+    ];
+    for (mask, skip, take, batch_rows) in cases {
+        let mut r = rows(metadata.clone(), chunks.clone(), mask);
+        (r.skip, r.take, r.batch_rows) = (skip, take, batch_rows);
+        let (ours, arrow, here, fell_back) = both(r);
+        assert!(here && !fell_back, "{mask:?} {skip} {take}");
+        assert!(
+            ours.iter()
+                .all(|b| b.num_rows() <= batch_rows && b.num_rows() > 0)
+        );
+        let (a, b) = (all_rows(&ours), all_rows(&arrow));
+        assert_eq!(a.schema(), b.schema());
+        assert_eq!(a, b, "{mask:?} {skip} {take} {batch_rows}");
+        if take > 100 && batch_rows <= 64 {
+            // Pages of ~10 rows: batches are cut where a page ends (each batch over the page
+            // it was decoded from), so there are more of them than arrow-rs's.
+            assert!(
+                ours.len() > arrow.len(),
+                "{} vs {}",
+                ours.len(),
+                arrow.len()
+            );
+        } else if batch_rows == 500 {
+            // 500 rows over ~50 pages: more runs than are worth a batch each, copied into one.
+            assert_eq!(ours.len(), 1);
+        }
+    }
+}
+
+#[test]
+fn fixed_size_binary_with_repeated_values_is_copied_into_whole_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every value one of three: dictionary pages throughout, each row a run of its own.
+    let (metadata, chunks) = images(dir.path(), 300, &[], true);
+    let (ours, arrow, here, fell_back) = both(rows(metadata, chunks, None));
+    assert!(here && !fell_back);
+    assert_same(&ours, &arrow);
+}
+
+#[test]
+fn a_null_image_is_read_by_arrow_rs_from_its_batch_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (metadata, chunks) = images(dir.path(), 400, &[250, 251, 390], false);
+    let (ours, arrow, here, fell_back) = both(rows(metadata, chunks, None));
+    assert!(here && fell_back);
+    assert_eq!(all_rows(&ours), all_rows(&arrow));
+    let nulls: usize = ours.iter().map(|b| b.column(0).null_count()).sum();
+    assert_eq!(nulls, 3);
+}

@@ -8,6 +8,7 @@
 
 mod columns;
 mod files;
+mod fixed;
 mod gather;
 mod global;
 mod lists;

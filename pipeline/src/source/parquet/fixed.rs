@@ -7,28 +7,99 @@
 //! own column reader hands each value over as a slice of the page it was decoded from (a
 //! dictionary-encoded value: of the dictionary page). Consecutive values of a page lie end to
 //! end, so a batch's rows are a few runs of contiguous bytes — one run per page the batch
-//! touches — and each run becomes an array over those bytes, kept alive by the slices
-//! themselves. A batch is then handed over as one batch per run ([`super::lists`] cuts the
-//! other columns to match). Rows that are not in a few long runs (a dictionary with repeated
-//! values) are copied into one buffer, as arrow-rs would.
+//! touches — and each run that lies within one page becomes an array over a slice of that
+//! page ([`KeptPages`] keeps the pages the reader was given). A batch is then handed over as
+//! one batch per run ([`super::lists`] cuts the other columns to match). Rows that are not in
+//! long runs (a dictionary of repeated values, encodings that decode each value into a buffer
+//! of its own) are copied into one buffer, as arrow-rs would. Only a local file's pages are
+//! handed over: an object store's uncompressed pages are slices of the whole column chunks
+//! fetched, which a batch would keep alive.
 //!
 //! Only columns without nulls take this path, as for lists: at the first batch with a null
 //! the row group is read from that batch's first row on by arrow-rs's reader alone.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, FixedSizeBinaryArray};
 use arrow::buffer::Buffer;
+use bytes::Bytes;
+use parquet::column::page::{Page, PageMetadata, PageReader};
 use parquet::column::reader::ColumnReaderImpl;
 use parquet::data_type::{FixedLenByteArray, FixedLenByteArrayType};
 
-/// A batch read as more runs than this is copied into one buffer instead: each run is a batch
-/// of its own downstream, so many short runs would be many small batches.
-const MAX_RUNS: usize = 8;
+/// A batch whose runs are shorter than this on average is copied into one buffer instead:
+/// each run is a batch of its own downstream, so short runs would be many small batches.
+const MIN_RUN_ROWS: usize = 16;
+
+/// The pages a column reader reads (dictionary page included), each kept — shared with the
+/// [`BinaryColumn`] reading them — so that a run of values sliced from a page can be handed
+/// over as a slice of the page itself.
+pub(super) struct KeptPages {
+    inner: Box<dyn PageReader>,
+    kept: Arc<Mutex<Vec<(bool, Bytes)>>>,
+}
+
+impl KeptPages {
+    pub(super) fn new(inner: Box<dyn PageReader>) -> Self {
+        KeptPages {
+            inner,
+            kept: Arc::default(),
+        }
+    }
+
+    fn keep(&self, page: &Option<Page>) {
+        if let Some(page) = page
+            && let Ok(mut kept) = self.kept.lock()
+        {
+            let dictionary = matches!(page, Page::DictionaryPage { .. });
+            kept.push((dictionary, page.buffer().clone()));
+        }
+    }
+}
+
+impl Iterator for KeptPages {
+    type Item = parquet::errors::Result<Page>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.get_next_page().transpose()
+    }
+}
+
+impl PageReader for KeptPages {
+    fn get_next_page(&mut self) -> parquet::errors::Result<Option<Page>> {
+        let page = self.inner.get_next_page()?;
+        self.keep(&page);
+        Ok(page)
+    }
+
+    fn peek_next_page(&mut self) -> parquet::errors::Result<Option<PageMetadata>> {
+        self.inner.peek_next_page()
+    }
+
+    fn skip_next_page(&mut self) -> parquet::errors::Result<()> {
+        self.inner.skip_next_page()
+    }
+
+    fn supports_deferred_dictionary(&self) -> bool {
+        self.inner.supports_deferred_dictionary()
+    }
+
+    fn take_deferred_dictionary(&mut self) -> parquet::errors::Result<Option<Page>> {
+        let page = self.inner.take_deferred_dictionary()?;
+        self.keep(&page);
+        Ok(page)
+    }
+
+    fn at_record_boundary(&mut self) -> parquet::errors::Result<bool> {
+        self.inner.at_record_boundary()
+    }
+}
 
 /// One fixed-size binary column read here, with its level buffer (reused batch to batch).
 pub(super) struct BinaryColumn {
     reader: ColumnReaderImpl<FixedLenByteArrayType>,
+    /// The pages its reader was given (see [`KeptPages`]); `None`: every batch is copied.
+    pages: Option<Arc<Mutex<Vec<(bool, Bytes)>>>>,
     size: usize,
     max_def: i16,
     def: Vec<i16>,
@@ -37,14 +108,24 @@ pub(super) struct BinaryColumn {
 }
 
 impl BinaryColumn {
+    /// Reads `pages` (`hand_over`: runs of values as slices of their pages, else copied).
     pub(super) fn new(
-        reader: ColumnReaderImpl<FixedLenByteArrayType>,
-        size: usize,
-        max_def: i16,
+        descr: parquet::schema::types::ColumnDescPtr,
+        pages: Box<dyn PageReader>,
+        hand_over: bool,
         skip: usize,
     ) -> Self {
+        let (size, max_def) = (descr.type_length().max(1) as usize, descr.max_def_level());
+        let (pages, kept): (Box<dyn PageReader>, _) = if hand_over {
+            let kept = KeptPages::new(pages);
+            let shared = kept.kept.clone();
+            (Box::new(kept), Some(shared))
+        } else {
+            (pages, None)
+        };
         BinaryColumn {
-            reader,
+            reader: ColumnReaderImpl::new(descr, pages),
+            pages: kept,
             size,
             max_def,
             def: Vec::new(),
@@ -69,47 +150,66 @@ impl BinaryColumn {
             .def
             .iter()
             .fold(true, |ok, &d| ok & (d == self.max_def));
-        if records != rows || read != rows || !present {
-            return Ok(None);
-        }
         let size = self.size;
-        let start = |v: &FixedLenByteArray| v.data().as_ptr() as usize;
-        if values.iter().any(|v| v.data().len() != size) {
+        if records != rows
+            || read != rows
+            || !present
+            || values.iter().any(|v| v.data().len() != size)
+        {
             return Ok(None);
         }
-        // Where each run of values lying end to end starts.
-        let mut runs = vec![0];
-        for (i, w) in values.windows(2).enumerate() {
-            if start(&w[1]) != start(&w[0]).wrapping_add(size) {
-                runs.push(i + 1);
+        let arrays = match self.runs(&values) {
+            Some(arrays) => arrays,
+            None => {
+                let mut bytes = Vec::with_capacity(rows * size);
+                values
+                    .iter()
+                    .for_each(|v| bytes.extend_from_slice(v.data()));
+                vec![array(size, Buffer::from_vec(bytes))?]
             }
-        }
-        if runs.len() > MAX_RUNS {
-            let mut bytes = Vec::with_capacity(rows * size);
-            values
-                .iter()
-                .for_each(|v| bytes.extend_from_slice(v.data()));
-            return Ok(Some(vec![array(size, Buffer::from_vec(bytes))?]));
-        }
-        runs.push(values.len());
-        let owner = Arc::new(values);
-        let mut arrays = Vec::with_capacity(runs.len() - 1);
-        for run in runs.windows(2) {
-            let first = &owner[run[0]];
-            let len = (run[1] - run[0]) * size;
-            let Some(ptr) = std::ptr::NonNull::new(first.data().as_ptr().cast_mut()) else {
-                return Ok(None);
-            };
-            #[allow(unsafe_code)]
-            // SAFETY: the run's values were checked above to lie end to end, each `size`
-            // bytes: the `len` bytes from `ptr` are exactly the union of their slices. Every
-            // slice is a `Bytes` held by `owner` — which the buffer keeps alive — and `Bytes`
-            // never changes or frees what it points at while held, so the bytes stay valid
-            // and unchanged as long as the buffer lives.
-            let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner.clone()) };
-            arrays.push(array(size, buffer)?);
+        };
+        if let Some(pages) = &self.pages
+            && let Ok(mut kept) = pages.lock()
+        {
+            // What the next read can still take values from: the dictionary and the last
+            // data page.
+            let last = kept.iter().rposition(|(dictionary, _)| !dictionary);
+            let mut i = 0;
+            kept.retain(|(dictionary, _)| {
+                i += 1;
+                *dictionary || Some(i - 1) == last
+            });
         }
         Ok(Some(arrays))
+    }
+
+    /// `values` as arrays over slices of the pages they lie in, a run of values end to end in
+    /// one page each; `None` when they are not in long runs within kept pages.
+    fn runs(&self, values: &[FixedLenByteArray]) -> Option<Vec<ArrayRef>> {
+        let kept = self.pages.as_ref()?.lock().ok()?;
+        let size = self.size;
+        let start = |v: &FixedLenByteArray| v.data().as_ptr() as usize;
+        let mut cuts = vec![0];
+        for (i, w) in values.windows(2).enumerate() {
+            if start(&w[1]) != start(&w[0]).wrapping_add(size) {
+                cuts.push(i + 1);
+            }
+        }
+        if cuts.len() > 1 && values.len() < cuts.len() * MIN_RUN_ROWS {
+            return None;
+        }
+        cuts.push(values.len());
+        cuts.windows(2)
+            .map(|run| {
+                let (from, len) = (start(&values[run[0]]), (run[1] - run[0]) * size);
+                // The kept page holding the whole run, and where the run starts in it.
+                let (page, at) = kept.iter().find_map(|(_, page)| {
+                    let at = from.checked_sub(page.as_ptr() as usize)?;
+                    (at + len <= page.len()).then_some((page, at))
+                })?;
+                array(size, Buffer::from(page.slice(at..at + len))).ok()
+            })
+            .collect()
     }
 }
 

@@ -123,12 +123,15 @@ impl Rows {
             )?;
             let column = descr.column(leaf);
             let max_def = column.max_def_level();
+            if let DataType::FixedSizeBinary(_) = field.data_type() {
+                let local = matches!(self.chunks, Chunks::Local(_));
+                let binary = BinaryColumn::new(column, Box::new(pages), local, self.skip);
+                order.push(Some(lists.len()));
+                lists.push(Column::Binary(binary));
+                continue;
+            }
             let reader = get_column_reader(column, Box::new(pages));
             let read = match (field.data_type(), reader) {
-                (
-                    DataType::FixedSizeBinary(size),
-                    ColumnReader::FixedLenByteArrayColumnReader(r),
-                ) => Column::Binary(BinaryColumn::new(r, *size as usize, max_def, self.skip)),
                 (DataType::FixedSizeList(item, size), reader) => Column::List(ListColumn {
                     values: Values::of(reader),
                     item: item.clone(),
@@ -332,11 +335,13 @@ impl ListDecoder {
         let Some(columns) = columns else {
             return Some(Err(ArrowError::ComputeError("columns missing".into())));
         };
-        for piece in pieces(&columns, n) {
-            match RecordBatch::try_new(self.schema.clone(), piece) {
-                Ok(b) => self.pending.push_back(b),
-                Err(e) => return Some(Err(e)),
-            }
+        let batches: Result<Vec<RecordBatch>, ArrowError> = pieces(&columns, n)
+            .into_iter()
+            .map(|piece| RecordBatch::try_new(self.schema.clone(), piece))
+            .collect();
+        match batches {
+            Ok(batches) => self.pending.extend(batches),
+            Err(e) => return Some(Err(e)),
         }
         self.pending.pop_front().map(Ok)
     }

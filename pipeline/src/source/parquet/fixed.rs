@@ -31,12 +31,15 @@ use parquet::data_type::{FixedLenByteArray, FixedLenByteArrayType};
 /// each run is a batch of its own downstream, so short runs would be many small batches.
 const MIN_RUN_ROWS: usize = 16;
 
+/// Pages kept, each with whether it is the dictionary page.
+type Kept = Arc<Mutex<Vec<(bool, Bytes)>>>;
+
 /// The pages a column reader reads (dictionary page included), each kept — shared with the
 /// [`BinaryColumn`] reading them — so that a run of values sliced from a page can be handed
 /// over as a slice of the page itself.
 pub(super) struct KeptPages {
     inner: Box<dyn PageReader>,
-    kept: Arc<Mutex<Vec<(bool, Bytes)>>>,
+    kept: Kept,
 }
 
 impl KeptPages {
@@ -99,7 +102,7 @@ impl PageReader for KeptPages {
 pub(super) struct BinaryColumn {
     reader: ColumnReaderImpl<FixedLenByteArrayType>,
     /// The pages its reader was given (see [`KeptPages`]); `None`: every batch is copied.
-    pages: Option<Arc<Mutex<Vec<(bool, Bytes)>>>>,
+    pages: Option<Kept>,
     size: usize,
     max_def: i16,
     def: Vec<i16>,

@@ -131,20 +131,21 @@ impl Rows {
                 continue;
             }
             let reader = get_column_reader(column, Box::new(pages));
-            let read = match (field.data_type(), reader) {
-                (DataType::FixedSizeList(item, size), reader) => Column::List(ListColumn {
-                    values: Values::of(reader),
-                    item: item.clone(),
-                    size: *size as usize,
-                    max_def,
-                    def: Vec::new(),
-                    rep: Vec::new(),
-                    skip: self.skip,
-                }),
+            let (item, size) = match field.data_type() {
+                DataType::FixedSizeList(item, size) => (item.clone(), *size as usize),
                 _ => unreachable!("checked by read_here"),
             };
+            let list = ListColumn {
+                values: Values::of(reader),
+                item,
+                size,
+                max_def,
+                def: Vec::new(),
+                rep: Vec::new(),
+                skip: self.skip,
+            };
             order.push(Some(lists.len()));
-            lists.push(read);
+            lists.push(Column::List(list));
         }
         Ok(UnitDecoder::Lists(Box::new(ListDecoder {
             schema: Arc::new(Schema::new(schema)),

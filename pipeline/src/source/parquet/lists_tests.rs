@@ -67,8 +67,7 @@ fn batch(first: usize, n: usize, null_at: &[usize]) -> RecordBatch {
 /// values; its reader metadata and local chunks.
 fn file(dir: &std::path::Path, null_at: &[usize]) -> (ArrowReaderMetadata, Chunks) {
     let (metadata, reader, size) = written(dir, null_at);
-    let chunks = LocalChunks::open(&reader, std::slice::from_ref(&(0..size)));
-    (metadata, Chunks::Local(chunks.unwrap().unwrap()))
+    (metadata, local(&reader, size))
 }
 
 /// Writes the file; its reader metadata, object reader and size.
@@ -79,23 +78,39 @@ fn written(dir: &std::path::Path, null_at: &[usize]) -> (ArrowReaderMetadata, Ob
         .set_write_batch_size(64)
         .set_dictionary_page_size_limit(512)
         .build();
-    let first = batch(0, 1000, null_at);
+    write(dir, &path, &batch(0, 1000, null_at), props)
+}
+
+/// Writes `rb` to `path` (in `dir`) with `props`; the file's reader metadata, object reader
+/// and size.
+fn write(
+    dir: &std::path::Path,
+    path: &std::path::Path,
+    rb: &RecordBatch,
+    props: WriterProperties,
+) -> (ArrowReaderMetadata, ObjectReader, u64) {
     let mut writer = ArrowWriter::try_new(
-        std::fs::File::create(&path).unwrap(),
-        first.schema(),
+        std::fs::File::create(path).unwrap(),
+        rb.schema(),
         Some(props),
     )
     .unwrap();
-    writer.write(&first).unwrap();
+    writer.write(rb).unwrap();
     writer.close().unwrap();
     let metadata = ArrowReaderMetadata::load(
-        &std::fs::File::open(&path).unwrap(),
+        &std::fs::File::open(path).unwrap(),
         ArrowReaderOptions::new(),
     )
     .unwrap();
     let location = crate::storage::resolve_output(path.to_str().unwrap(), dir).unwrap();
-    let size = std::fs::metadata(&path).unwrap().len();
+    let size = std::fs::metadata(path).unwrap().len();
     (metadata, ObjectReader::new(&location, size), size)
+}
+
+/// The whole file `reader` reads (`size` bytes) as local chunks.
+fn local(reader: &ObjectReader, size: u64) -> Chunks {
+    let chunks = LocalChunks::open(reader, std::slice::from_ref(&(0..size)));
+    Chunks::Local(chunks.unwrap().unwrap())
 }
 
 /// The batches of `rows` through `decoder` and through arrow-rs's reader alone; whether the
@@ -300,29 +315,13 @@ fn images(
             .set_column_dictionary_enabled(image.clone(), false)
             .set_column_encoding(image, Encoding::DELTA_BYTE_ARRAY);
     }
-    let mut writer = ArrowWriter::try_new(
-        std::fs::File::create(&path).unwrap(),
-        rb.schema(),
-        Some(props.build()),
-    )
-    .unwrap();
-    writer.write(&rb).unwrap();
-    writer.close().unwrap();
-    let metadata = ArrowReaderMetadata::load(
-        &std::fs::File::open(&path).unwrap(),
-        ArrowReaderOptions::new(),
-    )
-    .unwrap();
-    let location = crate::storage::resolve_output(path.to_str().unwrap(), dir).unwrap();
-    let size = std::fs::metadata(&path).unwrap().len();
-    (metadata, ObjectReader::new(&location, size), size)
+    write(dir, &path, &rb, props.build())
 }
 
 /// [`images`] read from the local file.
 fn local_images(dir: &std::path::Path, n: usize, how: Images<'_>) -> (ArrowReaderMetadata, Chunks) {
     let (metadata, reader, size) = images(dir, n, how);
-    let chunks = LocalChunks::open(&reader, std::slice::from_ref(&(0..size)));
-    (metadata, Chunks::Local(chunks.unwrap().unwrap()))
+    (metadata, local(&reader, size))
 }
 
 /// The rows of `batches` as one batch.

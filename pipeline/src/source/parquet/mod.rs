@@ -389,8 +389,7 @@ impl ParquetSource {
                     (rx, permit)
                 });
                 futures::future::ready(read)
-            })
-            .boxed();
+            });
         let mut reading = in_flight(reading, this.config.prefetch);
         while let Some(result) = reading.next().await {
             let (mut chunks, permit) = match result {

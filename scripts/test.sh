@@ -17,7 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it starts, counted from the start of the suite: where CI's time goes.
+step() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "error: cargo not found; install Rust from https://rustup.rs" >&2

@@ -35,7 +35,8 @@ fi
 if [[ "${1:-}" == --test ]]; then
     SLUICE_BIN="${SLUICE_BIN:-$root/target/debug/sluice}" exec "$venv/bin/python" -m pytest -q python/tests
 fi
-# The dev profile shares the test suite's compiled dependencies; the wheel is abi3 (≥ 3.10).
+# The dev profile shares the test suite's compiled dependencies (unify/Cargo.toml says how);
+# the wheel is abi3 (≥ 3.10).
 rm -rf target/wheels
 # `--auditwheel skip`: a wheel for this machine, linked to its OpenSSL (librdkafka's TLS),
 # not a manylinux wheel bundling it.

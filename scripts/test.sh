@@ -63,6 +63,8 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 if [[ "${SLUICE_SKIP_LINT:-0}" != 1 ]]; then
     step "cargo fmt --check"
     cargo fmt --all -- --check
+    step "dependency features: the wheel, the binary and the tests compile each dependency once (scripts/check-features.sh)"
+    scripts/check-features.sh
     step "cargo clippy (warnings are errors)"
     cargo clippy --workspace --all-targets --locked "${FEATURES[@]}" -- -D warnings
 fi

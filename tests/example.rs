@@ -5,26 +5,43 @@ use crate::common;
 
 use std::path::PathBuf;
 
-/// The example's binary. `cargo test` builds examples into `target/<profile>/examples`; when
-/// only this test target was built (`cargo test --test example`), build the example first.
+/// The example's binary, built by cargo with this test binary's own features and profile.
+///
+/// `cargo test` builds the examples but leaves them under hashed names
+/// (`target/<profile>/examples/<name>-<hash>`); `cargo build --example` links the plain
+/// name. Built with the same features as this test (not the package's defaults), that build
+/// finds every unit `cargo test` compiled fresh and only links: with other features it
+/// compiled arrow, parquet and every member once more (minutes of CI).
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let path = profile_dir.join("examples").join(name);
-    if !path.exists() {
-        let mut build = std::process::Command::new(env!("CARGO"));
-        build
-            .args(["build", "--example", name])
-            .current_dir(common::repo());
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        assert!(
-            build.status().unwrap().success(),
-            "cannot build example {name}"
-        );
+    let features: Vec<&str> = [
+        ("default", cfg!(feature = "default")),
+        ("torch", cfg!(feature = "torch")),
+        ("mpi", cfg!(feature = "mpi")),
+        ("kafka", cfg!(feature = "kafka")),
+        ("s3", cfg!(feature = "s3")),
+        ("gcs", cfg!(feature = "gcs")),
+        ("azure", cfg!(feature = "azure")),
+        ("http", cfg!(feature = "http")),
+        ("image", cfg!(feature = "image")),
+    ]
+    .into_iter()
+    .filter_map(|(feature, on)| on.then_some(feature))
+    .collect();
+    let mut build = std::process::Command::new(env!("CARGO"));
+    build
+        .args(["build", "--example", name, "--no-default-features"])
+        .args(["--features", &features.join(",")])
+        .current_dir(common::repo());
+    if profile_dir.ends_with("release") {
+        build.arg("--release");
     }
-    path
+    assert!(
+        build.status().unwrap().success(),
+        "cannot build example {name}"
+    );
+    profile_dir.join("examples").join(name)
 }
 
 /// Runs example `name` on `config` (under `configs/`); its stdout, once it succeeded.

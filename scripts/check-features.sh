@@ -32,6 +32,15 @@ for build in "-p sluice --features mpi -e normal,build" \
         status=1
     fi
 done
+# The minimal build (scripts/minimal.sh) leaves out object_store's stores, so it compiles
+# object_store, parquet and the members again; arrow it shares.
+missing="$(comm -23 <(features -p sluice --no-default-features -e normal,build | grep '^arrow') \
+    <(printf '%s\n' "$tests"))"
+if [[ -n "$missing" ]]; then
+    echo "check-features: the minimal build (\`cargo build -p sluice --no-default-features\`) compiles arrow again:" >&2
+    printf '  %s\n' "$missing" >&2
+    status=1
+fi
 if ((status)); then
     echo "check-features: turn the missing features on in unify/Cargo.toml (or in the root Cargo.toml's [workspace.dependencies], or turn off a dev-dependency's defaults), see its head" >&2
 fi

@@ -30,6 +30,26 @@ fn example(name: &str) -> PathBuf {
     .filter_map(|(feature, on)| on.then_some(feature))
     .collect();
     let mut build = std::process::Command::new(env!("CARGO"));
+    // What cargo set for this test process (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, OUT_DIR...)
+    // is not passed on: cargo compares a build script's watched variables with its own
+    // environment, and ring's watches these, so with them set it ran again and parquet and
+    // every member above it were compiled once more.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_by_cargo = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_", "CARGO_CFG_"]
+            .iter()
+            .any(|prefix| key.starts_with(prefix))
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&key.as_ref());
+        if set_by_cargo {
+            build.env_remove(key.as_ref());
+        }
+    }
     build
         .args(["build", "--example", name, "--no-default-features"])
         .args(["--features", &features.join(",")])

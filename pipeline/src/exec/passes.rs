@@ -20,14 +20,16 @@ pub(super) fn run(
 ) -> Result<Vec<(usize, String)>> {
     // 1. A shuffle that groups rows by length learns the size of the `batch` stage after it.
     let mut notes = link_groups(slots);
-    // 2. A shuffle hands the byte column an `image` stage replaces as views into its window
-    //    (the stages up to that image stage then receive the view schema). It copies the
-    //    shuffle's spec as pass 1 left it; the two change different parts of it, so their
-    //    order decides only the order of their notes on a shuffle.
-    notes.extend(fuse_gathers(configs, slots, output, ctx)?);
-    // 3. A `standardize` is done by the `gaussian_noise`/`feature_dropout` after it, row by
-    //    row in that stage's own pass. Independent of passes 1 and 2 (neither builds either).
+    // 2. A `standardize` is done by the `gaussian_noise`/`feature_dropout` after it, row by
+    //    row in that stage's own pass. Independent of pass 1 (which builds neither).
     notes.extend(fuse_standardize(slots));
+    // 3. A shuffle hands the column an `image` stage replaces, or the fixed-size list a
+    //    per-value stage rewrites, as views into its window (the stages up to that stage
+    //    then receive the view schema). After pass 2: a `standardize` it deferred lies
+    //    between them and is passed over. It copies the shuffle's spec as pass 1 left it; the
+    //    two change different parts of it, so their order decides only the order of their
+    //    notes on a shuffle.
+    notes.extend(fuse_gathers(configs, slots, output, ctx)?);
     Ok(notes)
 }
 
@@ -95,70 +97,100 @@ fn link_groups(slots: &mut [StageSlot]) -> Vec<(usize, String)> {
     notes
 }
 
-/// Lets a shuffle hand a byte column to the `image` stage that consumes it as views into its
-/// window instead of copying every row: when the stages after a shuffle are `batch` stages
-/// and then an `image` stage that replaces that column, the shuffle emits it as `BinaryView`
-/// (see [`stage::shuffle`]) and the stages in between are rebuilt for that schema. The image
-/// stage reads each row's bytes once, to convert them; nothing after it sees the difference
-/// (its output schema is checked to be unchanged), and the values are identical.
-/// `output` is the schema after the last stage. Returns a note for each shuffle it changed.
+/// Lets a shuffle hand a column to the stage that consumes it as views into its window
+/// instead of copying every row, when only `batch` stages (or a `standardize` pass 2
+/// deferred) lie between them: the shuffle emits the column as `BinaryView` (see
+/// [`stage::shuffle`]) and the stages in between receive that schema. The consumer is an
+/// `image` stage that replaces a byte column (rebuilt for the view schema; its output schema
+/// is checked to be unchanged), or a per-value stage that rewrites a fixed-size list of
+/// floats and takes it as views (`Transform::takes_views`, see `stage::gathered`). Either
+/// reads each row's bytes once, to convert them; the values are identical. `output` is the
+/// schema after the last stage. Returns a note for each shuffle it changed.
 fn fuse_gathers(
     configs: &[Located<StageConfig>],
     slots: &mut [StageSlot],
     output: &SchemaRef,
     ctx: &stage::BuildContext,
 ) -> Result<Vec<(usize, String)>> {
-    use arrow::datatypes::DataType;
     let mut notes = Vec::new();
     for i in 0..slots.len() {
         let BuiltStage::Shuffle(spec) = &slots[i].built else {
             continue;
         };
         let mut k = i + 1;
-        while matches!(
-            slots.get(k).map(|s| &s.built),
-            Some(BuiltStage::Rebatch { .. })
-        ) {
+        while slots.get(k).is_some_and(|s| match &s.built {
+            BuiltStage::Rebatch { .. } => true,
+            BuiltStage::Map(t) => t.passes_through(),
+            BuiltStage::Shuffle(_) => false,
+        }) {
             k += 1;
         }
-        let (Some(StageConfig::Image(c)), Some(consumer)) =
-            (configs.get(k).map(|s| &s.value), slots.get(k))
-        else {
+        let Some((col, consumer)) = view_consumer(configs, slots, i, k, output, ctx)? else {
             continue;
         };
-        if c.output.as_ref().is_some_and(|o| o != &c.column) {
-            continue;
-        }
-        let input = &slots[i].input;
-        let Ok(col) = input.index_of(&c.column) else {
-            continue;
-        };
-        if !matches!(
-            input.field(col).data_type(),
-            DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
-        ) {
-            continue;
-        }
-        let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(input, &[col]));
-        let logical_out = slots.get(k + 1).map_or(output, |s| &s.input);
-        let (image, out) = stage::build(&consumer.stage, &configs[k].value, &physical, None, ctx)?;
-        if &out != logical_out {
-            continue;
-        }
+        let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(&slots[i].input, &[col]));
         let mut spec = spec.clone();
         spec.views = vec![col];
         slots[i].built = BuiltStage::Shuffle(spec);
         for s in &mut slots[i + 1..=k] {
             s.input = physical.clone();
         }
-        slots[k].built = image;
+        if let Some(built) = consumer {
+            slots[k].built = built;
+        }
         notes.push((
             i,
             format!(
-                "hands `{}` to {} as views into its window (the bytes are not copied)",
-                c.column, slots[k].stage
+                "hands `{}` to {} as views into its window (the rows are not copied)",
+                slots[i].input.field(col).name(),
+                slots[k].stage
             ),
         ));
     }
     Ok(notes)
+}
+
+/// The column the stage at `k` can take from the shuffle at `i` as views, and the stage
+/// rebuilt for them (`None`: it takes them as it is).
+fn view_consumer(
+    configs: &[Located<StageConfig>],
+    slots: &[StageSlot],
+    i: usize,
+    k: usize,
+    output: &SchemaRef,
+    ctx: &stage::BuildContext,
+) -> Result<Option<(usize, Option<BuiltStage>)>> {
+    use arrow::datatypes::DataType;
+    let (Some(config), Some(consumer)) = (configs.get(k).map(|s| &s.value), slots.get(k)) else {
+        return Ok(None);
+    };
+    let input = &slots[i].input;
+    let StageConfig::Image(c) = config else {
+        // A per-value stage: the first of its columns it takes as views.
+        let BuiltStage::Map(t) = &consumer.built else {
+            return Ok(None);
+        };
+        return Ok((0..input.fields().len())
+            .find(|&col| {
+                consumer.input.field(col).data_type() == input.field(col).data_type()
+                    && t.takes_views(col)
+            })
+            .map(|col| (col, None)));
+    };
+    if c.output.as_ref().is_some_and(|o| o != &c.column) {
+        return Ok(None);
+    }
+    let Ok(col) = input.index_of(&c.column) else {
+        return Ok(None);
+    };
+    if !matches!(
+        input.field(col).data_type(),
+        DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_)
+    ) {
+        return Ok(None);
+    }
+    let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(input, &[col]));
+    let logical_out = slots.get(k + 1).map_or(output, |s| &s.input);
+    let (image, out) = stage::build(&consumer.stage, config, &physical, None, ctx)?;
+    Ok((&out == logical_out).then_some((col, Some(image))))
 }

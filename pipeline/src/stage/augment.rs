@@ -199,7 +199,7 @@ pub(crate) fn words<'a>(
     buf.chunks_exact(4).map(super::normal::word)
 }
 
-trait Float: ArrowPrimitiveType {
+pub(super) trait Float: ArrowPrimitiveType {
     /// `row[i] += std · zᵢ` in place, the `zᵢ` standard normal samples from `rng`,
     /// positioned at the start of the row's stream; `scratch` is reused between rows.
     fn gaussian(row: &mut [Self::Native], std: f64, rng: &mut ChaCha8Rng, scratch: &mut Vec<u8>);
@@ -210,6 +210,8 @@ trait Float: ArrowPrimitiveType {
     /// `x` as this type, as `standardize` converts its statistics.
     fn of(x: f64) -> Self::Native;
     fn is_nan(v: Self::Native) -> bool;
+    /// Appends the values whose little-endian bytes are `bytes` (whole values) to `out`.
+    fn extend_from_le(out: &mut Vec<Self::Native>, bytes: &[u8]);
 }
 
 impl Float for Float32Type {
@@ -227,6 +229,15 @@ impl Float for Float32Type {
     }
     fn is_nan(v: f32) -> bool {
         v.is_nan()
+    }
+    fn extend_from_le(out: &mut Vec<f32>, bytes: &[u8]) {
+        out.extend(
+            bytes
+                .as_chunks::<4>()
+                .0
+                .iter()
+                .map(|b| f32::from_le_bytes(*b)),
+        );
     }
 }
 
@@ -253,6 +264,15 @@ impl Float for Float64Type {
     fn is_nan(v: f64) -> bool {
         v.is_nan()
     }
+    fn extend_from_le(out: &mut Vec<f64>, bytes: &[u8]) {
+        out.extend(
+            bytes
+                .as_chunks::<8>()
+                .0
+                .iter()
+                .map(|b| f64::from_le_bytes(*b)),
+        );
+    }
 }
 
 /// Applies `noise` to `values` in place (row `r` owns `values[r*width .. (r+1)*width]`),
@@ -267,19 +287,43 @@ fn augment_values<T: Float>(
 ) where
     T::Native: std::ops::Sub<Output = T::Native> + std::ops::Div<Output = T::Native>,
 {
-    let standardize = |row: &mut [T::Native]| {
+    let mut work = row_work::<T>(key, noise, pre);
+    for (row, id) in values.chunks_exact_mut(width.max(1)).zip(ids) {
+        work(row, *id);
+    }
+}
+
+/// What a stage does to one row of one column: `work(row, id)` standardizes the row by `pre`
+/// first (when this stage does a `standardize` stage's work), then applies `noise` to it,
+/// drawing from the stream of the row whose identity is `id` ([`row_ids`]). Built once per
+/// batch and column; rows may come in any order (each one's draws depend on its id alone).
+pub(super) fn row_work<'a, T: Float>(
+    key: [u8; 32],
+    noise: Noise,
+    pre: Option<&'a RowAffine<T::Native>>,
+) -> Box<dyn FnMut(&mut [T::Native], u64) + 'a>
+where
+    T::Native: std::ops::Sub<Output = T::Native> + std::ops::Div<Output = T::Native>,
+{
+    let standardize = move |row: &mut [T::Native]| {
         if let Some(a) = pre {
             a.apply(row);
         }
     };
+    // Grown once, reused for every row.
+    let mut scratch = Vec::new();
     match noise {
         Noise::Gaussian {
             std,
             draws: Draws::ChaCha8,
-        } => per_row::<T>(values, width, ids, key, |rng, row, scratch| {
-            standardize(row);
-            T::gaussian(row, std, rng, scratch)
-        }),
+        } => {
+            let mut rng = ChaCha8Rng::from_seed(key);
+            Box::new(move |row, id| {
+                rng.set_stream(id);
+                standardize(row);
+                T::gaussian(row, std, &mut rng, &mut scratch)
+            })
+        }
         Noise::Gaussian {
             std,
             draws: Draws::SplitMix64,
@@ -289,18 +333,19 @@ fn augment_values<T: Float>(
             let k = u64::from_le_bytes([
                 key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7],
             ]);
-            let mut scratch = Vec::new();
-            for (row, id) in values.chunks_exact_mut(width.max(1)).zip(ids) {
+            Box::new(move |row, id| {
                 standardize(row);
                 T::gaussian_splitmix(row, std, splitmix64(k ^ id), &mut scratch);
-            }
+            })
         }
         Noise::Dropout { p, scale } => {
             let drop = Chance::new(p);
-            per_row::<T>(values, width, ids, key, move |rng, row, buf| {
+            let mut rng = ChaCha8Rng::from_seed(key);
+            Box::new(move |row, id| {
+                rng.set_stream(id);
                 standardize(row);
                 let n = row.len();
-                for (v, w) in row.iter_mut().zip(words(rng, n, buf)) {
+                for (v, w) in row.iter_mut().zip(words(&mut rng, n, &mut scratch)) {
                     // A dropped NaN stays NaN (as PyTorch's multiply-by-mask dropout): dropout
                     // never turns a missing value into a number.
                     *v = if drop.hit(w) && !T::is_nan(*v) {
@@ -311,23 +356,6 @@ fn augment_values<T: Float>(
                 }
             })
         }
-    }
-}
-
-/// `f(rng, row, scratch)` over every row, `rng` at the start of the row's own stream of the
-/// generator keyed by `key`.
-fn per_row<T: Float>(
-    values: &mut [T::Native],
-    width: usize,
-    ids: &[u64],
-    key: [u8; 32],
-    f: impl Fn(&mut ChaCha8Rng, &mut [T::Native], &mut Vec<u8>),
-) {
-    let mut rng = ChaCha8Rng::from_seed(key);
-    let mut scratch = Vec::new();
-    for (row, id) in values.chunks_exact_mut(width.max(1)).zip(ids) {
-        rng.set_stream(*id);
-        f(&mut rng, row, &mut scratch);
     }
 }
 
@@ -357,8 +385,12 @@ pub(crate) fn map_float_rows(
 /// `noise` over a float32 or float64 column or fixed-size list of them, in place when the
 /// batch held the only reference to its values ([`owned`](super::owned)); each row
 /// standardized first when `pre` is the work of a `standardize` stage fused with this one.
+/// A fixed-size list a shuffle handed over as views into its window (`BinaryView`, see
+/// [`Transform::takes_views`](super::Transform::takes_views)) is read from the window once
+/// and written as the list `out` (its type in the stage's output).
 fn augment_column(
     col: ArrayRef,
+    out: &DataType,
     ids: &[u64],
     key: [u8; 32],
     noise: Noise,
@@ -366,6 +398,31 @@ fn augment_column(
 ) -> std::result::Result<ArrayRef, String> {
     use super::owned::{rewritable, rewrite_rows};
     let t = col.data_type().clone();
+    if t == DataType::BinaryView {
+        return match out {
+            DataType::FixedSizeList(item, n) if item.data_type() == &DataType::Float32 => {
+                super::gathered::augment_views::<Float32Type>(
+                    col.as_binary_view(),
+                    (item, *n),
+                    ids,
+                    key,
+                    noise,
+                    pre,
+                )
+            }
+            DataType::FixedSizeList(item, n) if item.data_type() == &DataType::Float64 => {
+                super::gathered::augment_views::<Float64Type>(
+                    col.as_binary_view(),
+                    (item, *n),
+                    ids,
+                    key,
+                    noise,
+                    pre,
+                )
+            }
+            _ => Err(format!("views of rows where {out} was expected")),
+        };
+    }
     if rewritable::<Float32Type>(&t) {
         let pre = pre.map(|c| RowAffine::new(&c.mean, &c.std, Float32Type::of));
         rewrite_rows::<Float32Type>(col, |v, width| {
@@ -402,17 +459,24 @@ impl super::Transform for Augment {
         for (n, (i, key)) in self.columns.iter().enumerate() {
             let col = std::mem::replace(&mut cols[*i], super::placeholder());
             let pre = self.pre.get(n).and_then(Option::as_ref);
-            cols[*i] =
-                augment_column(col, &ids, *key, self.noise, pre).map_err(|m| Error::Stage {
+            let out = self.schema.field(*i).data_type();
+            cols[*i] = augment_column(col, out, &ids, *key, self.noise, pre).map_err(|m| {
+                Error::Stage {
                     stage: self.stage.clone(),
                     message: m,
-                })?;
+                }
+            })?;
         }
         let data = RecordBatch::try_new(self.schema.clone(), cols).map_err(|e| Error::Arrow {
             context: self.stage.to_string(),
             source: e,
         })?;
         Ok(batch.with_data(data))
+    }
+
+    fn takes_views(&self, column: usize) -> bool {
+        self.columns.iter().any(|(i, _)| *i == column)
+            && super::gathered::viewable_list(self.schema.field(column).data_type())
     }
 
     fn after_standardize(&self, pre: &[StandardizeColumn]) -> Option<Arc<dyn super::Transform>> {
@@ -483,183 +547,5 @@ impl StageKind for FeatureDropoutConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::batch::Name;
-    use crate::stage::Transform;
-    use arrow::array::Float32Array;
-    use arrow::datatypes::{Field, Schema};
-
-    fn batch(n: usize, first: u64, epoch: u64) -> Batch {
-        let field = Arc::new(Field::new("item", DataType::Float32, true));
-        let values = Float32Array::from_iter_values((0..n * 4).map(|v| v as f32));
-        let x = FixedSizeListArray::try_new(field.clone(), 4, Arc::new(values), None).unwrap();
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "x",
-            DataType::FixedSizeList(field, 4),
-            true,
-        )]));
-        let data = RecordBatch::try_new(schema, vec![Arc::new(x)]).unwrap();
-        let origin = Origin::Object {
-            url: Name::from("file:///d.parquet"),
-            row_group: 0,
-        };
-        Batch::new(data, Lineage::new(origin, first, n as u64, epoch))
-    }
-
-    fn stage(noise: Noise) -> Augment {
-        Augment {
-            stage: StageRef {
-                index: 0,
-                kind: "gaussian_noise",
-                location: None,
-            },
-            noise,
-            columns: vec![(0, column_key(7, 0, "x"))],
-            schema: batch(1, 0, 0).data.schema(),
-            pre: Vec::new(),
-        }
-    }
-
-    fn flat(b: &Batch) -> Vec<f32> {
-        let l = b.data.column(0).as_fixed_size_list();
-        let v = l.values().slice(l.offset() * 4, l.len() * 4);
-        v.as_primitive::<Float32Type>().values().to_vec()
-    }
-
-    #[test]
-    fn noise_depends_on_the_row_not_on_batching() {
-        for draws in [Draws::ChaCha8, Draws::SplitMix64] {
-            noise_depends_on_the_row_not_on_batching_with(draws);
-        }
-    }
-
-    fn noise_depends_on_the_row_not_on_batching_with(draws: Draws) {
-        let s = stage(Noise::Gaussian { std: 0.5, draws });
-        let whole = flat(&s.apply(batch(100, 0, 0)).unwrap());
-        let b = batch(100, 0, 0);
-        let mut split = flat(&s.apply(b.slice(0, 37)).unwrap());
-        split.extend(flat(&s.apply(b.slice(37, 63)).unwrap()));
-        assert_eq!(whole, split);
-        // Another epoch, another draw; the same epoch again, the same draw.
-        let again = flat(&s.apply(batch(100, 0, 0)).unwrap());
-        assert_eq!(whole, again);
-        let next_epoch = flat(&s.apply(batch(100, 0, 1)).unwrap());
-        assert_ne!(whole, next_epoch);
-    }
-
-    #[test]
-    fn gaussian_noise_has_the_requested_spread() {
-        for draws in [Draws::ChaCha8, Draws::SplitMix64] {
-            gaussian_noise_has_the_requested_spread_with(draws);
-        }
-    }
-
-    /// Version 1 draws what ChaCha8 on the row's stream gives (what every older Sluice drew);
-    /// version 2 draws other values, from the row's SplitMix64 stream.
-    #[test]
-    fn each_draws_version_draws_from_its_own_generator() {
-        let input = batch(50, 3, 1);
-        let ids = row_ids(&input.lineage);
-        let key = column_key(7, 0, "x");
-        let before = flat(&input);
-        let (mut chacha, mut splitmix, mut scratch) = (before.clone(), before.clone(), Vec::new());
-        let mut rng = ChaCha8Rng::from_seed(key);
-        let k = u64::from_le_bytes(key[..8].try_into().unwrap());
-        for (r, id) in ids.iter().enumerate() {
-            rng.set_stream(*id);
-            super::super::normal::noise_row_f32(
-                &mut rng,
-                &mut chacha[4 * r..4 * r + 4],
-                0.5,
-                &mut scratch,
-            );
-            super::super::normal::noise_row_f32_splitmix(
-                splitmix64(k ^ id),
-                &mut splitmix[4 * r..4 * r + 4],
-                0.5,
-                &mut scratch,
-            );
-        }
-        let v1 = stage(Noise::Gaussian {
-            std: 0.5,
-            draws: Draws::ChaCha8,
-        });
-        let v2 = stage(Noise::Gaussian {
-            std: 0.5,
-            draws: Draws::SplitMix64,
-        });
-        assert_eq!(flat(&v1.apply(input.clone()).unwrap()), chacha);
-        assert_eq!(flat(&v2.apply(input).unwrap()), splitmix);
-        assert!(chacha.iter().zip(&splitmix).all(|(a, b)| a != b));
-    }
-
-    fn gaussian_noise_has_the_requested_spread_with(draws: Draws) {
-        let s = stage(Noise::Gaussian { std: 0.1, draws });
-        let input = batch(25_000, 0, 0);
-        let before = flat(&input);
-        let after = flat(&s.apply(input).unwrap());
-        let d: Vec<f64> = before
-            .iter()
-            .zip(&after)
-            .map(|(a, b)| (*b - *a) as f64)
-            .collect();
-        let n = d.len() as f64;
-        let mean = d.iter().sum::<f64>() / n;
-        let std = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
-        assert!(mean.abs() < 0.003, "mean {mean}");
-        assert!((std - 0.1).abs() < 0.003, "std {std}");
-    }
-
-    #[test]
-    fn dropout_zeroes_about_p_and_scales_the_rest_exactly() {
-        let s = stage(Noise::Dropout {
-            p: 0.25,
-            scale: 1.0 / 0.75,
-        });
-        let input = batch(10_000, 5, 0);
-        let before = flat(&input);
-        let after = flat(&s.apply(input).unwrap());
-        let mut zeros = 0;
-        for (a, b) in before.iter().zip(&after) {
-            if *b == 0.0 && *a != 0.0 {
-                zeros += 1;
-            } else {
-                assert_eq!(*b, *a * (1.0f64 / 0.75) as f32);
-            }
-        }
-        let frac = zeros as f64 / before.len() as f64;
-        assert!((frac - 0.25).abs() < 0.01, "{frac}");
-    }
-
-    /// Dropout never turns NaN into a number: a dropped NaN stays NaN (a kept one too); a
-    /// dropped ±inf becomes 0 like any dropped value, a kept one stays ±inf.
-    #[test]
-    fn dropout_keeps_nan_and_drops_inf_to_zero() {
-        let s = stage(Noise::Dropout { p: 0.5, scale: 2.0 });
-        let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0];
-        let n = 2_000;
-        let values = Float32Array::from_iter_values((0..n * 4).map(|i| special[i % 4]));
-        let input = batch(n, 0, 0);
-        let field = Arc::new(Field::new("item", DataType::Float32, true));
-        let x = FixedSizeListArray::try_new(field, 4, Arc::new(values), None).unwrap();
-        let data = RecordBatch::try_new(input.data.schema(), vec![Arc::new(x)]).unwrap();
-        let after = flat(&s.apply(Batch::new(data, input.lineage.clone())).unwrap());
-        let (mut dropped_inf, mut kept_inf) = (0, 0);
-        for (i, v) in after.iter().enumerate() {
-            match i % 4 {
-                0 => assert!(v.is_nan(), "value {i}: NaN became {v}"),
-                1 | 2 if *v == 0.0 => dropped_inf += 1,
-                1 | 2 => {
-                    assert_eq!(*v, special[i % 4], "value {i}");
-                    kept_inf += 1;
-                }
-                _ => assert!(*v == 0.0 || *v == 2.0, "value {i}: {v}"),
-            }
-        }
-        assert!(
-            dropped_inf > 1_500 && kept_inf > 1_500,
-            "{dropped_inf} {kept_inf}"
-        );
-    }
-}
+#[path = "augment_tests.rs"]
+mod tests;

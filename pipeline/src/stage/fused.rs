@@ -60,6 +60,10 @@ impl Transform for Deferred {
     fn apply(&self, batch: Batch) -> Result<Batch> {
         Ok(batch)
     }
+
+    fn passes_through(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod augment;
 mod columns;
 mod expr;
 mod fused;
+mod gathered;
 pub(crate) mod image;
 mod kernels;
 mod mixup;
@@ -55,6 +56,7 @@ use crate::types::Literal;
 // Each kind's settings live with its build step and kernel; `registry` lists the kinds.
 pub use augment::{FeatureDropoutConfig, GaussianNoiseConfig};
 pub use columns::{CastConfig, RenameConfig, SelectConfig};
+pub(crate) use gathered::viewable_list;
 pub use image::{
     AugmentOn, DEVICE_IMAGE_KEY, DeviceImage, EraseValue, ImageConfig, ImageDtype, ImageFormat,
     ImageOp, OnError, PadFill, PaddingMode,
@@ -89,6 +91,17 @@ pub(crate) trait Transform: Send + Sync + fmt::Debug {
     /// `None` when it cannot take all of them.
     fn after_standardize(&self, _pre: &[kernels::StandardizeColumn]) -> Option<Arc<dyn Transform>> {
         None
+    }
+
+    /// Whether this stage also takes `column` (a fixed-size list) as `BinaryView` rows into a
+    /// shuffle's window, reading each row once and writing the list itself (see [`gathered`]).
+    fn takes_views(&self, _column: usize) -> bool {
+        false
+    }
+
+    /// Whether batches pass through untouched (a `standardize` the next stage does).
+    fn passes_through(&self) -> bool {
+        false
     }
 }
 

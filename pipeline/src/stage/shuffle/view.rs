@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BinaryViewArray, BinaryViewBuilder, FixedSizeListArray, RecordBatch,
+};
 use arrow::datatypes::{DataType, Schema};
 
 /// `schema` with each of `columns` typed `BinaryView`: the schema of what [`views`] returns,
@@ -15,11 +17,11 @@ pub(crate) fn view_schema(schema: &Schema, columns: &[usize]) -> Schema {
     Schema::new_with_metadata(fields, schema.metadata().clone())
 }
 
-/// `rb` with each of `columns` (binary, large binary or fixed-size binary) as a `BinaryView`
-/// array over the same value buffer: one 16-byte view per row, no bytes copied (a buffer of
+/// `rb` with each of `columns` (binary, large binary, fixed-size binary, or a fixed-size list
+/// of float32/float64 whose items are never null — `stage::gathered`) as a `BinaryView` array
+/// over the same value buffer: one 16-byte view per row, no bytes copied (a binary buffer of
 /// 4 GiB or more is copied: views address at most 4 GiB).
 pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result<RecordBatch> {
-    use arrow::array::{Array, BinaryViewArray, BinaryViewBuilder};
     if columns.is_empty() {
         return Ok(rb.clone());
     }
@@ -48,6 +50,9 @@ pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result
                     Arc::new(b.finish())
                 }
             }
+            DataType::FixedSizeList(..) if crate::stage::viewable_list(a.data_type()) => {
+                Arc::new(list_views(a.as_fixed_size_list())?)
+            }
             other => {
                 return Err(arrow::error::ArrowError::InvalidArgumentError(format!(
                     "column {i} is {other}, not bytes"
@@ -57,4 +62,34 @@ pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result
         arrays[i] = viewed;
     }
     RecordBatch::try_new(Arc::new(view_schema(&rb.schema(), columns)), arrays)
+}
+
+/// A fixed-size list of fixed-width items with no null items, as views of each row's bytes in
+/// its values buffer (a null row is a null view). Views address 4 GiB from the start of a
+/// block, so a larger buffer is added as more blocks, each starting at a row.
+fn list_views(list: &FixedSizeListArray) -> arrow::error::Result<BinaryViewArray> {
+    let values = list.values().to_data();
+    let item = values.data_type().primitive_width().unwrap_or(1);
+    let size = list.value_length().max(0) as usize * item;
+    let buffer = values.buffers().first().cloned().unwrap_or_default();
+    let base = values.offset() * item;
+    let mut b = BinaryViewBuilder::with_capacity(list.len());
+    let mut block: Option<(u32, usize)> = None;
+    for r in 0..list.len() {
+        if list.is_null(r) {
+            b.append_null();
+            continue;
+        }
+        let at = base + r * size;
+        let (id, start) = match block {
+            Some((id, start)) if at + size - start <= u32::MAX as usize => (id, start),
+            _ => {
+                let id = b.append_block(buffer.slice(at));
+                block = Some((id, at));
+                (id, at)
+            }
+        };
+        b.try_append_view(id, (at - start) as u32, size as u32)?;
+    }
+    Ok(b.finish())
 }

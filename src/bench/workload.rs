@@ -207,12 +207,12 @@ pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize
     // 1 — CPU-bound on writing 4 bytes per pixel, a second row group left them as fast
     // (0.68–0.71 s for 200k) at 40 MiB more peak RSS; the source alone and uint8: 2 — the
     // decode no longer waits for the consumer (source 0.33–0.37 s → 0.30, uint8 0.54–0.62 →
-    // 0.47–0.49) for the same 40 MiB. Tabular: 3 — 4 was no faster (2.56–2.59 s) and took
-    // 30 MiB more.
+    // 0.47–0.49) for the same 40 MiB. Tabular: 2 — since the noise stage reads the rows from
+    // the shuffle's window (2026-11-30: `sluice run` of this pipeline, 2.61–2.63 s and
+    // 342–346 MiB with 2, 2.73–2.74 s and 362–381 MiB with 3, 3.25–3.30 s with 1).
     let prefetch = match (workload, variant) {
-        (Workload::Images, "source" | "uint8") => 2,
+        (Workload::Images, "source" | "uint8") | (Workload::Tabular, _) => 2,
         (Workload::Images, _) => 1,
-        (Workload::Tabular, _) => 3,
     };
     let source = format!(
         "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 1024, prefetch: {prefetch}}}\n",

@@ -59,7 +59,17 @@ where
     let mut work = row_work::<T>(key, noise, pre.as_ref());
     // Written row by row, never zeroed first (a fresh buffer filled by `extend`).
     let mut out: Vec<T::Native> = Vec::with_capacity(rows.len() * width);
+    // Rows are scattered over the window and rarely cached: the bytes of the row two ahead
+    // are asked for while this one is worked on (as the image stage does).
+    const AHEAD: usize = 2;
+    let ahead = |r: usize| {
+        if r < rows.len() && rows.is_valid(r) {
+            super::pixels::prefetch(rows.value(r));
+        }
+    };
+    (0..AHEAD).for_each(ahead);
     for (r, id) in ids.iter().enumerate() {
+        ahead(r + AHEAD);
         let start = out.len();
         if rows.is_null(r) {
             out.resize(start + width, T::Native::default());

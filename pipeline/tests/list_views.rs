@@ -26,8 +26,9 @@ use sluice_pipeline::{Batch, Pipeline, SourceState};
 const WIDTH: i32 = 6;
 
 /// Writes one Parquet file per entry of `groups` (its row groups' row counts): an `id`
-/// column and a fixed-size list `x` of `WIDTH` floats (float64 when `f64s`; items nullable
-/// when `nullable_items`, though none is null), every seventh row null.
+/// column and fixed-size lists `x` and `y` of `WIDTH` floats (float64 when `f64s`; items
+/// nullable when `nullable_items`, though none is null; `y` is `x` negated), every seventh
+/// row of `x` null.
 fn write_dataset(dir: &Path, groups: &[Vec<usize>], f64s: bool, nullable_items: bool) {
     let t = if f64s {
         DataType::Float64
@@ -52,10 +53,13 @@ fn write_dataset(dir: &Path, groups: &[Vec<usize>], f64s: bool, nullable_items: 
                 Arc::new(Float32Array::from_iter_values(values.map(|v| v as f32)))
             };
             let nulls = NullBuffer::from(ids.iter().map(|v| v % 7 != 3).collect::<Vec<_>>());
+            let negated = arrow::compute::kernels::numeric::neg(&values).unwrap();
             let x = FixedSizeListArray::try_new(item.clone(), WIDTH, values, Some(nulls)).unwrap();
+            let y = FixedSizeListArray::try_new(item.clone(), WIDTH, negated, None).unwrap();
             let rb = RecordBatch::try_from_iter_with_nullable([
                 ("id", Arc::new(Int64Array::from(ids)) as ArrayRef, false),
                 ("x", Arc::new(x) as ArrayRef, true),
+                ("y", Arc::new(y) as ArrayRef, false),
             ])
             .unwrap();
             let w = writer.get_or_insert_with(|| {
@@ -89,8 +93,8 @@ fn cases() -> impl Strategy<Value = Case> {
         any::<bool>(),
         any::<bool>(),
         prop::sample::select(vec![
-            "{type: gaussian_noise, columns: [x], std: 0.5, seed: 3}",
-            "{type: feature_dropout, columns: [x], p: 0.25, scale: true, seed: 4}",
+            "{type: gaussian_noise, columns: [x, y], std: 0.5, seed: 3}",
+            "{type: feature_dropout, columns: [y, x], p: 0.25, scale: true, seed: 4}",
         ]),
         1usize..20,
         any::<u64>(),
@@ -113,7 +117,7 @@ fn cases() -> impl Strategy<Value = Case> {
 /// `select` between the shuffle and `standardize` (the rows are then copied by the shuffle);
 /// otherwise it goes first, so every stage keeps its index (part of the noise's key).
 fn yaml(dir: &Path, c: &Case, copy: bool) -> String {
-    let select = "- {type: select, columns: [id, x]}\n";
+    let select = "- {type: select, columns: [id, x, y]}\n";
     let memory = if c.spill { "2 KiB" } else { "64 MiB" };
     format!(
         "source: {{type: parquet, path: '{}/*.parquet', batch_rows: {}, epochs: 2}}\n\
@@ -148,8 +152,8 @@ async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState) {
     (out, s.snapshot())
 }
 
-/// Whether the shuffle of `yaml` hands a column over as views (its run notes say so).
-async fn handed_over(yaml: &str) -> bool {
+/// The notes of the shuffle of `yaml` that say it hands columns over as views.
+async fn handed_over(yaml: &str) -> Vec<String> {
     let prepared = Pipeline::from_yaml(yaml).unwrap().prepare().await.unwrap();
     let stages = prepared.metrics().stages();
     let shuffle = stages
@@ -158,8 +162,9 @@ async fn handed_over(yaml: &str) -> bool {
         .unwrap();
     let notes = shuffle.notes.lock().unwrap().clone();
     notes
-        .iter()
-        .any(|n| n.contains("hands `x`") && n.contains("as views"))
+        .into_iter()
+        .filter(|n| n.contains("as views"))
+        .collect()
 }
 
 fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
@@ -181,8 +186,9 @@ proptest! {
         let rt = rt();
         let fused = yaml(dir.path(), &c, false);
         let copied = yaml(dir.path(), &c, true);
-        prop_assert!(rt.block_on(handed_over(&fused)));
-        prop_assert!(!rt.block_on(handed_over(&copied)));
+        let notes = rt.block_on(handed_over(&fused));
+        prop_assert!(notes.len() == 1 && notes[0].contains("hands `x`, `y` to"), "{:?}", notes);
+        prop_assert!(rt.block_on(handed_over(&copied)).is_empty());
         let a = rt.block_on(run(Pipeline::from_yaml(&fused).unwrap(), None)).0;
         let b = rt.block_on(run(Pipeline::from_yaml(&copied).unwrap(), None)).0;
         same(&a, &b)?;
@@ -212,13 +218,14 @@ fn lists_with_nullable_items_are_not_handed_over() {
         buffer_rows: 8,
         spill: false,
         f64s: false,
-        noise: "{type: gaussian_noise, columns: [x], std: 0.5, seed: 3}",
+        noise: "{type: gaussian_noise, columns: [x, y], std: 0.5, seed: 3}",
         batch: 3,
         seed: 1,
     };
     write_dataset(dir.path(), &c.groups, c.f64s, true);
     let rt = rt();
-    assert!(!rt.block_on(handed_over(&yaml(dir.path(), &c, false))));
+    let notes = rt.block_on(handed_over(&yaml(dir.path(), &c, false)));
+    assert!(notes.is_empty(), "{notes:?}");
     let a = rt.block_on(run(
         Pipeline::from_yaml(&yaml(dir.path(), &c, false)).unwrap(),
         None,

@@ -125,12 +125,16 @@ fn fuse_gathers(
         }) {
             k += 1;
         }
-        let Some((col, consumer)) = view_consumer(configs, slots, i, k, output, ctx)? else {
+        let Some((cols, consumer)) = view_consumer(configs, slots, i, k, output, ctx)? else {
             continue;
         };
-        let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(&slots[i].input, &[col]));
+        let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(&slots[i].input, &cols));
+        let names: Vec<String> = cols
+            .iter()
+            .map(|&c| format!("`{}`", slots[i].input.field(c).name()))
+            .collect();
         let mut spec = spec.clone();
-        spec.views = vec![col];
+        spec.views = cols;
         slots[i].built = BuiltStage::Shuffle(spec);
         for s in &mut slots[i + 1..=k] {
             s.input = physical.clone();
@@ -141,8 +145,8 @@ fn fuse_gathers(
         notes.push((
             i,
             format!(
-                "hands `{}` to {} as views into its window (the rows are not copied)",
-                slots[i].input.field(col).name(),
+                "hands {} to {} as views into its window (the rows are not copied)",
+                names.join(", "),
                 slots[k].stage
             ),
         ));
@@ -150,8 +154,8 @@ fn fuse_gathers(
     Ok(notes)
 }
 
-/// The column the stage at `k` can take from the shuffle at `i` as views, and the stage
-/// rebuilt for them (`None`: it takes them as it is).
+/// The columns the stage at `k` can take from the shuffle at `i` as views (none: `None`), and
+/// the stage rebuilt for them (`None`: it takes them as it is).
 fn view_consumer(
     configs: &[Located<StageConfig>],
     slots: &[StageSlot],
@@ -159,23 +163,25 @@ fn view_consumer(
     k: usize,
     output: &SchemaRef,
     ctx: &stage::BuildContext,
-) -> Result<Option<(usize, Option<BuiltStage>)>> {
+) -> Result<Option<(Vec<usize>, Option<BuiltStage>)>> {
     use arrow::datatypes::DataType;
     let (Some(config), Some(consumer)) = (configs.get(k).map(|s| &s.value), slots.get(k)) else {
         return Ok(None);
     };
     let input = &slots[i].input;
     let StageConfig::Image(c) = config else {
-        // A per-value stage: the first of its columns it takes as views.
+        // A per-value stage: every one of its columns it takes as views.
         let BuiltStage::Map(t) = &consumer.built else {
             return Ok(None);
         };
-        return Ok((0..input.fields().len())
-            .find(|&col| {
-                consumer.input.field(col).data_type() == input.field(col).data_type()
+        let cols: Vec<usize> = (0..input.fields().len())
+            .filter(|&col| {
+                consumer.input.fields().get(col).map(|f| f.data_type())
+                    == Some(input.field(col).data_type())
                     && t.takes_views(col)
             })
-            .map(|col| (col, None)));
+            .collect();
+        return Ok((!cols.is_empty()).then_some((cols, None)));
     };
     if c.output.as_ref().is_some_and(|o| o != &c.column) {
         return Ok(None);
@@ -192,5 +198,5 @@ fn view_consumer(
     let physical: SchemaRef = Arc::new(stage::shuffle::view_schema(input, &[col]));
     let logical_out = slots.get(k + 1).map_or(output, |s| &s.input);
     let (image, out) = stage::build(&consumer.stage, config, &physical, None, ctx)?;
-    Ok((&out == logical_out).then_some((col, Some(image))))
+    Ok((&out == logical_out).then_some((vec![col], Some(image))))
 }

@@ -191,7 +191,14 @@ pub fn batch_to_tensors(
             DataType::List(_) | DataType::LargeList(_) => padded_lists(col, n, spec, fail)?,
             other => return Err(fail(format!("a {other} column cannot become a tensor"))),
         };
-        let tensor = reshape_and_cast(tensor, spec, n, fail)?;
+        let mut tensor = reshape_and_cast(tensor, spec, n, fail)?;
+        if let Some(v) = &valid {
+            // What a null row holds under its null is whatever the stages left there (a
+            // list's values noised like any other, or zeros): `nulls: mask` promises zeros.
+            let mut shape = vec![1i64; tensor.dim().max(1)];
+            shape[0] = n as i64;
+            tensor = tensor.f_masked_fill(&v.f_logical_not()?.f_view(shape.as_slice())?, 0)?;
+        }
         out.insert(name.clone(), to_device(tensor, device)?);
         if let Some(m) = mask {
             out.insert(format!("{name}_mask"), to_device(m, device)?);

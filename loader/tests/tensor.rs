@@ -217,7 +217,25 @@ fn nulls_stop_with_the_row_or_become_a_mask_and_bad_columns_are_named() {
     )
     .unwrap();
     assert_eq!(f64s(&t["v_valid"]), vec![1.0, 0.0, 1.0]);
-    assert_eq!(f64s(&t["v"])[0], 1.0);
+    assert_eq!(f64s(&t["v"]), vec![1.0, 0.0, 3.0]);
+    // A null list row holds values under its null (noise added to it, say): zeros all the same.
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let values = Float32Array::from(vec![1.0, 2.0, 7.5, -7.5, 5.0, 6.0]);
+    let nulls = arrow::buffer::NullBuffer::from(vec![true, false, true]);
+    let list = FixedSizeListArray::try_new(item, 2, Arc::new(values), Some(nulls)).unwrap();
+    let t = convert(
+        &batch(vec![("l", Arc::new(list))]),
+        vec![(
+            "l",
+            TensorSpec {
+                nulls: NullPolicy::Mask,
+                ..spec("l")
+            },
+        )],
+    )
+    .unwrap();
+    assert_eq!(f64s(&t["l"]), vec![1.0, 2.0, 0.0, 0.0, 5.0, 6.0]);
+    assert_eq!(f64s(&t["l_valid"]), vec![1.0, 0.0, 1.0]);
     let err = convert(&b, vec![("w", spec("nope"))])
         .unwrap_err()
         .to_string();

@@ -65,9 +65,18 @@ pub(crate) fn views(rb: &RecordBatch, columns: &[usize]) -> arrow::error::Result
 }
 
 /// A fixed-size list of fixed-width items with no null items, as views of each row's bytes in
-/// its values buffer (a null row is a null view). Views address 4 GiB from the start of a
-/// block, so a larger buffer is added as more blocks, each starting at a row.
+/// its values buffer (a null row is a null view).
 fn list_views(list: &FixedSizeListArray) -> arrow::error::Result<BinaryViewArray> {
+    // `append_block` takes blocks shorter than 4 GiB (and views address 4 GiB).
+    list_views_in_blocks(list, u32::MAX as usize - 1)
+}
+
+/// [`list_views`] with blocks of at most `limit` bytes: a larger buffer is added as several
+/// blocks over it, each starting at a row (nothing copied).
+fn list_views_in_blocks(
+    list: &FixedSizeListArray,
+    limit: usize,
+) -> arrow::error::Result<BinaryViewArray> {
     let values = list.values().to_data();
     let item = values.data_type().primitive_width().unwrap_or(1);
     let size = list.value_length().max(0) as usize * item;
@@ -82,9 +91,10 @@ fn list_views(list: &FixedSizeListArray) -> arrow::error::Result<BinaryViewArray
         }
         let at = base + r * size;
         let (id, start) = match block {
-            Some((id, start)) if at + size - start <= u32::MAX as usize => (id, start),
+            Some((id, start)) if at + size - start <= limit => (id, start),
             _ => {
-                let id = b.append_block(buffer.slice(at));
+                let len = buffer.len().saturating_sub(at).min(limit);
+                let id = b.append_block(buffer.slice_with_length(at, len));
                 block = Some((id, at));
                 (id, at)
             }
@@ -92,4 +102,41 @@ fn list_views(list: &FixedSizeListArray) -> arrow::error::Result<BinaryViewArray
         b.try_append_view(id, (at - start) as u32, size as u32)?;
     }
     Ok(b.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Float32Array;
+    use arrow::buffer::NullBuffer;
+    use arrow::datatypes::Field;
+
+    /// Rows split over blocks of a small limit (as a buffer of 4 GiB or more is) keep their
+    /// bytes, and a sliced list's rows are the slice's.
+    #[test]
+    fn rows_over_several_blocks_keep_their_bytes() {
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        let values = Float32Array::from_iter_values((0..40).map(|v| v as f32));
+        let nulls = NullBuffer::from(vec![
+            true, true, false, true, true, true, true, true, true, true,
+        ]);
+        let list = FixedSizeListArray::try_new(item, 4, Arc::new(values), Some(nulls)).unwrap();
+        let list = list.slice(1, 8);
+        for limit in [16, 40, 1 << 20] {
+            let v = list_views_in_blocks(&list, limit).unwrap();
+            assert_eq!(v.len(), 8);
+            assert!(v.is_null(1));
+            for r in (0..8).filter(|&r| r != 1) {
+                let want: Vec<u8> = (0..4)
+                    .flat_map(|k| (((r + 1) * 4 + k) as f32).to_le_bytes())
+                    .collect();
+                assert_eq!(v.value(r), want.as_slice(), "limit {limit} row {r}");
+            }
+            let blocks = v.data_buffers().len();
+            assert!(
+                if limit == 16 { blocks == 7 } else { blocks < 7 },
+                "{limit}: {blocks}"
+            );
+        }
+    }
 }

@@ -293,6 +293,9 @@ fn augment_values<T: Float>(
     }
 }
 
+/// [`row_work`]'s result: the work on one row, given the row and its identity.
+pub(super) type RowWork<'a, N> = Box<dyn FnMut(&mut [N], u64) + 'a>;
+
 /// What a stage does to one row of one column: `work(row, id)` standardizes the row by `pre`
 /// first (when this stage does a `standardize` stage's work), then applies `noise` to it,
 /// drawing from the stream of the row whose identity is `id` ([`row_ids`]). Built once per
@@ -301,7 +304,7 @@ pub(super) fn row_work<'a, T: Float>(
     key: [u8; 32],
     noise: Noise,
     pre: Option<&'a RowAffine<T::Native>>,
-) -> Box<dyn FnMut(&mut [T::Native], u64) + 'a>
+) -> RowWork<'a, T::Native>
 where
     T::Native: std::ops::Sub<Output = T::Native> + std::ops::Div<Output = T::Native>,
 {

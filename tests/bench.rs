@@ -128,6 +128,15 @@ fn bench(workload: &str, rows: usize) {
         assert!(v["vs_raw_per_cpu"].as_f64().unwrap() > 0.0, "{name}");
     }
     if package {
+        // The suite's wheel is a debug build (scripts/python.sh), a benchmark's a release one:
+        // the bench says which, and that a debug build's ratio is not comparable.
+        let build = r["python_package_build"].as_str().unwrap();
+        assert!(build == "debug" || build == "release", "{build}");
+        assert_eq!(
+            table.contains("a debug build of the sluice package: not comparable"),
+            build == "debug",
+            "{table}"
+        );
         assert!(r["python_vs_sluice"].as_f64().unwrap() > 0.0);
         assert!(r["python_vs_dataloader"].as_f64().unwrap() > 0.0);
         assert!(

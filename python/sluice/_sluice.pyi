@@ -5,6 +5,9 @@ built on."""
 from typing import Any, Iterator
 
 __version__: str
+__build_profile__: str
+"""`"debug"` or `"release"`: how the native module was compiled (`scripts/python.sh` builds a
+debug one for the tests; `SLUICE_WHEEL_PROFILE=release` a release one)."""
 
 class SluiceError(Exception):
     """Any error of a Sluice pipeline."""

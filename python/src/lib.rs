@@ -26,5 +26,13 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::PyBatch>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // "debug" or "release": `sluice bench` says when its Python row ran a debug build (the
+    // test suite's wheel), whose rates say nothing about Sluice's.
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    m.add("__build_profile__", profile)?;
     Ok(())
 }

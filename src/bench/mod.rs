@@ -94,6 +94,8 @@ struct Results {
     python_vs_sluice: Option<f64>,
     /// Sluice from Python ÷ DataLoader throughput.
     python_vs_dataloader: Option<f64>,
+    /// How the `sluice` package's native module was compiled (`debug`: its row says nothing).
+    python_package_build: Option<String>,
     bottleneck: Option<Bottleneck>,
 }
 
@@ -105,6 +107,8 @@ struct Peers {
     dataloader: Option<String>,
     /// The `sluice` Python package (and torch) for the "Sluice from Python" variant.
     sluice: Option<String>,
+    /// How that package's native module was compiled (`debug`, `release`), when it says.
+    sluice_build: Option<String>,
 }
 
 impl Peers {
@@ -120,6 +124,7 @@ impl Peers {
                 numpy: why.clone(),
                 dataloader: why.clone(),
                 sluice: why,
+                sluice_build: None,
             };
         }
         let imports = |modules: &str| {
@@ -146,11 +151,26 @@ impl Peers {
                 format!("{python} cannot import sluice (scripts/python.sh --build installs the package into target/services/venv-python; pass --python)")
             })
         };
+        let sluice_build = sluice
+            .is_none()
+            .then(|| {
+                let out = Command::new(&python)
+                    .args([
+                        "-c",
+                        "import sluice._sluice as s; print(s.__build_profile__)",
+                    ])
+                    .output()
+                    .ok()?;
+                let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                (out.status.success() && !text.is_empty()).then_some(text)
+            })
+            .flatten();
         Self {
             python,
             numpy,
             dataloader,
             sluice,
+            sluice_build,
         }
     }
 
@@ -416,7 +436,13 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         out!("sluice vs PyTorch DataLoader: {x:.1}×");
     }
     if let Some(x) = python_vs_sluice {
-        out!("Sluice from Python vs Sluice in Rust: {x:.2}×");
+        let build = match peers.sluice_build.as_deref() {
+            Some("debug") => {
+                " (a debug build of the sluice package: not comparable; `SLUICE_WHEEL_PROFILE=release scripts/python.sh --build` installs a release one)"
+            }
+            _ => "",
+        };
+        out!("Sluice from Python vs Sluice in Rust: {x:.2}×{build}");
     }
     if let Some(x) = python_vs_dl {
         out!("Sluice from Python vs PyTorch DataLoader: {x:.1}×");
@@ -438,6 +464,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         sluice_vs_dataloader: sluice_vs_dl,
         python_vs_sluice,
         python_vs_dataloader: python_vs_dl,
+        python_package_build: peers.sluice_build.clone(),
         bottleneck,
     };
     if let Some(path) = &args.json {

@@ -57,7 +57,7 @@ impl KafkaLog {
         if let Ok(mut e) = self.last.0.lock()
             && (!generic || e.is_none())
         {
-            *e = Some(format!("{reason} ({error})"));
+            *e = Some(format!("{reason} ({error}){}", hint(reason)));
         }
         let text = format!("{error}: {reason}");
         if self
@@ -68,6 +68,18 @@ impl KafkaLog {
         } else {
             tracing::debug!(target: "sluice::kafka", "{text} (again)");
         }
+    }
+}
+
+/// What to do about a librdkafka error, when its text says, for the kept last error.
+/// librdkafka adds its own `ssl.ca.location` hint to some refused certificates but not to all
+/// (it depends on how far the handshake got), so a message could name the setting or not
+/// from one run to the next.
+fn hint(reason: &str) -> &'static str {
+    if reason.contains("certificate verify failed") && !reason.contains("ssl.ca.location") {
+        "; the brokers' certificate is not trusted here: set `ssl.ca.location` in `properties` to the CA certificate (PEM) that signed it"
+    } else {
+        ""
     }
 }
 
@@ -103,6 +115,21 @@ impl Repeats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused certificate always names the setting to fix, whether or not librdkafka's
+    /// text does.
+    #[test]
+    fn a_refused_certificate_names_ssl_ca_location() {
+        let bare = "ssl://127.0.0.1:1/bootstrap: error:0A000086:SSL routines::certificate verify failed (after 3ms in state SSL_HANDSHAKE)";
+        assert!(hint(bare).contains("`ssl.ca.location`"));
+        assert_eq!(
+            hint(&format!(
+                "{bare}: verify that ssl.ca.location is correctly configured"
+            )),
+            ""
+        );
+        assert_eq!(hint("Connection refused"), "");
+    }
 
     /// The same librdkafka error is let through once per interval, each distinct one on its
     /// own, and the memory of them stays bounded.

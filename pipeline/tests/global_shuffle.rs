@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use arrow::array::{Float32Array, Int64Array, RecordBatch};
-use common::{ids, rt};
+use common::{ids, rt, run, same};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -114,18 +114,6 @@ fn yaml(dir: &Path, c: &Case, threads: usize, ranks: Option<(usize, usize)>) -> 
     )
 }
 
-async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState) {
-    let mut s = p.stream();
-    let mut out = Vec::new();
-    while limit.is_none_or(|l| out.len() < l) {
-        match s.next().await {
-            Some(b) => out.push(b.unwrap()),
-            None => break,
-        }
-    }
-    (out, s.snapshot())
-}
-
 /// `yaml`'s first `k` batches, a snapshot (through JSON), then the rest from a fresh
 /// pipeline restored from it.
 async fn interrupted_at(yaml: &str, k: usize) -> Vec<Batch> {
@@ -144,15 +132,6 @@ async fn run_counted(p: Pipeline) -> (Vec<Batch>, Arc<PipelineMetrics>) {
         out.push(b.unwrap());
     }
     (out, metrics)
-}
-
-fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        prop_assert_eq!(&x.data, &y.data);
-        prop_assert_eq!(&x.lineage, &y.lineage);
-    }
-    Ok(())
 }
 
 /// The ids of each epoch, by the epoch of each row's lineage.

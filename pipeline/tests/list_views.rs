@@ -17,11 +17,10 @@ use arrow::array::{
 };
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field};
-use common::rt;
-use futures::StreamExt;
+use common::{rt, run, same};
 use parquet::arrow::ArrowWriter;
 use proptest::prelude::*;
-use sluice_pipeline::{Batch, Pipeline, SourceState};
+use sluice_pipeline::{Pipeline, SourceState};
 
 const WIDTH: i32 = 6;
 
@@ -140,18 +139,6 @@ fn yaml(dir: &Path, c: &Case, copy: bool) -> String {
     )
 }
 
-async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState) {
-    let mut s = p.stream();
-    let mut out = Vec::new();
-    while limit.is_none_or(|l| out.len() < l) {
-        match s.next().await {
-            Some(b) => out.push(b.unwrap()),
-            None => break,
-        }
-    }
-    (out, s.snapshot())
-}
-
 /// The notes of the shuffle of `yaml` that say it hands columns over as views.
 async fn handed_over(yaml: &str) -> Vec<String> {
     let prepared = Pipeline::from_yaml(yaml).unwrap().prepare().await.unwrap();
@@ -165,15 +152,6 @@ async fn handed_over(yaml: &str) -> Vec<String> {
         .into_iter()
         .filter(|n| n.contains("as views"))
         .collect()
-}
-
-fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        prop_assert_eq!(&x.data, &y.data);
-        prop_assert_eq!(&x.lineage, &y.lineage);
-    }
-    Ok(())
 }
 
 proptest! {

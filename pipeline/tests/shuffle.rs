@@ -16,7 +16,7 @@ use arrow::array::{
     AsArray, FixedSizeBinaryArray, Float32Array, Int64Array, ListArray, RecordBatch,
 };
 use arrow::datatypes::{Float32Type, Int32Type, Int64Type};
-use common::{ids, rt};
+use common::{ids, rt, same};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -246,15 +246,6 @@ async fn run_counted(p: Pipeline) -> Result<(Vec<Batch>, Arc<PipelineMetrics>), 
         out.push(b.map_err(|e| e.to_string())?);
     }
     Ok((out, metrics))
-}
-
-fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        prop_assert_eq!(&x.data, &y.data);
-        prop_assert_eq!(&x.lineage, &y.lineage);
-    }
-    Ok(())
 }
 
 proptest! {

@@ -3,7 +3,9 @@
 
 use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
-use sluice_pipeline::Batch;
+use futures::StreamExt;
+use proptest::prelude::*;
+use sluice_pipeline::{Batch, Pipeline, SourceState};
 
 /// The `id` column of every batch, in order.
 pub fn ids(batches: &[Batch]) -> Vec<i64> {
@@ -27,4 +29,27 @@ pub fn rt() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// `p`'s batches (the first `limit` of them, if given) and the snapshot just past them.
+pub async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState) {
+    let mut s = p.stream();
+    let mut out = Vec::new();
+    while limit.is_none_or(|l| out.len() < l) {
+        match s.next().await {
+            Some(b) => out.push(b.unwrap()),
+            None => break,
+        }
+    }
+    (out, s.snapshot())
+}
+
+/// The same batches: data and lineage, in order.
+pub fn same(a: &[Batch], b: &[Batch]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        prop_assert_eq!(&x.data, &y.data);
+        prop_assert_eq!(&x.lineage, &y.lineage);
+    }
+    Ok(())
 }

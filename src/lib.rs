@@ -18,7 +18,7 @@ pub mod report;
 
 pub use job::{
     CheckpointConfig, Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport, mib,
-    peak_rss_bytes,
+    peak_rss_bytes, rss_bytes,
 };
 #[cfg(feature = "torch")]
 pub use sluice_loader as loader;

@@ -13,7 +13,8 @@ the way PyTorch users write it.
 
 Prints one JSON line: rows, seconds, CPU seconds (the process and its workers), peak RSS
 (MiB; main process plus the largest worker times the number of workers — an upper estimate
-of the sum).
+of the sum), and the RSS before loading (MiB; the interpreter with numpy, pyarrow and torch
+imported).
 
 Run by `sluice bench`; never needed by Sluice itself.
 """
@@ -158,6 +159,18 @@ def numpy_variant(data, workload, batch, buffer_rows):
     return rows
 
 
+def rss_mib():
+    """This process's resident memory now (`VmRSS`), or None where /proc has none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
 def cpu_seconds():
     """User + system CPU time of this process and its finished children (DataLoader workers
     are joined, hence counted, when their iterator ends)."""
@@ -198,6 +211,9 @@ def main():
         torch.set_num_threads(1)
     elif a.variant == "dataloader":
         raise SystemExit("torch is not installed (scripts/python-peers.sh --with-torch)")
+    if a.variant == "python":
+        import sluice.torch  # noqa: F401 — loaded before the start RSS, as torch is
+    start_rss = rss_mib()
     loader = sluice_loader(a.config, a.workload) if a.variant == "python" else None
     start = time.perf_counter()
     cpu_start = cpu_seconds()
@@ -214,7 +230,8 @@ def main():
     cpu = cpu_seconds() - cpu_start
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
-    print(json.dumps({"rows": rows, "seconds": seconds, "peak_rss_mib": own + workers * child, "cpu_seconds": cpu}))
+    print(json.dumps({"rows": rows, "seconds": seconds, "peak_rss_mib": own + workers * child,
+                      "start_rss_mib": start_rss, "cpu_seconds": cpu}))
 
 
 if __name__ == "__main__":

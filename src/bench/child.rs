@@ -21,6 +21,11 @@ pub(crate) struct Measured {
     pub(super) rows: usize,
     pub(super) seconds: f64,
     pub(super) peak_rss_mib: f64,
+    /// RSS before the variant read a byte: the binary with its libraries (for Sluice,
+    /// libtorch's ~120 MiB, mapped and initialised before `main`), or the Python interpreter
+    /// with numpy, pyarrow and torch imported. The peak less this is what the loading took.
+    #[serde(default)]
+    pub(super) start_rss_mib: Option<f64>,
     /// User + system CPU seconds of the process, all its threads (Python peers: also their
     /// finished worker processes).
     #[serde(default)]
@@ -51,6 +56,10 @@ fn peak_rss_mib() -> f64 {
     sluice::peak_rss_bytes().map_or(f64::NAN, sluice::mib)
 }
 
+fn rss_mib() -> Option<f64> {
+    sluice::rss_bytes().map(sluice::mib)
+}
+
 /// `sluice bench-child`: runs one Sluice variant in this process and prints a JSON line.
 pub(crate) async fn child(
     data: &Path,
@@ -58,6 +67,8 @@ pub(crate) async fn child(
     variant: &str,
     threads: usize,
 ) -> ExitCode {
+    // Before the pipeline exists: what the process holds for itself (the binary, libtorch).
+    let start_rss_mib = rss_mib();
     let result = async {
         if variant == "raw" {
             let start = Instant::now();
@@ -70,6 +81,7 @@ pub(crate) async fn child(
                 rows,
                 seconds: start.elapsed().as_secs_f64(),
                 peak_rss_mib: peak_rss_mib(),
+                start_rss_mib,
                 cpu_seconds: cpu_seconds().zip(cpu_start).map(|(end, start)| end - start),
                 bottleneck: None,
             });
@@ -96,6 +108,7 @@ pub(crate) async fn child(
             rows,
             seconds,
             peak_rss_mib: peak_rss_mib(),
+            start_rss_mib,
             cpu_seconds: cpu,
             bottleneck: Some(report.bottleneck),
         })

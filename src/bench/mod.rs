@@ -325,26 +325,28 @@ fn measure_variants(
 /// Prints the results table: a header, then each variant's numbers or why it was skipped.
 fn print_table(table: &[Row]) {
     out!(
-        "{:<11} {:<58} {:>11} {:>9} {:>11} {:>10} {:>7} {:>8}",
+        "{:<11} {:<58} {:>11} {:>9} {:>11} {:>10} {:>10} {:>7} {:>8}",
         "variant",
         "work",
         "samples/s",
         "MB/s",
         "per CPU-s",
         "peak RSS",
+        "at start",
         "vs raw",
         "per CPU"
     );
     for r in table {
         match (&r.measured, &r.skipped) {
             (Some(m), _) => out!(
-                "{:<11} {:<58} {:>11.0} {:>9.1} {:>11.0} {:>6.0} MiB {:>6.2}× {:>7.2}×",
+                "{:<11} {:<58} {:>11.0} {:>9.1} {:>11.0} {:>6.0} MiB {:>6.0} MiB {:>6.2}× {:>7.2}×",
                 r.variant,
                 r.description,
                 r.samples_per_second.unwrap_or(0.0),
                 r.mb_per_second.unwrap_or(0.0),
                 r.samples_per_cpu_second.unwrap_or(f64::NAN),
                 m.peak_rss_mib,
+                m.start_rss_mib.unwrap_or(f64::NAN),
                 r.vs_raw.unwrap_or(f64::NAN),
                 r.vs_raw_per_cpu.unwrap_or(f64::NAN)
             ),

@@ -342,10 +342,20 @@ pub struct QueueReadiness {
 /// space (`VmHWM` in `/proc/self/status`; `None` where there is none). Unlike a parent's
 /// `wait4` figure, it does not start at the RSS of the process that spawned it.
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// This process's resident memory now, in bytes (`VmRSS` in `/proc/self/status`).
+pub fn rss_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A size field of `/proc/self/status` (given in kB), in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
     std::fs::read_to_string("/proc/self/status")
         .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kib| kib * 1024)
 }

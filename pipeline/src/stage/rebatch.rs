@@ -72,10 +72,30 @@ impl Rebatcher {
                 dropped += d;
             }
             self.epoch = epoch;
-            self.rows += part.num_rows();
-            self.pending.push_back(part);
-            while self.rows >= self.size {
+            let mut part = part;
+            if self.rows > 0 {
+                // Top up the rows waiting to a whole batch from the front of `part`.
+                let need = self.size - self.rows;
+                if part.num_rows() < need {
+                    self.rows += part.num_rows();
+                    self.pending.push_back(part);
+                    continue;
+                }
+                let rest = part.slice(need, part.num_rows() - need);
+                self.rows += need;
+                self.pending.push_back(part.slice(0, need));
                 out.push(self.take(self.size)?);
+                part = rest;
+            }
+            // Whole batches straight from `part` (its lineage walked once), the short rest
+            // left waiting.
+            for piece in part.split(self.size) {
+                if piece.num_rows() == self.size {
+                    out.push(piece);
+                } else if piece.num_rows() > 0 {
+                    self.rows = piece.num_rows();
+                    self.pending.push_back(piece);
+                }
             }
         }
         Ok((out, dropped))
@@ -253,6 +273,48 @@ mod tests {
             assert_eq!(b.lineage.spans()[0].first, first as u64);
         }
         assert!(out[0].data.column(0).len() == 4);
+    }
+
+    /// Rows of their own (a shuffle's output): each row one span, positions descending.
+    fn shuffled(rows: std::ops::Range<i64>) -> Batch {
+        let origin = input(0, 1).lineage.spans()[0].origin;
+        let mut lineage = Lineage::default();
+        for r in rows.clone() {
+            lineage.push(crate::batch::LineageSpan {
+                origin,
+                first: 1000 - r as u64,
+                len: 1,
+                epoch: 0,
+            });
+        }
+        let data = input(rows.start, rows.end - rows.start).data;
+        Batch::new(data, lineage)
+    }
+
+    #[test]
+    fn large_inputs_are_cut_in_one_pass_with_their_lineage() {
+        let schema = input(0, 1).data.schema();
+        let mut r = Rebatcher::new(stage(), 3, false, schema);
+        let mut out = Vec::new();
+        // 2 rows waiting, then 11 rows: one batch topped up, three whole, 1 row left.
+        for b in [shuffled(0..2), shuffled(2..13), shuffled(13..14)] {
+            out.extend(r.push(b).unwrap().0);
+        }
+        out.extend(r.finish().unwrap().0);
+        let sizes: Vec<usize> = out.iter().map(Batch::num_rows).collect();
+        assert_eq!(sizes, vec![3, 3, 3, 3, 2]);
+        let mut row = 0i64;
+        for b in &out {
+            let values = b.data.column(0).as_primitive::<Int64Type>();
+            let spans = b.lineage.spans();
+            assert_eq!(spans.len(), b.num_rows(), "a row's span each");
+            for (v, s) in values.values().iter().zip(spans) {
+                assert_eq!(*v, row);
+                assert_eq!((s.first, s.len), (1000 - row as u64, 1));
+                row += 1;
+            }
+        }
+        assert_eq!(row, 14);
     }
 
     #[test]

@@ -225,9 +225,17 @@ impl Lineage {
             Some(nulls) => &(mask.values() & nulls.inner()),
             None => mask.values(),
         };
-        let mut out = Lineage::default();
+        // The runs kept and the gaps before them, cut in one pass (a slice per run scanned
+        // the spans from the start each time: quadratic for a filter after a shuffle).
+        let mut lens = Vec::new();
+        let mut at = 0;
         for (start, end) in values.set_slices() {
-            out.extend(&self.slice(start as u64, (end - start) as u64));
+            lens.extend([(start - at) as u64, (end - start) as u64]);
+            at = end;
+        }
+        let mut out = Lineage::default();
+        for kept in self.cut(0, &lens).iter().skip(1).step_by(2) {
+            out.extend(kept);
         }
         out
     }
@@ -602,6 +610,33 @@ mod tests {
                 assert_eq!(*p, pushed_slice(&l, offset, size.min(n - offset)), "{size}");
             }
         }
+    }
+
+    #[test]
+    fn filter_of_rows_of_their_own_equals_slicing_each_run() {
+        let mut l = Lineage::default();
+        for r in 0..40u64 {
+            l.push(LineageSpan {
+                origin: origin(0),
+                first: 1000 - r,
+                len: 1,
+                epoch: 0,
+            });
+        }
+        let keep: Vec<Option<bool>> = (0..40)
+            .map(|i| match i % 7 {
+                0 => None,
+                1 | 4 => Some(false),
+                _ => Some(true),
+            })
+            .collect();
+        let mut want = Lineage::default();
+        for (i, k) in keep.iter().enumerate() {
+            if *k == Some(true) {
+                want.extend(&pushed_slice(&l, i as u64, 1));
+            }
+        }
+        assert_eq!(l.filter(&BooleanArray::from(keep)), want);
     }
 
     #[test]

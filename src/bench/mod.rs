@@ -5,7 +5,9 @@
 //! `DataLoader` (torch) on identical data and work.
 //!
 //! Each variant runs in a child process (this binary, `sluice bench-child`, or the Python
-//! script) so that its peak RSS and CPU time are its own; the best of `--repeat` runs counts.
+//! script) so that its peak RSS and CPU time are its own; the best of `--repeat` runs counts,
+//! the runs going in rounds (every variant once per round) so a drift in the machine's speed
+//! reaches every variant alike.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -36,7 +38,7 @@ pub(crate) struct BenchArgs {
     /// is a memory copy).
     #[arg(long, value_enum, default_value_t = Layout::Compressed)]
     layout: Layout,
-    /// Runs per variant; the best counts.
+    /// Runs per variant, in rounds (every variant once per round); the best counts.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     /// Sluice's CPU threads (`runtime.threads`).
@@ -243,83 +245,96 @@ fn left_out(args: &BenchArgs, variant: &str) -> Option<&'static str> {
     }
 }
 
-/// Runs each variant `--repeat` times (a peer that cannot run, a failed run or a wrong row
-/// count skips it) and makes the table's rows, each from the variant's fastest run.
-fn measure_variants(
-    args: &BenchArgs,
-    rows: usize,
-    peers: &Peers,
-    script: &Path,
-    exe: &Path,
-    data: &Path,
-    config: &Path,
-) -> Vec<Row> {
+/// Where a bench's child processes and files are.
+struct Children<'a> {
+    peers: &'a Peers,
+    script: &'a Path,
+    exe: &'a Path,
+    data: &'a Path,
+    config: &'a Path,
+}
+
+impl Children<'_> {
+    /// The command that runs `variant` once: `peers.py` for the Python ones, `sluice
+    /// bench-child` for the rest.
+    fn command(&self, args: &BenchArgs, variant: &str) -> Command {
+        let w = args.workload;
+        if matches!(variant, "dataloader" | "numpy" | "python") {
+            let mut c = Command::new(&self.peers.python);
+            c.arg(self.script)
+                .args(["--data", &self.data.display().to_string()])
+                .args(["--workload", w.name(), "--variant", variant])
+                .args(["--batch", &w.batch().to_string()])
+                .args(["--buffer-rows", &w.buffer_rows().to_string()])
+                .args(["--config", &self.config.display().to_string()]);
+            c
+        } else {
+            let mut c = Command::new(self.exe);
+            c.arg("bench-child").arg(self.data).args([
+                w.name(),
+                variant,
+                &args.threads.to_string(),
+            ]);
+            c
+        }
+    }
+}
+
+/// Runs each variant `--repeat` times and makes the table's rows, each from the variant's
+/// fastest run (a peer that cannot run, a failed run or a wrong row count skips it). The runs
+/// go in rounds — every variant once per round, in table order — so that a drift in the
+/// machine's speed over the minutes a bench takes (a VM's neighbours, its host's clock)
+/// reaches every variant alike, not only the ones measured last.
+fn measure_variants(args: &BenchArgs, rows: usize, children: &Children<'_>) -> Vec<Row> {
     let w = args.workload;
-    let mut table = Vec::new();
-    for (variant, description) in variants(w) {
-        let python_variant = matches!(variant, "dataloader" | "numpy" | "python");
-        let mut best: Option<Measured> = None;
-        let mut skipped = None;
-        if let Some(why) = peers.missing(variant) {
-            skipped = Some(why.clone());
-        }
-        if let Some(why) = left_out(args, variant) {
-            skipped = Some(why.to_string());
-        }
-        for _ in 0..args.repeat.max(1) {
-            if skipped.is_some() {
-                break;
+    let list = variants(w);
+    let mut best: Vec<Option<Measured>> = vec![None; list.len()];
+    let mut skipped: Vec<Option<String>> = list
+        .iter()
+        .map(|(v, _)| {
+            (left_out(args, v).map(str::to_string)).or_else(|| children.peers.missing(v).cloned())
+        })
+        .collect();
+    for _ in 0..args.repeat.max(1) {
+        for (i, (variant, _)) in list.iter().enumerate() {
+            if skipped[i].is_some() {
+                continue;
             }
-            let cmd = if python_variant {
-                let mut c = Command::new(&peers.python);
-                c.arg(script)
-                    .args(["--data", &data.display().to_string()])
-                    .args(["--workload", w.name(), "--variant", variant])
-                    .args(["--batch", &w.batch().to_string()])
-                    .args(["--buffer-rows", &w.buffer_rows().to_string()])
-                    .args(["--config", &config.display().to_string()]);
-                c
-            } else {
-                let mut c = Command::new(exe);
-                c.arg("bench-child")
-                    .arg(data)
-                    .args([w.name(), variant, &args.threads.to_string()]);
-                c
-            };
-            match run_child(cmd) {
+            match run_child(children.command(args, variant)) {
                 Ok(m) if m.rows != rows => {
-                    skipped = Some(format!("delivered {} rows, not {rows}", m.rows));
+                    skipped[i] = Some(format!("delivered {} rows, not {rows}", m.rows));
                 }
                 Ok(m) => {
-                    if best.as_ref().is_none_or(|b| m.seconds < b.seconds) {
-                        best = Some(m);
+                    if best[i].as_ref().is_none_or(|b| m.seconds < b.seconds) {
+                        best[i] = Some(m);
                     }
                 }
-                Err(e) => skipped = Some(format!("failed: {e}")),
+                Err(e) => skipped[i] = Some(format!("failed: {e}")),
             }
         }
-        if skipped.is_some() {
-            best = None;
-        }
-        let rate = best.as_ref().map(|m| m.rows as f64 / m.seconds.max(1e-9));
-        let cpu = best
-            .as_ref()
-            .and_then(|m| Some(m.cpu_seconds? * 1000.0 / m.rows.max(1) as f64));
-        let per_cpu = cpu.filter(|c| *c > 0.0).map(|c| 1000.0 / c);
-        table.push(Row {
-            variant,
-            description,
-            measured: best,
-            skipped,
-            samples_per_second: rate,
-            mb_per_second: rate.map(|r| r * w.row_bytes() as f64 / 1e6),
-            cpu_seconds_per_1k: cpu,
-            samples_per_cpu_second: per_cpu,
-            vs_raw: None,
-            vs_raw_per_cpu: None,
-        });
     }
-    table
+    list.into_iter()
+        .zip(best.into_iter().zip(skipped))
+        .map(|((variant, description), (best, skipped))| {
+            let best = best.filter(|_| skipped.is_none());
+            let rate = best.as_ref().map(|m| m.rows as f64 / m.seconds.max(1e-9));
+            let cpu = best
+                .as_ref()
+                .and_then(|m| Some(m.cpu_seconds? * 1000.0 / m.rows.max(1) as f64));
+            Row {
+                variant,
+                description,
+                measured: best,
+                skipped,
+                samples_per_second: rate,
+                mb_per_second: rate.map(|r| r * w.row_bytes() as f64 / 1e6),
+                cpu_seconds_per_1k: cpu,
+                samples_per_cpu_second: cpu.filter(|c| *c > 0.0).map(|c| 1000.0 / c),
+                vs_raw: None,
+                vs_raw_per_cpu: None,
+            }
+        })
+        .collect()
 }
 
 /// Prints the results table: a header, then each variant's numbers or why it was skipped.
@@ -413,7 +428,14 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         args.repeat.max(1)
     );
-    let mut table = measure_variants(args, rows, &peers, &script, &exe, &data, &config);
+    let children = Children {
+        peers: &peers,
+        script: &script,
+        exe: &exe,
+        data: &data,
+        config: &config,
+    };
+    let mut table = measure_variants(args, rows, &children);
     let (raw, raw_cpu) = (table[0].samples_per_second, table[0].samples_per_cpu_second);
     let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),

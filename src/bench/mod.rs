@@ -337,6 +337,20 @@ fn measure_variants(args: &BenchArgs, rows: usize, children: &Children<'_>) -> V
         .collect()
 }
 
+/// Each row's rates as ratios to the first row's, the raw decode's (the ceiling).
+fn against_raw(table: &mut [Row]) {
+    let Some(first) = table.first() else { return };
+    let (raw, raw_cpu) = (first.samples_per_second, first.samples_per_cpu_second);
+    let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    for r in table {
+        r.vs_raw = over(r.samples_per_second, raw);
+        r.vs_raw_per_cpu = over(r.samples_per_cpu_second, raw_cpu);
+    }
+}
+
 /// Prints the results table: a header, then each variant's numbers or why it was skipped.
 fn print_table(table: &[Row]) {
     out!(
@@ -436,15 +450,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
         config: &config,
     };
     let mut table = measure_variants(args, rows, &children);
-    let (raw, raw_cpu) = (table[0].samples_per_second, table[0].samples_per_cpu_second);
-    let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    };
-    for r in &mut table {
-        r.vs_raw = over(r.samples_per_second, raw);
-        r.vs_raw_per_cpu = over(r.samples_per_cpu_second, raw_cpu);
-    }
+    against_raw(&mut table);
     print_table(&table);
     let ratio = |a: &str, b: &str| {
         let rate = |v: &str| table.iter().find(|r| r.variant == v)?.samples_per_second;

@@ -202,13 +202,7 @@ async fn run_synced(
     barrier: Option<Arc<tokio::sync::Barrier>>,
 ) -> (Vec<Batch>, SourceState) {
     let mut s = p.stream();
-    let mut out = Vec::new();
-    while limit.is_none_or(|l| out.len() < l) {
-        match s.next().await {
-            Some(b) => out.push(b.unwrap()),
-            None => break,
-        }
-    }
+    let out = common::take(&mut s, limit).await;
     if let Some(b) = barrier {
         b.wait().await;
     }

@@ -5,7 +5,7 @@ use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use futures::StreamExt;
 use proptest::prelude::*;
-use sluice_pipeline::{Batch, Pipeline, SourceState};
+use sluice_pipeline::{Batch, BatchStream, Pipeline, SourceState};
 
 /// The `id` column of every batch, in order.
 pub fn ids(batches: &[Batch]) -> Vec<i64> {
@@ -34,6 +34,12 @@ pub fn rt() -> tokio::runtime::Runtime {
 /// `p`'s batches (the first `limit` of them, if given) and the snapshot just past them.
 pub async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState) {
     let mut s = p.stream();
+    let out = take(&mut s, limit).await;
+    (out, s.snapshot())
+}
+
+/// The stream's next batches: all of them, or the first `limit`.
+pub async fn take(s: &mut BatchStream, limit: Option<usize>) -> Vec<Batch> {
     let mut out = Vec::new();
     while limit.is_none_or(|l| out.len() < l) {
         match s.next().await {
@@ -41,7 +47,7 @@ pub async fn run(p: Pipeline, limit: Option<usize>) -> (Vec<Batch>, SourceState)
             None => break,
         }
     }
-    (out, s.snapshot())
+    out
 }
 
 /// The same batches: data and lineage, in order.

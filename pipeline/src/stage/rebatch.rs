@@ -84,7 +84,7 @@ impl Rebatcher {
                 let rest = part.slice(need, part.num_rows() - need);
                 self.rows += need;
                 self.pending.push_back(part.slice(0, need));
-                out.push(self.take(self.size)?);
+                out.push(self.take_all()?);
                 part = rest;
             }
             // Whole batches straight from `part` (its lineage walked once), the short rest
@@ -112,31 +112,21 @@ impl Rebatcher {
             self.rows = 0;
             return Ok((None, dropped));
         }
-        let n = self.rows;
-        Ok((Some(self.take(n)?), 0))
+        Ok((Some(self.take_all()?), 0))
     }
 
-    fn take(&mut self, n: usize) -> Result<Batch> {
-        let mut pieces = Vec::new();
-        let mut need = n;
-        while need > 0 {
-            let Some(front) = self.pending.pop_front() else {
-                return Err(Error::Internal(format!(
-                    "{}: row accounting is off",
-                    self.stage
-                )));
-            };
-            if front.num_rows() <= need {
-                need -= front.num_rows();
-                pieces.push(front);
-            } else {
-                pieces.push(front.slice(0, need));
-                self.pending
-                    .push_front(front.slice(need, front.num_rows() - need));
-                need = 0;
-            }
+    /// All the rows waiting, as one batch (`push` keeps fewer than `size` waiting, or tops
+    /// them up to exactly `size` before calling this).
+    fn take_all(&mut self) -> Result<Batch> {
+        let mut pieces: Vec<Batch> = self.pending.drain(..).collect();
+        let rows: usize = pieces.iter().map(Batch::num_rows).sum();
+        if rows != self.rows {
+            return Err(Error::Internal(format!(
+                "{}: row accounting is off",
+                self.stage
+            )));
         }
-        self.rows -= n;
+        self.rows = 0;
         if pieces.len() == 1 {
             return pieces
                 .pop()

@@ -4,11 +4,10 @@
 //! Why by hand: arrow-rs's `FixedSizeListArrayReader` checks, value by value and with a
 //! branch per value, that every list has its size: 13 % of the CPU time of the tabular bench
 //! (2M × 128 float32), more than any other part of the decode but zstd. Here such a column
-//! is read with parquet's own column reader (pages, decompression, encodings and the levels'
-//! decoding are parquet's), its levels are checked in one vectorised pass (every value
-//! present, every list exactly its size), and its values become the list's child without a
-//! copy. The other columns are read by arrow-rs's reader as before, and each batch is put
-//! together in the file's column order.
+//! is read page by page ([`super::list_column`]: pages of full lists whole, their levels
+//! checked run by run, other pages by parquet's own column reader), and its values become
+//! the list's child in one copy. The other columns are read by arrow-rs's reader as before,
+//! and each batch is put together in the file's column order.
 //!
 //! Only lists without nulls take this path: at the first batch whose levels are anything
 //! else (a null list or value, a list of another size, bytes that do not decode as the
@@ -17,19 +16,18 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, FixedSizeListArray, PrimitiveArray, RecordBatch};
-use arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Schema, SchemaRef};
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
     RowSelector,
 };
-use parquet::column::reader::{ColumnReader, ColumnReaderImpl, get_column_reader};
-use parquet::data_type::DataType as ParquetType;
 use parquet::file::serialized_reader::SerializedPageReader;
 
 use super::fixed::BinaryColumn;
+use super::list_column::ListColumn;
 use crate::source::reader::Chunks;
 
 /// The decoder of one row group: arrow-rs's reader, or this module's when the projection has
@@ -122,7 +120,6 @@ impl Rows {
                 None,
             )?;
             let column = descr.column(leaf);
-            let max_def = column.max_def_level();
             if let DataType::FixedSizeBinary(_) = field.data_type() {
                 let local = matches!(self.chunks, Chunks::Local(_));
                 let binary = BinaryColumn::new(column, Box::new(pages), local, self.skip);
@@ -130,20 +127,11 @@ impl Rows {
                 lists.push(Column::Binary(binary));
                 continue;
             }
-            let reader = get_column_reader(column, Box::new(pages));
             let (item, size) = match field.data_type() {
                 DataType::FixedSizeList(item, size) => (item.clone(), *size as usize),
                 _ => unreachable!("checked by read_here"),
             };
-            let list = ListColumn {
-                values: Values::of(reader),
-                item,
-                size,
-                max_def,
-                def: Vec::new(),
-                rep: Vec::new(),
-                skip: self.skip,
-            };
+            let list = ListColumn::new(column, Box::new(pages), item, size, self.skip);
             order.push(Some(lists.len()));
             lists.push(Column::List(list));
         }
@@ -402,150 +390,6 @@ fn pieces(columns: &[Vec<ArrayRef>], n: usize) -> Vec<Vec<ArrayRef>> {
         from = to;
     }
     out
-}
-
-/// One fixed-size list column read here, and its level buffers (reused batch to batch).
-struct ListColumn {
-    values: Values,
-    item: FieldRef,
-    size: usize,
-    max_def: i16,
-    def: Vec<i16>,
-    rep: Vec<i16>,
-    /// Rows to pass over before the first read: done by the first read, on the CPU pool,
-    /// where a page that does not decode hands the row group to arrow-rs's reader.
-    skip: usize,
-}
-
-/// Parquet's column reader of a list's values, by their type.
-enum Values {
-    F32(ColumnReaderImpl<parquet::data_type::FloatType>),
-    F64(ColumnReaderImpl<parquet::data_type::DoubleType>),
-    I32(ColumnReaderImpl<parquet::data_type::Int32Type>),
-    I64(ColumnReaderImpl<parquet::data_type::Int64Type>),
-}
-
-impl Values {
-    fn of(reader: ColumnReader) -> Values {
-        match reader {
-            ColumnReader::FloatColumnReader(r) => Values::F32(r),
-            ColumnReader::DoubleColumnReader(r) => Values::F64(r),
-            ColumnReader::Int32ColumnReader(r) => Values::I32(r),
-            ColumnReader::Int64ColumnReader(r) => Values::I64(r),
-            _ => unreachable!("physical type checked by list_of"),
-        }
-    }
-
-    fn skip(&mut self, rows: usize) -> parquet::errors::Result<()> {
-        if rows == 0 {
-            return Ok(());
-        }
-        let skipped = match self {
-            Values::F32(r) => r.skip_records(rows)?,
-            Values::F64(r) => r.skip_records(rows)?,
-            Values::I32(r) => r.skip_records(rows)?,
-            Values::I64(r) => r.skip_records(rows)?,
-        };
-        if skipped == rows {
-            return Ok(());
-        }
-        Err(parquet::errors::ParquetError::General(format!(
-            "skipped {skipped} of {rows} rows"
-        )))
-    }
-}
-
-impl ListColumn {
-    /// The next `rows` lists, or `None` when their levels are not `rows` lists of exactly
-    /// `size` present values.
-    fn read(&mut self, rows: usize) -> parquet::errors::Result<Option<ArrayRef>> {
-        use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
-        self.values.skip(std::mem::take(&mut self.skip))?;
-        let values: Option<ArrayRef> = match &mut self.values {
-            Values::F32(r) => {
-                read_values::<_, Float32Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
-            }
-            Values::F64(r) => {
-                read_values::<_, Float64Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
-            }
-            Values::I32(r) => {
-                read_values::<_, Int32Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
-            }
-            Values::I64(r) => {
-                read_values::<_, Int64Type>(r, rows, self.size, &mut self.def, &mut self.rep)?
-            }
-        };
-        let Some(values) = values else {
-            return Ok(None);
-        };
-        if !levels_are_lists(&self.def, &self.rep, self.max_def, self.size) {
-            return Ok(None);
-        }
-        let values = narrowed(values, self.item.data_type());
-        let list = FixedSizeListArray::try_new(self.item.clone(), self.size as i32, values, None)
-            .map_err(|e| parquet::errors::ParquetError::General(e.to_string()))?;
-        Ok(Some(Arc::new(list)))
-    }
-}
-
-/// Values stored as INT32 as the list's narrower integers, converted as arrow-rs's reader
-/// converts them (`as`: the bits kept; `uint32` reinterpreted); other values as they are.
-fn narrowed(values: ArrayRef, item: &DataType) -> ArrayRef {
-    use arrow::array::AsArray;
-    use arrow::datatypes::{Int8Type, Int16Type, Int32Type, UInt8Type, UInt16Type};
-    let Some(ints) = values.as_primitive_opt::<Int32Type>() else {
-        return values;
-    };
-    match item {
-        DataType::Int8 => Arc::new(ints.unary::<_, Int8Type>(|v| v as i8)),
-        DataType::Int16 => Arc::new(ints.unary::<_, Int16Type>(|v| v as i16)),
-        DataType::UInt8 => Arc::new(ints.unary::<_, UInt8Type>(|v| v as u8)),
-        DataType::UInt16 => Arc::new(ints.unary::<_, UInt16Type>(|v| v as u16)),
-        DataType::UInt32 => Arc::new(arrow::array::UInt32Array::new(
-            ints.values().inner().clone().into(),
-            None,
-        )),
-        _ => values,
-    }
-}
-
-/// Reads `rows` records of `size` values each; `None` when the reader holds other than
-/// `rows × size` values (a list of another size, nulls, or fewer rows).
-fn read_values<T, A>(
-    reader: &mut ColumnReaderImpl<T>,
-    rows: usize,
-    size: usize,
-    def: &mut Vec<i16>,
-    rep: &mut Vec<i16>,
-) -> parquet::errors::Result<Option<ArrayRef>>
-where
-    T: ParquetType,
-    T::T: arrow::datatypes::ArrowNativeType,
-    A: ArrowPrimitiveType<Native = T::T>,
-{
-    def.clear();
-    rep.clear();
-    let mut values: Vec<T::T> = Vec::with_capacity(rows * size);
-    let (records, read, levels) = reader.read_records(rows, Some(def), Some(rep), &mut values)?;
-    if records != rows || read != rows * size || levels != rows * size {
-        return Ok(None);
-    }
-    Ok(Some(Arc::new(PrimitiveArray::<A>::new(
-        values.into(),
-        None,
-    ))))
-}
-
-/// Whether levels `def` and `rep` are lists of exactly `size` present values each: every
-/// definition level the column's maximum, every repetition level 0 at a list's first value
-/// and 1 elsewhere. One pass over `size`-value chunks, which compiles to vector compares.
-fn levels_are_lists(def: &[i16], rep: &[i16], max_def: i16, size: usize) -> bool {
-    def.len() == rep.len()
-        && def.len().is_multiple_of(size)
-        && def.iter().fold(true, |ok, &d| ok & (d == max_def))
-        && rep.chunks_exact(size).fold(true, |ok, list| {
-            ok & (list[0] == 0) & list[1..].iter().fold(true, |ok, &r| ok & (r == 1))
-        })
 }
 
 #[cfg(test)]

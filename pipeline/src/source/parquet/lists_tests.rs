@@ -15,7 +15,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::properties::WriterProperties;
 
-use super::{Rows, UnitDecoder, levels_are_lists};
+use super::super::list_column::levels_are_lists;
+use super::{Rows, UnitDecoder};
 use crate::source::reader::{Chunks, FetchedChunks, LocalChunks, ObjectReader};
 
 fn list(values: ArrayRef, size: i32, nulls: Option<NullBuffer>) -> ArrayRef {
@@ -414,4 +415,70 @@ fn a_null_image_is_read_by_arrow_rs_from_its_batch_on() {
     assert_eq!(all_rows(&ours), all_rows(&arrow));
     let nulls: usize = ours.iter().map(|b| b.column(0).null_count()).sum();
     assert_eq!(nulls, 3);
+}
+
+/// The pages each list column read whole and decoded with parquet's reader.
+fn pages_read(decoder: &UnitDecoder) -> Vec<(usize, usize)> {
+    let UnitDecoder::Lists(d) = decoder else {
+        return Vec::new();
+    };
+    (d.lists.iter())
+        .filter_map(|c| match c {
+            super::Column::List(l) => Some((l.whole_pages, l.decoded_pages)),
+            super::Column::Binary(_) => None,
+        })
+        .collect()
+}
+
+/// Pages stored `PLAIN` (v1 and v2 pages) are read whole, dictionary-encoded ones by
+/// parquet's reader, and the lists are arrow-rs's either way.
+#[test]
+fn plain_pages_are_read_whole_and_dictionary_pages_decoded() {
+    use parquet::file::properties::WriterVersion;
+    let dir = tempfile::tempdir().unwrap();
+    let (metadata, chunks) = file(dir.path(), &[]);
+    let mut decoder = rows(metadata, chunks, Some(&[0, 2])).decoder().unwrap();
+    (&mut decoder).for_each(|b| drop(b.unwrap()));
+    let read = pages_read(&decoder);
+    assert_eq!(read.len(), 2);
+    assert!(
+        read.iter()
+            .all(|&(whole, decoded)| whole > 0 && decoded > 0),
+        "{read:?}"
+    );
+    for version in [WriterVersion::PARQUET_1_0, WriterVersion::PARQUET_2_0] {
+        let props = WriterProperties::builder()
+            .set_writer_version(version)
+            .set_dictionary_enabled(false)
+            .set_data_page_size_limit(1024)
+            .set_write_batch_size(64)
+            .build();
+        let path = dir.path().join("plain.parquet");
+        let (metadata, reader, size) = write(dir.path(), &path, &batch(0, 1000, &[]), props);
+        for (skip, take, batch_rows) in [(0, 1000, 128), (333, 500, 77)] {
+            let mut r = rows(metadata.clone(), local(&reader, size), None);
+            (r.skip, r.take, r.batch_rows) = (skip, take, batch_rows);
+            let (ours, arrow, lists, fell_back) = both(r.clone());
+            assert!(lists && !fell_back);
+            assert_same(&ours, &arrow);
+            let mut decoder = r.decoder().unwrap();
+            (&mut decoder).for_each(|b| drop(b.unwrap()));
+            let read = pages_read(&decoder);
+            assert_eq!(read.len(), 6, "{version:?}");
+            // Version 2 stores integers DELTA_BINARY_PACKED: parquet's reader decodes them.
+            let plain = if version == WriterVersion::PARQUET_1_0 {
+                6
+            } else {
+                2
+            };
+            assert!(
+                read[..plain].iter().all(|&(w, d)| w > 1 && d == 0),
+                "{version:?} {read:?}"
+            );
+            assert!(
+                read[plain..].iter().all(|&(w, d)| w == 0 && d > 0),
+                "{version:?} {read:?}"
+            );
+        }
+    }
 }

@@ -11,6 +11,8 @@ mod files;
 mod fixed;
 mod gather;
 mod global;
+mod levels;
+mod list_column;
 mod lists;
 mod mix;
 mod partitions;

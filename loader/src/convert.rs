@@ -102,6 +102,41 @@ pub(super) fn values_tensor(
     }
 }
 
+/// Whether every tensor of `specs` can be made over `batch`'s own memory on `device`: the
+/// host, every column a primitive or a fixed-size list of primitives without nulls, already
+/// of the tensor's dtype, its values aligned for it. Such a conversion wraps buffers and
+/// copies nothing, so the loader makes it where it is, without a trip through the CPU pool.
+pub(super) fn shares_memory(
+    batch: &Batch,
+    specs: &BTreeMap<String, TensorSpec>,
+    device: Device,
+) -> bool {
+    let schema = batch.data.schema();
+    device == Device::Cpu
+        && specs.values().all(|spec| {
+            let Some(col) = batch.data.column_by_name(&spec.column) else {
+                return false;
+            };
+            let values = match col.data_type() {
+                DataType::FixedSizeList(..) => col.as_fixed_size_list().values(),
+                _ => col,
+            };
+            let leaf = values.data_type();
+            let kind = kind_of(leaf).filter(|_| *leaf != DataType::Boolean);
+            let aligned = values.to_data().buffers().first().is_some_and(|b| {
+                (b.as_ptr() as usize).is_multiple_of(leaf.primitive_width().unwrap_or(1))
+            });
+            kind.is_some()
+                && spec.dtype.is_none_or(|d| Some(d.kind()) == kind)
+                && col.null_count() == 0
+                && values.null_count() == 0
+                && aligned
+                && (schema.field_with_name(&spec.column).ok())
+                    .and_then(DeviceImage::of)
+                    .is_none()
+        })
+}
+
 /// Converts `batch` into the tensors of `specs`, on `device`.
 pub fn batch_to_tensors(
     batch: &Batch,
@@ -307,5 +342,85 @@ pub(super) fn to_device(t: Tensor, device: Device) -> Result<Tensor, ConvertErro
             let pinned = t.f_pin_memory(d)?;
             Ok(pinned.f_to_device_(d, pinned.kind(), true, false)?)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch};
+    use arrow::datatypes::Field;
+    use sluice_pipeline::{Lineage, Name, Origin};
+
+    use super::*;
+    use crate::DType;
+
+    fn batch(columns: Vec<(&str, ArrayRef)>) -> Batch {
+        let data = RecordBatch::try_from_iter(columns).unwrap();
+        let origin = Origin::Object {
+            url: Name::from("file:///t.parquet"),
+            row_group: 0,
+        };
+        let n = data.num_rows() as u64;
+        Batch::new(data, Lineage::new(origin, 0, n, 0))
+    }
+
+    fn specs(column: &str, dtype: Option<DType>) -> BTreeMap<String, TensorSpec> {
+        let spec = TensorSpec {
+            column: column.into(),
+            dtype,
+            shape: None,
+            pad: 0.0,
+            nulls: NullPolicy::Mask,
+        };
+        BTreeMap::from([("x".to_string(), spec)])
+    }
+
+    /// Only conversions that wrap the batch's buffers as they are count as sharing memory
+    /// (the loader makes those in place); every other one copies and goes to the pool.
+    #[test]
+    fn only_tensors_over_the_batchs_own_values_share_its_memory() {
+        let f32s = |v: Vec<Option<f32>>| Arc::new(Float32Array::from(v)) as ArrayRef;
+        let list = |values: ArrayRef| -> ArrayRef {
+            let item = Arc::new(Field::new("item", DataType::Float32, true));
+            Arc::new(FixedSizeListArray::try_new(item, 2, values, None).unwrap())
+        };
+        let plain = batch(vec![("a", f32s(vec![Some(1.0), Some(2.0)]))]);
+        assert!(shares_memory(&plain, &specs("a", None), Device::Cpu));
+        assert!(shares_memory(
+            &plain,
+            &specs("a", Some(DType::F32)),
+            Device::Cpu
+        ));
+        assert!(
+            !shares_memory(&plain, &specs("a", Some(DType::F16)), Device::Cpu),
+            "a cast"
+        );
+        assert!(
+            !shares_memory(&plain, &specs("a", None), Device::Cuda(0)),
+            "a device copy"
+        );
+        assert!(
+            !shares_memory(&plain, &specs("b", None), Device::Cpu),
+            "no such column"
+        );
+        let lists = batch(vec![("a", list(f32s(vec![Some(1.0); 4])))]);
+        assert!(shares_memory(&lists, &specs("a", None), Device::Cpu));
+        let null = batch(vec![("a", f32s(vec![Some(1.0), None]))]);
+        assert!(
+            !shares_memory(&null, &specs("a", None), Device::Cpu),
+            "a mask"
+        );
+        let null_item = batch(vec![("a", list(f32s(vec![Some(1.0), None, None, None])))]);
+        assert!(!shares_memory(&null_item, &specs("a", None), Device::Cpu));
+        let bools = batch(vec![(
+            "a",
+            Arc::new(BooleanArray::from(vec![true])) as ArrayRef,
+        )]);
+        assert!(
+            !shares_memory(&bools, &specs("a", None), Device::Cpu),
+            "bits unpacked"
+        );
     }
 }

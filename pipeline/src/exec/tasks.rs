@@ -196,6 +196,13 @@ pub(super) async fn skip_task(
     }
 }
 
+/// Input batches a shuffle takes from its queue at once when they are there, and the most
+/// bytes they may hold: the pushes that produce no output are made in one trip to the CPU
+/// pool. Each trip waits behind the stages' queued jobs; one per input batch made the shuffle
+/// the pace of the tabular bench once the source had got faster.
+const GROUPED_PUSHES: usize = 8;
+const GROUPED_BYTES: usize = 8 << 20;
+
 pub(super) async fn shuffle_task(
     mut rx: Receiver,
     tx: Sender,
@@ -204,40 +211,27 @@ pub(super) async fn shuffle_task(
     metrics: Option<Arc<StageMetrics>>,
     blocking: bool,
 ) {
-    // Each step runs off the async workers: on the CPU pool, or, when it may wait for other
-    // ranks (a collective exchange), on a blocking thread.
-    async fn step<T: Send + 'static>(
-        pool: &CpuPool,
-        blocking: bool,
-        sh: stage::shuffle::Shuffler,
-        f: impl FnOnce(&mut stage::shuffle::Shuffler) -> Result<T> + Send + 'static,
-    ) -> Result<(stage::shuffle::Shuffler, T)> {
-        let work = move || {
-            let mut sh = sh;
-            let r = f(&mut sh);
-            r.map(|v| (sh, v))
-        };
-        if blocking {
-            tokio::task::spawn_blocking(work)
-                .await
-                .map_err(|e| Error::Internal(format!("shuffle task failed: {e}")))?
-        } else {
-            pool.run(work).await?
+    let emitted = |s: &stage::shuffle::Shuffler, b: &Batch| {
+        if let Some(m) = &metrics {
+            m.rows_out.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+            m.batches_out.fetch_add(1, Ordering::Relaxed);
+            m.rows_replayed.store(s.stats.replayed, Ordering::Relaxed);
         }
-    }
+    };
     let mut sh = Some(shuffler);
+    // Batches received and not yet pushed, and an input error to pass on after them.
+    let mut pending = std::collections::VecDeque::new();
+    let mut failed = None;
     let mut finished = false;
+    // Whether the shuffle may have output: not when a push step's last look found none.
+    let mut drain = true;
     loop {
         // Emit everything available before taking more input.
-        loop {
+        while drain {
             let Some(s) = sh.take() else { return };
             match step(&pool, blocking, s, |s| s.next_output()).await {
                 Ok((s, Some(b))) => {
-                    if let Some(m) = &metrics {
-                        m.rows_out.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                        m.batches_out.fetch_add(1, Ordering::Relaxed);
-                        m.rows_replayed.store(s.stats.replayed, Ordering::Relaxed);
-                    }
+                    emitted(&s, &b);
                     sh = Some(s);
                     if !tx.send(Ok(b)).await {
                         return;
@@ -245,7 +239,7 @@ pub(super) async fn shuffle_task(
                 }
                 Ok((s, None)) => {
                     sh = Some(s);
-                    break;
+                    drain = false;
                 }
                 Err(e) => {
                     tx.send(Err(e)).await;
@@ -255,38 +249,136 @@ pub(super) async fn shuffle_task(
         }
         if finished {
             if let (Some(m), Some(s)) = (&metrics, &sh) {
-                m.rows_replayed.store(s.stats.replayed, Ordering::Relaxed);
-                if s.stats.runs > 0 {
-                    m.note(format!(
-                        "spilled {} run(s), {} of zstd Arrow IPC, over {} window(s)",
-                        s.stats.runs,
-                        bytesize::ByteSize::b(s.stats.bytes_written),
-                        s.stats.windows
-                    ));
-                }
+                shuffle_summary(m, s);
             }
             return;
         }
-        let Some(s) = sh.take() else { return };
-        let result = match rx.recv().await {
-            Some(Ok(b)) => {
-                if let Some(m) = &metrics {
-                    m.rows_in.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+        if pending.is_empty() {
+            if let Some(e) = failed.take() {
+                tx.send(Err(e)).await;
+                return;
+            }
+            match receive(&mut rx, &mut pending, metrics.as_deref()).await {
+                Ok(Some(e)) => failed = Some(e),
+                Ok(None) => {}
+                Err(Some(e)) => {
+                    tx.send(Err(e)).await;
+                    return;
                 }
-                step(&pool, false, s, move |s| s.push(b)).await
+                Err(None) => {
+                    finished = true;
+                    drain = true;
+                    let Some(s) = sh.take() else { return };
+                    match step(&pool, blocking, s, |s| s.finish()).await {
+                        Ok((s, ())) => sh = Some(s),
+                        Err(e) => {
+                            tx.send(Err(e)).await;
+                            return;
+                        }
+                    }
+                    continue;
+                }
             }
-            Some(Err(e)) => Err(e),
-            None => {
-                finished = true;
-                step(&pool, blocking, s, |s| s.finish()).await
+        }
+        // Push until a batch makes output: the same calls, in the same order, as one push
+        // and one look for output per trip.
+        let Some(s) = sh.take() else { return };
+        let mut batches = std::mem::take(&mut pending);
+        let pushed = step(&pool, blocking, s, move |s| {
+            while let Some(b) = batches.pop_front() {
+                s.push(b)?;
+                if let Some(out) = s.next_output()? {
+                    return Ok((Some(out), batches));
+                }
             }
-        };
-        match result {
-            Ok((s, ())) => sh = Some(s),
+            Ok((None, batches))
+        })
+        .await;
+        match pushed {
+            Ok((s, (out, rest))) => {
+                pending = rest;
+                drain = out.is_some();
+                if let Some(b) = out {
+                    emitted(&s, &b);
+                    sh = Some(s);
+                    if !tx.send(Ok(b)).await {
+                        return;
+                    }
+                } else {
+                    sh = Some(s);
+                }
+            }
             Err(e) => {
                 tx.send(Err(e)).await;
                 return;
             }
         }
+    }
+}
+
+/// Runs one shuffle step off the async workers: on the CPU pool, or, when it may wait for
+/// other ranks (a collective exchange), on a blocking thread.
+async fn step<T: Send + 'static>(
+    pool: &CpuPool,
+    blocking: bool,
+    sh: stage::shuffle::Shuffler,
+    f: impl FnOnce(&mut stage::shuffle::Shuffler) -> Result<T> + Send + 'static,
+) -> Result<(stage::shuffle::Shuffler, T)> {
+    let work = move || {
+        let mut sh = sh;
+        let r = f(&mut sh);
+        r.map(|v| (sh, v))
+    };
+    if blocking {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| Error::Internal(format!("shuffle task failed: {e}")))?
+    } else {
+        pool.run(work).await?
+    }
+}
+
+/// Waits for the next input batch into `pending`, then takes those already queued behind it
+/// (up to [`GROUPED_PUSHES`] and [`GROUPED_BYTES`]). `Ok(Some(e))`: an input error queued
+/// behind them, to pass on once they are pushed; `Err(Some(e))`: the input failed at once;
+/// `Err(None)`: the input ended.
+async fn receive(
+    rx: &mut Receiver,
+    pending: &mut std::collections::VecDeque<Batch>,
+    metrics: Option<&StageMetrics>,
+) -> std::result::Result<Option<Error>, Option<Error>> {
+    let taken = |b: Batch, pending: &mut std::collections::VecDeque<Batch>| {
+        if let Some(m) = metrics {
+            m.rows_in.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+        }
+        let bytes = b.memory_size();
+        pending.push_back(b);
+        bytes
+    };
+    let mut bytes = match rx.recv().await {
+        Some(Ok(b)) => taken(b, pending),
+        Some(Err(e)) => return Err(Some(e)),
+        None => return Err(None),
+    };
+    while pending.len() < GROUPED_PUSHES && bytes < GROUPED_BYTES {
+        match rx.try_recv() {
+            Some(Ok(b)) => bytes += taken(b, pending),
+            Some(Err(e)) => return Ok(Some(e)),
+            None => break,
+        }
+    }
+    Ok(None)
+}
+
+/// The shuffle's closing notes: rows replayed, and its spills.
+fn shuffle_summary(m: &StageMetrics, s: &stage::shuffle::Shuffler) {
+    m.rows_replayed.store(s.stats.replayed, Ordering::Relaxed);
+    if s.stats.runs > 0 {
+        m.note(format!(
+            "spilled {} run(s), {} of zstd Arrow IPC, over {} window(s)",
+            s.stats.runs,
+            bytesize::ByteSize::b(s.stats.bytes_written),
+            s.stats.windows
+        ));
     }
 }

@@ -172,6 +172,18 @@ impl Receiver {
         Some(item.batch)
     }
 
+    /// The next batch if one is queued now, without waiting; `None` when none is (or the
+    /// sender finished: `recv` tells which).
+    pub(crate) fn try_recv(&mut self) -> Option<Result<Batch>> {
+        let item = self.rx.try_recv().ok()?;
+        self.stats.ready.fetch_add(1, Ordering::Relaxed);
+        self.stats.popped.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_popped
+            .fetch_add(item.bytes, Ordering::Relaxed);
+        Some(item.batch)
+    }
+
     pub(crate) fn poll_recv(
         &mut self,
         cx: &mut std::task::Context<'_>,

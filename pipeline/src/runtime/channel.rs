@@ -165,11 +165,7 @@ impl Receiver {
                 item?
             }
         };
-        self.stats.popped.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bytes_popped
-            .fetch_add(item.bytes, Ordering::Relaxed);
-        Some(item.batch)
+        Some(self.popped(item))
     }
 
     /// The next batch if one is queued now, without waiting; `None` when none is (or the
@@ -177,11 +173,16 @@ impl Receiver {
     pub(crate) fn try_recv(&mut self) -> Option<Result<Batch>> {
         let item = self.rx.try_recv().ok()?;
         self.stats.ready.fetch_add(1, Ordering::Relaxed);
+        Some(self.popped(item))
+    }
+
+    /// `item`'s batch, counted as taken out of the queue.
+    fn popped(&self, item: Item) -> Result<Batch> {
         self.stats.popped.fetch_add(1, Ordering::Relaxed);
         self.stats
             .bytes_popped
             .fetch_add(item.bytes, Ordering::Relaxed);
-        Some(item.batch)
+        item.batch
     }
 
     pub(crate) fn poll_recv(
@@ -201,15 +202,7 @@ impl Receiver {
             }
             _ => {}
         }
-        polled.map(|o| {
-            o.map(|item| {
-                self.stats.popped.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .bytes_popped
-                    .fetch_add(item.bytes, Ordering::Relaxed);
-                item.batch
-            })
-        })
+        polled.map(|o| o.map(|item| self.popped(item)))
     }
 }
 

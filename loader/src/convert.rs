@@ -102,10 +102,25 @@ pub(super) fn values_tensor(
     }
 }
 
+/// The array holding a column's values: a fixed-size list's child, else the column itself.
+fn leaf_values(col: &ArrayRef) -> &ArrayRef {
+    match col.data_type() {
+        DataType::FixedSizeList(..) => col.as_fixed_size_list().values(),
+        _ => col,
+    }
+}
+
+/// Whether `spec`'s tensor keeps the kind `values` are stored as: no `dtype`, or the same.
+fn keeps_kind(values: &ArrayRef, spec: &TensorSpec) -> bool {
+    spec.dtype
+        .is_none_or(|d| kind_of(values.data_type()) == Some(d.kind()))
+}
+
 /// Whether every tensor of `specs` can be made over `batch`'s own memory on `device`: the
 /// host, every column a primitive or a fixed-size list of primitives without nulls, already
-/// of the tensor's dtype, its values aligned for it. Such a conversion wraps buffers and
-/// copies nothing, so the loader makes it where it is, without a trip through the CPU pool.
+/// of the tensor's dtype (a primitive array's values are aligned for their type). Such a
+/// conversion wraps buffers and copies nothing, so the loader makes it where it is, without
+/// a trip through the CPU pool.
 pub(super) fn shares_memory(
     batch: &Batch,
     specs: &BTreeMap<String, TensorSpec>,
@@ -117,20 +132,13 @@ pub(super) fn shares_memory(
             let Some(col) = batch.data.column_by_name(&spec.column) else {
                 return false;
             };
-            let values = match col.data_type() {
-                DataType::FixedSizeList(..) => col.as_fixed_size_list().values(),
-                _ => col,
-            };
+            let values = leaf_values(col);
             let leaf = values.data_type();
-            let kind = kind_of(leaf).filter(|_| *leaf != DataType::Boolean);
-            let aligned = values.to_data().buffers().first().is_some_and(|b| {
-                (b.as_ptr() as usize).is_multiple_of(leaf.primitive_width().unwrap_or(1))
-            });
-            kind.is_some()
-                && spec.dtype.is_none_or(|d| Some(d.kind()) == kind)
+            kind_of(leaf).is_some()
+                && *leaf != DataType::Boolean
+                && keeps_kind(values, spec)
                 && col.null_count() == 0
                 && values.null_count() == 0
-                && aligned
                 && (schema.field_with_name(&spec.column).ok())
                     .and_then(DeviceImage::of)
                     .is_none()
@@ -191,15 +199,8 @@ pub fn batch_to_tensors(
         }
         // Share the Arrow memory when nothing needs converting and the tensor stays on the
         // host (a device copy copies anyway); see `blob.rs` for why that is sound.
-        let zero_copy = device == Device::Cpu
-            && valid.is_none()
-            && spec.dtype.is_none_or(|d| {
-                let leaf = match col.data_type() {
-                    DataType::FixedSizeList(f, _) => f.data_type().clone(),
-                    t => t.clone(),
-                };
-                kind_of(&leaf) == Some(d.kind())
-            });
+        let zero_copy =
+            device == Device::Cpu && valid.is_none() && keeps_kind(leaf_values(col), spec);
         let (tensor, mask) = match col.data_type() {
             t if kind_of(t).is_some() => {
                 let t =

@@ -102,8 +102,7 @@ pub(super) fn width(max: i16) -> u8 {
 
 /// Whether the first `n` levels in `bytes` all equal `max` (every value present).
 pub(super) fn all_max(bytes: &[u8], max: i16, n: usize) -> bool {
-    let max = max as u32;
-    runs(bytes, width(max as i16), n, |_, v, _| v == max)
+    runs(bytes, width(max), n, |_, v, _| v == max as u32)
 }
 
 /// Whether the first `n` repetition levels in `bytes` (a maximum of 1) are `n / size` lists of

@@ -65,10 +65,10 @@ pub struct RuntimeConfig {
     /// (`SLUICE_WORLD_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`), else 1.
     #[serde(default)]
     pub world_size: Option<usize>,
-    /// How `gaussian_noise` draws its random numbers: `2` (SplitMix64, today's) or `1`
-    /// (ChaCha8, what every Sluice before draws version 2 drew — to reproduce such a run's
-    /// values in a fresh run). A resumed run keeps the version its state was written with.
-    /// Default: 2.
+    /// How `gaussian_noise` draws its random numbers: `3` (ARS, today's), `2` (SplitMix64) or
+    /// `1` (ChaCha8, what every Sluice before draws version 2 drew) — an older version to
+    /// reproduce an older run's values in a fresh run. A resumed run keeps the version its
+    /// state was written with. Default: 3.
     #[serde(default)]
     pub draws: Option<Draws>,
 }

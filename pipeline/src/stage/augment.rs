@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fused::RowAffine;
 use super::kernels::StandardizeColumn;
-use super::normal::{SplitMix64, splitmix64};
+use super::normal::{Counter, SplitMix64, splitmix64};
 use super::{Build, BuiltStage, StageKind};
 use crate::batch::{Batch, Lineage, Origin};
 use crate::error::{Error, Result, StageRef};
@@ -203,8 +203,9 @@ pub(super) trait Float: ArrowPrimitiveType {
     /// `row[i] += std · zᵢ` in place, the `zᵢ` standard normal samples from `rng`,
     /// positioned at the start of the row's stream; `scratch` is reused between rows.
     fn gaussian(row: &mut [Self::Native], std: f64, rng: &mut ChaCha8Rng, scratch: &mut Vec<u8>);
-    /// [`Float::gaussian`] from the SplitMix64 stream starting at `stream` (draws version 2).
-    fn gaussian_splitmix(row: &mut [Self::Native], std: f64, stream: u64, scratch: &mut Vec<u8>);
+    /// [`Float::gaussian`] from the stream of `counter` starting at `stream` (draws versions 2
+    /// and 3).
+    fn gaussian_at(row: &mut [Self::Native], std: f64, at: (Counter, u64), scratch: &mut Vec<u8>);
     /// `v · scale`.
     fn scaled(v: Self::Native, scale: f64) -> Self::Native;
     /// `x` as this type, as `standardize` converts its statistics.
@@ -218,8 +219,8 @@ impl Float for Float32Type {
     fn gaussian(row: &mut [f32], std: f64, rng: &mut ChaCha8Rng, s: &mut Vec<u8>) {
         super::normal::noise_row_f32(rng, row, std as f32, s);
     }
-    fn gaussian_splitmix(row: &mut [f32], std: f64, stream: u64, s: &mut Vec<u8>) {
-        super::normal::noise_row_f32_splitmix(stream, row, std as f32, s);
+    fn gaussian_at(row: &mut [f32], std: f64, (c, stream): (Counter, u64), s: &mut Vec<u8>) {
+        super::normal::noise_row_f32_at(c, stream, row, std as f32, s);
     }
     fn scaled(v: f32, scale: f64) -> f32 {
         v * scale as f32
@@ -248,11 +249,16 @@ impl Float for Float64Type {
             *v += std * z;
         }
     }
-    fn gaussian_splitmix(row: &mut [f64], std: f64, stream: u64, _: &mut Vec<u8>) {
-        let mut rng = SplitMix64(stream);
-        for v in row {
-            let z: f64 = StandardNormal.sample(&mut rng);
-            *v += std * z;
+    fn gaussian_at(row: &mut [f64], std: f64, (c, stream): (Counter, u64), _: &mut Vec<u8>) {
+        fn with(row: &mut [f64], std: f64, rng: &mut impl rand::Rng) {
+            for v in row {
+                let z: f64 = StandardNormal.sample(rng);
+                *v += std * z;
+            }
+        }
+        match c {
+            Counter::SplitMix64 => with(row, std, &mut SplitMix64(stream)),
+            Counter::Ars => with(row, std, &mut super::ars::ArsStream::at(stream, 0)),
         }
     }
     fn scaled(v: f64, scale: f64) -> f64 {
@@ -329,8 +335,12 @@ where
         }
         Noise::Gaussian {
             std,
-            draws: Draws::SplitMix64,
+            draws: draws @ (Draws::SplitMix64 | Draws::Ars),
         } => {
+            let counter = match draws {
+                Draws::SplitMix64 => Counter::SplitMix64,
+                _ => Counter::Ars,
+            };
             // The row's stream: the column's key and the row's identity, mixed once more so
             // that no two rows' streams are a few steps apart.
             let k = u64::from_le_bytes([
@@ -338,7 +348,7 @@ where
             ]);
             Box::new(move |row, id| {
                 standardize(row);
-                T::gaussian_splitmix(row, std, splitmix64(k ^ id), &mut scratch);
+                T::gaussian_at(row, std, (counter, splitmix64(k ^ id)), &mut scratch);
             })
         }
         Noise::Dropout { p, scale } => {

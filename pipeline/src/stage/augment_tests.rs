@@ -64,48 +64,43 @@ fn noise_depends_on_the_row_not_on_batching_with(draws: Draws) {
 
 #[test]
 fn gaussian_noise_has_the_requested_spread() {
-    for draws in [Draws::ChaCha8, Draws::SplitMix64] {
+    for draws in [Draws::ChaCha8, Draws::SplitMix64, Draws::Ars] {
         gaussian_noise_has_the_requested_spread_with(draws);
     }
 }
 
 /// Version 1 draws what ChaCha8 on the row's stream gives (what every older Sluice drew);
-/// version 2 draws other values, from the row's SplitMix64 stream.
+/// versions 2 and 3 draw other values, from the row's SplitMix64 and ARS streams.
 #[test]
 fn each_draws_version_draws_from_its_own_generator() {
+    use super::super::normal::{Counter, noise_row_f32, noise_row_f32_at};
     let input = batch(50, 3, 1);
     let ids = row_ids(&input.lineage);
     let key = column_key(7, 0, "x");
     let before = flat(&input);
-    let (mut chacha, mut splitmix, mut scratch) = (before.clone(), before.clone(), Vec::new());
+    let mut want = [before.clone(), before.clone(), before];
+    let mut scratch = Vec::new();
     let mut rng = ChaCha8Rng::from_seed(key);
     let k = u64::from_le_bytes(key[..8].try_into().unwrap());
     for (r, id) in ids.iter().enumerate() {
+        let span = 4 * r..4 * r + 4;
         rng.set_stream(*id);
-        super::super::normal::noise_row_f32(
-            &mut rng,
-            &mut chacha[4 * r..4 * r + 4],
-            0.5,
-            &mut scratch,
-        );
-        super::super::normal::noise_row_f32_splitmix(
-            splitmix64(k ^ id),
-            &mut splitmix[4 * r..4 * r + 4],
-            0.5,
-            &mut scratch,
-        );
+        noise_row_f32(&mut rng, &mut want[0][span.clone()], 0.5, &mut scratch);
+        for (c, counter) in [Counter::SplitMix64, Counter::Ars].into_iter().enumerate() {
+            let row = &mut want[c + 1][span.clone()];
+            noise_row_f32_at(counter, splitmix64(k ^ id), row, 0.5, &mut scratch);
+        }
     }
-    let v1 = stage(Noise::Gaussian {
-        std: 0.5,
-        draws: Draws::ChaCha8,
-    });
-    let v2 = stage(Noise::Gaussian {
-        std: 0.5,
-        draws: Draws::SplitMix64,
-    });
-    assert_eq!(flat(&v1.apply(input.clone()).unwrap()), chacha);
-    assert_eq!(flat(&v2.apply(input).unwrap()), splitmix);
-    assert!(chacha.iter().zip(&splitmix).all(|(a, b)| a != b));
+    for (want, draws) in want
+        .iter()
+        .zip([Draws::ChaCha8, Draws::SplitMix64, Draws::Ars])
+    {
+        let s = stage(Noise::Gaussian { std: 0.5, draws });
+        assert_eq!(&flat(&s.apply(input.clone()).unwrap()), want, "{draws:?}");
+    }
+    for (a, b) in [(0, 1), (0, 2), (1, 2)] {
+        assert!(want[a].iter().zip(&want[b]).all(|(x, y)| x != y), "{a} {b}");
+    }
 }
 
 fn gaussian_noise_has_the_requested_spread_with(draws: Draws) {

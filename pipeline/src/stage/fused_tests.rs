@@ -99,6 +99,10 @@ fn a_fused_standardize_gives_the_values_of_the_two_stages() {
             std: 0.3,
             draws: Draws::SplitMix64,
         },
+        Noise::Gaussian {
+            std: 0.3,
+            draws: Draws::Ars,
+        },
         Noise::Dropout { p: 0.3, scale: 1.5 },
     ];
     for f64s in [false, true] {

@@ -175,6 +175,10 @@ mod tests {
                 std: 0.5,
                 draws: Draws::SplitMix64,
             },
+            Noise::Gaussian {
+                std: 0.5,
+                draws: Draws::Ars,
+            },
             Noise::Dropout { p: 0.3, scale: 1.5 },
         ];
         for (f64s, width, noise, pre) in [false, true]

@@ -2,6 +2,7 @@
 //! impossible casts fail before any data moves), then applied batch by batch with Arrow
 //! kernels.
 
+mod ars;
 mod augment;
 mod columns;
 mod expr;

@@ -8,10 +8,12 @@
 //! whole row at once (AVX2 gathers from the tables when the CPU has them); only the values it
 //! rejects go through the sampler one by one. Measured (the stage on a 4096 × 128 batch, one
 //! thread, ChaCha8 from `chacha20`): 3.0 ns per value one sample at a time, 2.6 ns a row at
-//! once, of which ChaCha8 itself is 1.0–1.2 ns per 32-bit word. Draws version 2
-//! ([`noise_row_f32_splitmix`]) takes the words from SplitMix64 by position instead, computed
-//! for the whole row at once (~0.1 ns per word with AVX-512's 64-bit multiplies); in the
-//! tabular bench the noise's share of the CPU fell from ~19 % to ~10 %. The tables are constants
+//! once, of which ChaCha8 itself is 1.0–1.2 ns per 32-bit word. Draws versions 2 and 3
+//! ([`noise_row_f32_at`]) take the words by position instead, computed for the whole row at
+//! once: version 2 from SplitMix64 (~0.1 ns per word with AVX-512's 64-bit multiplies, ~1.3 ns
+//! on the AVX2-only bench host), version 3 from five AES rounds of a counter (~0.3 ns with
+//! AES-NI, `super::ars`); in the tabular bench the noise's share of the CPU fell from ~19 % to
+//! ~10 % with version 2 on AVX-512. The tables are constants
 //! (`ziggurat_tables.rs`, written by `scripts/ziggurat_tables.py`); only the wedge and tail
 //! tests (1.5 % of samples) call `exp`/`ln`, in `f64`, as `rand_distr` does — so values depend
 //! on nothing but the seed and the row, except that a libm rounding `exp`/`ln` differently
@@ -45,28 +47,56 @@ pub(crate) fn noise_row_f32<G: Rng + ?Sized>(
     }
 }
 
-/// [`noise_row_f32`] with the words of SplitMix64 (draws version 2, `state::Draws`):
-/// the row's stream starts at `stream`, and value `2j` takes the low half, value `2j + 1` the
-/// high half of the stream's output `j`, `splitmix64(stream + j·γ)` — computed for every `j`
-/// at once (vectorised; 64-bit multiplies on AVX-512), where ChaCha8 cost 1.0–1.2 ns per word.
-/// The values the fast path rejects draw, in order, from the stream's outputs after the row's.
-pub(crate) fn noise_row_f32_splitmix(
+/// The counter-based generators a row's words come from by position: SplitMix64 (draws
+/// version 2) and ARS (version 3, `super::ars`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counter {
+    SplitMix64,
+    Ars,
+}
+
+/// [`noise_row_f32`] with the words of a counter-based generator, the row's stream starting
+/// at `stream`, computed for the whole row at once. SplitMix64: value `2j` takes the low half,
+/// value `2j + 1` the high half of the stream's output `j`, `splitmix64(stream + j·γ)`
+/// (vectorised; 64-bit multiplies on AVX-512). ARS: value `4j + k` takes word `k` of block `j`
+/// (AES-NI where the CPU has it). The values the fast path rejects draw, in order, from the
+/// stream's outputs after the row's.
+pub(crate) fn noise_row_f32_at(
+    counter: Counter,
     stream: u64,
     row: &mut [f32],
     std: f32,
     scratch: &mut Vec<u8>,
 ) {
     let n = row.len();
-    let pairs = n.div_ceil(2);
-    if scratch.len() < 8 * pairs + n {
-        scratch.resize(8 * pairs + n, 0);
+    // The row's words as whole outputs: 8-byte SplitMix64 outputs, 16-byte ARS blocks.
+    let size = match counter {
+        Counter::SplitMix64 => 8,
+        Counter::Ars => 16,
+    };
+    let outputs = n.div_ceil(size / 4);
+    if scratch.len() < size * outputs + n {
+        scratch.resize(size * outputs + n, 0);
     }
-    let (words, rest) = scratch.split_at_mut(8 * pairs);
+    let (words, rest) = scratch.split_at_mut(size * outputs);
     let rejected = &mut rest[..n];
-    splitmix_fill(stream, words);
-    if fast_row(&words[..4 * n], row, std, rejected) > 0 {
-        let mut rng = SplitMix64(stream.wrapping_add((pairs as u64).wrapping_mul(GAMMA)));
-        redraw_rejected(&mut rng, words, row, std, rejected);
+    match counter {
+        Counter::SplitMix64 => splitmix_fill(stream, words),
+        Counter::Ars => super::ars::fill(stream, 0, words.as_chunks_mut::<16>().0),
+    }
+    if fast_row(&words[..4 * n], row, std, rejected) == 0 {
+        return;
+    }
+    let after = outputs as u64;
+    match counter {
+        Counter::SplitMix64 => {
+            let mut rng = SplitMix64(stream.wrapping_add(after.wrapping_mul(GAMMA)));
+            redraw_rejected(&mut rng, words, row, std, rejected);
+        }
+        Counter::Ars => {
+            let mut rng = super::ars::ArsStream::at(stream, after);
+            redraw_rejected(&mut rng, words, row, std, rejected);
+        }
     }
 }
 
@@ -260,6 +290,19 @@ unsafe fn fast_row_avx2(words: &[u8], row: &mut [f32], std: f32, rejected: &mut 
     fast_row_body(words, row, std, rejected)
 }
 
+/// `K[i]` (high half) and `W[i]`'s bits (low half) in one entry: one table lookup per value
+/// instead of two (with AVX2 the compiler loads them one by one; on the bench host, a
+/// first-generation Zen, 0.8–0.9 ns per value against 1.0 with two tables).
+static KW: [u64; 256] = {
+    let mut kw = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        kw[i] = ((K[i] as u64) << 32) | W[i].to_bits() as u64;
+        i += 1;
+    }
+    kw
+};
+
 #[inline(always)]
 fn fast_row_body(words: &[u8], row: &mut [f32], std: f32, rejected: &mut [u8]) -> u32 {
     let mut count = 0;
@@ -268,12 +311,16 @@ fn fast_row_body(words: &[u8], row: &mut [f32], std: f32, rejected: &mut [u8]) -
     // row to an 8-lane loop — half of a 128-value row, and most of this function's time.
     for ((w, v), bad) in words.as_chunks::<4>().0.iter().zip(row).zip(rejected) {
         let r = u32::from_le_bytes(*w);
-        let layer = (r & 0xff) as usize;
+        let kw = KW[(r & 0xff) as usize];
         let m = r >> 9;
-        let reject = m >= K[layer];
-        let noisy = *v + std * signed(m as f32 * W[layer], r);
-        // A select, not a branch: the loop stays vectorised.
-        *v = if reject { *v } else { noisy };
+        let reject = m >= (kw >> 32) as u32;
+        let d = std * signed(m as f32 * f32::from_bits(kw as u32), r);
+        // A select, not a branch: the loop stays vectorised. A rejected value gets `-0.0`,
+        // which leaves the float as it is (`x + -0.0` is `x` bit for bit, `-0.0` included; a
+        // signalling NaN comes out quiet, as the redraw's own addition makes it anyway), so
+        // the store is unconditional. Written as "keep `*v`", the select became a masked
+        // store (`vmaskmovps`), slow on the bench host: 1.5 against 0.8–0.9 ns per value.
+        *v += if reject { -0.0 } else { d };
         *bad = u8::from(reject);
         count += u32::from(reject);
     }
@@ -489,50 +536,101 @@ mod tests {
     }
 
     #[test]
-    fn splitmix_rows_follow_the_standard_normal() {
-        let (mut out, mut scratch) = (vec![0.0f32; 125], Vec::new());
-        let mut xs = Vec::with_capacity(1_000_000);
-        for row in 0..8000u64 {
-            out.fill(0.0);
-            noise_row_f32_splitmix(splitmix64(0x5eed ^ row), &mut out, 1.0, &mut scratch);
-            xs.extend(out.iter().map(|x| f64::from(*x)));
+    fn counter_rows_follow_the_standard_normal() {
+        for counter in [Counter::SplitMix64, Counter::Ars] {
+            let (mut out, mut scratch) = (vec![0.0f32; 125], Vec::new());
+            let mut xs = Vec::with_capacity(1_000_000);
+            for row in 0..8000u64 {
+                out.fill(0.0);
+                noise_row_f32_at(
+                    counter,
+                    splitmix64(0x5eed ^ row),
+                    &mut out,
+                    1.0,
+                    &mut scratch,
+                );
+                xs.extend(out.iter().map(|x| f64::from(*x)));
+            }
+            assert_standard_normal(xs);
         }
-        assert_standard_normal(xs);
     }
 
     /// Rows whose identities are neighbours (consecutive rows of a file) draw independent
     /// noise: the correlation of value `i` of row `r` with value `i` of row `r + 1`, and of
     /// value `i` with value `i + 1` of the same row, is within 4 standard errors of 0.
     #[test]
-    fn splitmix_rows_and_values_are_uncorrelated() {
+    fn counter_rows_and_values_are_uncorrelated() {
         let width = 64;
-        let rows: Vec<Vec<f32>> = (0..20_000u64)
-            .map(|r| {
-                let mut out = vec![0.0f32; width];
-                noise_row_f32_splitmix(splitmix64(0x1234 ^ r), &mut out, 1.0, &mut Vec::new());
-                out
-            })
-            .collect();
-        let corr = |pairs: &[(f32, f32)]| {
-            let n = pairs.len() as f64;
-            let s: f64 = pairs
+        for counter in [Counter::SplitMix64, Counter::Ars] {
+            let rows: Vec<Vec<f32>> = (0..20_000u64)
+                .map(|r| {
+                    let mut out = vec![0.0f32; width];
+                    let stream = splitmix64(0x1234 ^ r);
+                    noise_row_f32_at(counter, stream, &mut out, 1.0, &mut Vec::new());
+                    out
+                })
+                .collect();
+            let corr = |pairs: &[(f32, f32)]| {
+                let n = pairs.len() as f64;
+                let s: f64 = pairs
+                    .iter()
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                (s / n, 4.0 / n.sqrt())
+            };
+            let across: Vec<(f32, f32)> = rows
+                .windows(2)
+                .flat_map(|w| w[0].iter().copied().zip(w[1].iter().copied()))
+                .collect();
+            let within: Vec<(f32, f32)> = rows
                 .iter()
-                .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                .sum();
-            (s / n, 4.0 / n.sqrt())
-        };
-        let across: Vec<(f32, f32)> = rows
-            .windows(2)
-            .flat_map(|w| w[0].iter().copied().zip(w[1].iter().copied()))
-            .collect();
-        let within: Vec<(f32, f32)> = rows
-            .iter()
-            .flat_map(|r| r.windows(2).map(|w| (w[0], w[1])))
-            .collect();
-        for (what, pairs) in [("across rows", across), ("within a row", within)] {
-            let (c, bound) = corr(&pairs);
-            assert!(c.abs() < bound, "{what}: correlation {c}, bound {bound}");
+                .flat_map(|r| r.windows(2).map(|w| (w[0], w[1])))
+                .collect();
+            for (what, pairs) in [("across rows", across), ("within a row", within)] {
+                let (c, bound) = corr(&pairs);
+                assert!(
+                    c.abs() < bound,
+                    "{counter:?} {what}: correlation {c}, bound {bound}"
+                );
+            }
         }
+    }
+
+    /// Value `4j + k` of a row takes word `k` of the ARS stream's block `j`, and the values the
+    /// fast path rejects draw from the blocks after the row's.
+    #[test]
+    fn ars_value_i_takes_word_i() {
+        use super::super::ars::{ArsStream, fill};
+        use rand::Rng;
+        let stream = 0xfeed_f00d_u64;
+        let n: usize = 1001;
+        let mut blocks = vec![[0u8; 16]; n.div_ceil(4)];
+        fill(stream, 0, &mut blocks);
+        let bytes = blocks.concat();
+        let mut seq = ArsStream::at(stream, 0);
+        let want: Vec<u32> = (0..4 * blocks.len()).map(|_| seq.next_u32()).collect();
+        assert_eq!(bytes.chunks_exact(4).map(word).collect::<Vec<_>>(), want);
+
+        let row: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
+        let (mut out, mut scratch) = (row.clone(), Vec::new());
+        noise_row_f32_at(Counter::Ars, stream, &mut out, 0.25, &mut scratch);
+        let flags = rejected_by_the_fast_path(&row, &out, &want, 0.25);
+        let rejected = flags.iter().filter(|f| **f == 1).count();
+        assert!((5..40).contains(&rejected), "{rejected} rejected");
+        let mut redrawn = row.clone();
+        for (i, f) in flags.iter().enumerate() {
+            if *f == 0 {
+                redrawn[i] = out[i];
+            }
+        }
+        let mut after = ArsStream::at(stream, blocks.len() as u64);
+        redraw_rejected(&mut after, &bytes, &mut redrawn, 0.25, &flags);
+        assert!(
+            redrawn
+                .iter()
+                .zip(&out)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
     }
 
     /// Value `2j` of a row takes the low half and `2j + 1` the high half of the stream's output
@@ -581,7 +679,7 @@ mod tests {
 
         let row: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
         let (mut out, mut scratch) = (row.clone(), Vec::new());
-        noise_row_f32_splitmix(stream, &mut out, 0.25, &mut scratch);
+        noise_row_f32_at(Counter::SplitMix64, stream, &mut out, 0.25, &mut scratch);
         let flags = rejected_by_the_fast_path(&row, &out, &want, 0.25);
         let rejected = flags.iter().filter(|f| **f == 1).count();
         assert!((5..40).contains(&rejected), "{rejected} rejected");

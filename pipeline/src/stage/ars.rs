@@ -67,8 +67,10 @@ pub(crate) fn fill(stream: u64, first: u64, out: &mut [[u8; 16]]) {
 }
 
 fn fill_portable(stream: u64, first: u64, out: &mut [[u8; 16]]) {
-    for (j, o) in (first..).zip(out) {
-        *o = block(stream, j);
+    // Counters wrap past `u64::MAX`, as the AES-NI path's do (an open range `first..` would
+    // panic there in a debug build).
+    for (k, o) in out.iter_mut().enumerate() {
+        *o = block(stream, first.wrapping_add(k as u64));
     }
 }
 
@@ -215,6 +217,9 @@ mod tests {
             let mut got = vec![[0u8; 16]; n];
             fill(stream, first, &mut got);
             assert_eq!(got, want, "dispatched, first {first}, {n} blocks");
+            got.fill([0; 16]);
+            fill_portable(stream, first, &mut got);
+            assert_eq!(got, want, "portable, first {first}, {n} blocks");
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("aes") {
                 got.fill([0; 16]);

@@ -611,25 +611,44 @@ mod tests {
         let want: Vec<u32> = (0..4 * blocks.len()).map(|_| seq.next_u32()).collect();
         assert_eq!(bytes.chunks_exact(4).map(word).collect::<Vec<_>>(), want);
 
+        let after = ArsStream::at(stream, blocks.len() as u64);
+        assert_row_takes_its_words_then_redraws(Counter::Ars, stream, n, &bytes, &want, after);
+    }
+
+    /// A row of `n` values noised by `counter`'s stream at `stream` takes value `i` from
+    /// `want[i]` (`bytes`, the same words as bytes) on the fast path, and its rejected values
+    /// (a plausible share of them) redraw from `after`: the generator positioned after the
+    /// row's words.
+    fn assert_row_takes_its_words_then_redraws<G: Rng>(
+        counter: Counter,
+        stream: u64,
+        n: usize,
+        bytes: &[u8],
+        want: &[u32],
+        mut after: G,
+    ) {
         let row: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
         let (mut out, mut scratch) = (row.clone(), Vec::new());
-        noise_row_f32_at(Counter::Ars, stream, &mut out, 0.25, &mut scratch);
-        let flags = rejected_by_the_fast_path(&row, &out, &want, 0.25);
+        noise_row_f32_at(counter, stream, &mut out, 0.25, &mut scratch);
+        let flags = rejected_by_the_fast_path(&row, &out, want, 0.25);
         let rejected = flags.iter().filter(|f| **f == 1).count();
-        assert!((5..40).contains(&rejected), "{rejected} rejected");
+        assert!(
+            (5..40).contains(&rejected),
+            "{counter:?}: {rejected} rejected"
+        );
         let mut redrawn = row.clone();
         for (i, f) in flags.iter().enumerate() {
             if *f == 0 {
                 redrawn[i] = out[i];
             }
         }
-        let mut after = ArsStream::at(stream, blocks.len() as u64);
-        redraw_rejected(&mut after, &bytes, &mut redrawn, 0.25, &flags);
+        redraw_rejected(&mut after, bytes, &mut redrawn, 0.25, &flags);
         assert!(
             redrawn
                 .iter()
                 .zip(&out)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{counter:?}"
         );
     }
 
@@ -677,29 +696,18 @@ mod tests {
         // The known first output of SplitMix64 from state 0 (Vigna's splitmix64.c).
         assert_eq!(SplitMix64(0).next_u64(), 0xe220_a839_7b1d_cdaf);
 
-        let row: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
-        let (mut out, mut scratch) = (row.clone(), Vec::new());
-        noise_row_f32_at(Counter::SplitMix64, stream, &mut out, 0.25, &mut scratch);
-        let flags = rejected_by_the_fast_path(&row, &out, &want, 0.25);
-        let rejected = flags.iter().filter(|f| **f == 1).count();
-        assert!((5..40).contains(&rejected), "{rejected} rejected");
-        // The rejected values, redrawn from the generator positioned after the row's words.
+        // The generator positioned after the row's words.
         let mut after = SplitMix64(stream);
         for _ in 0..n.div_ceil(2) {
             after.next_u64();
         }
-        let mut redrawn = row.clone();
-        for (i, f) in flags.iter().enumerate() {
-            if *f == 0 {
-                redrawn[i] = out[i];
-            }
-        }
-        redraw_rejected(&mut after, &bytes, &mut redrawn, 0.25, &flags);
-        assert!(
-            redrawn
-                .iter()
-                .zip(&out)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
+        assert_row_takes_its_words_then_redraws(
+            Counter::SplitMix64,
+            stream,
+            n,
+            &bytes,
+            &want,
+            after,
         );
     }
 

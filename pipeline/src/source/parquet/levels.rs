@@ -15,8 +15,8 @@
 
 /// Calls `check(first, value, count)` for each run of the first `n` levels in `bytes`
 /// (`width`-bit levels): once per repeated run (its count cut at `n`), once per stretch of
-/// equal values in a bit-packed run. `false` as soon as `check` is, or when `bytes` hold fewer than `n` levels
-/// or do not parse.
+/// equal values in a bit-packed run. `false` as soon as `check` is, or when `bytes` hold fewer
+/// than `n` levels or do not parse.
 fn runs(
     bytes: &[u8],
     width: u8,

@@ -508,17 +508,26 @@ fn async_with_staleness_0_is_synchronous_allreduce() {
 /// With `staleness: 2` on 3 ranks no applied gradient is more than 2 versions stale (the
 /// server's own step log records each update's staleness per rank), every row is trained
 /// once, and the digits are learnt.
+///
+/// The step is smaller than the other jobs' (0.02, not 0.05) and the epochs more (8, not 5),
+/// as asynchronous SGD wants: with momentum 0.9 and gradients up to 2 versions stale, 0.05 for
+/// 5 epochs left the accuracy to the arrival order (0.90–0.97 over runs on one core, 0.839
+/// once under the full suite's load). With 0.02 for 8 epochs, runs on one core shared with
+/// two busy loops gave 0.961–0.969.
 #[test]
 fn async_staleness_stays_within_its_bound_and_trains_the_digits() {
+    const EPOCHS: u64 = 8;
     let dir = tempfile::tempdir().unwrap();
+    let job = job(
+        32,
+        EPOCHS,
+        u64::MAX,
+        "  allreduce: {workers: 3}\n  sync: {type: async, staleness: 2}\n",
+    );
+    assert!(job.contains("lr: 0.05,"), "{job}");
     let yaml = format!(
         "{}  log: steps.jsonl\n",
-        job(
-            32,
-            5,
-            u64::MAX,
-            "  allreduce: {workers: 3}\n  sync: {type: async, staleness: 2}\n"
-        )
+        job.replace("lr: 0.05,", "lr: 0.02,")
     );
     std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
     let out = run_in_for(
@@ -549,16 +558,14 @@ fn async_staleness_stays_within_its_bound_and_trains_the_digits() {
         "the log's rows are the run's"
     );
     assert_eq!(r["steps"].as_u64().unwrap(), updates);
-    assert_eq!(rows % 5, 0);
+    assert_eq!(rows % EPOCHS, 0);
     assert!(
-        rows >= 5 * (1437 - 2),
-        "every row of 5 epochs (3 equal shares): {rows}"
+        rows >= EPOCHS * (1437 - 2),
+        "every row of {EPOCHS} epochs (3 equal shares): {rows}"
     );
-    // Learnt (chance is 0.10). Which gradients arrive stale depends on timing, and so does
-    // the accuracy: 0.897 once under the full suite's load, above 0.9 alone. How close async
-    // comes to all-reduce is `every_compression_and_sync_mode_trains_digits_like_plain_allreduce`'s
-    // check.
-    assert!(accuracy(&r) > 0.85, "{}", accuracy(&r));
+    // Learnt (chance is 0.10). How close async comes to all-reduce after the same samples is
+    // `every_compression_and_sync_mode_trains_digits_like_plain_allreduce`'s check.
+    assert!(accuracy(&r) > 0.9, "{}", accuracy(&r));
     let notes = r["notes"].to_string();
     assert!(notes.contains("parameter server"), "{notes}");
 }

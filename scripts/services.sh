@@ -37,12 +37,30 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
-alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A pid file holds "PID START": the process id and its start time (field 22 of
+# /proc/PID/stat, in clock ticks since boot). A pid alone is not enough: a file left by a run
+# that was killed names a pid the kernel may since have given to another process — once, a
+# fake-gcs-server started a moment earlier, which `stop_pid tansu-tls` then killed.
+start_time() { [[ -r "/proc/$1/stat" ]] && sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20; }
+
+# record_pid NAME PID: writes NAME.pid for the process just started.
+record_pid() { echo "$2 $(start_time "$2")" >"$STATE/$1.pid"; }
+
+# pid_of FILE: the pid a pid file names.
+pid_of() { cut -d' ' -f1 "$1"; }
+
+# alive FILE: the process FILE names still runs (the same process: same start time).
+alive() {
+    [[ -f "$1" ]] || return 1
+    local pid start
+    read -r pid start <"$1" || return 1
+    [[ -n "$start" && "$(start_time "$pid" 2>/dev/null)" == "$start" ]]
+}
 
 # stop_pid NAME: stops the service whose pid file is NAME.pid, if it runs; forgets the file.
 stop_pid() {
     if alive "$STATE/$1.pid"; then
-        kill "$(cat "$STATE/$1.pid")" 2>/dev/null || true
+        kill "$(pid_of "$STATE/$1.pid")" 2>/dev/null || true
         log "stopped $1"
     fi
     rm -f "$STATE/$1.pid"
@@ -85,7 +103,7 @@ start_moto() {
     local port
     port="$(free_port)"
     "$STATE/venv-moto/bin/moto_server" -H 127.0.0.1 -p "$port" >"$STATE/moto.log" 2>&1 &
-    echo $! >"$STATE/moto.pid"
+    record_pid moto $!
     echo "$port" >"$STATE/moto.port"
     wait_ready moto "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)"
 }
@@ -117,7 +135,7 @@ start_tansu() {
     "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$port" \
         --advertised-listener-url "tcp://127.0.0.1:$port" \
         --storage-engine memory://tansu/ >"$STATE/tansu.log" 2>&1 &
-    echo $! >"$STATE/tansu.pid"
+    record_pid tansu $!
     echo "$port" >"$STATE/tansu.port"
     wait_ready tansu "$port" "$STATE/bin/tansu" topic list --broker "tcp://127.0.0.1:$port"
 }
@@ -142,7 +160,7 @@ start_azurite() {
     "$STATE/azurite/node_modules/.bin/azurite-blob" --blobHost 127.0.0.1 --blobPort "$port" \
         --location "$STATE/azurite-data" --silent --skipApiVersionCheck --loose \
         >"$STATE/azurite.log" 2>&1 &
-    echo $! >"$STATE/azurite.pid"
+    record_pid azurite $!
     echo "$port" >"$STATE/azurite.port"
     wait_ready azurite "$port" tcp_probe "$port"
 }
@@ -168,7 +186,7 @@ start_http() {
     mkdir -p "$STATE/http-root"
     (cd "$STATE/http-root" && exec "$STATE/venv-http/bin/python" -m RangeHTTPServer "$port" --bind 127.0.0.1) \
         >"$STATE/http.log" 2>&1 &
-    echo $! >"$STATE/http.pid"
+    record_pid http $!
     echo "$port" >"$STATE/http.port"
     wait_ready http "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)"
 }
@@ -201,7 +219,7 @@ start_gcs() {
     # -public-host: the Host the client sends, or the XML API's path-style routes do not match.
     "$STATE/bin/fake-gcs-server" -scheme http -host 127.0.0.1 -port "$port" -backend memory \
         -public-host "127.0.0.1:$port" -log-level warn >"$STATE/gcs.log" 2>&1 &
-    echo $! >"$STATE/gcs.pid"
+    record_pid gcs $!
     echo "$port" >"$STATE/gcs.port"
     wait_ready gcs "$port" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/storage/v1/b?project=p', timeout=1)"
 }
@@ -253,7 +271,7 @@ start_https() {
     mkdir -p "$STATE/http-root"
     "$STATE/venv-http/bin/python" scripts/tls_serve.py https "$port" "$STATE/http-root" \
         "$STATE/tls/server.pem" "$STATE/tls/server.key" >"$STATE/https.log" 2>&1 &
-    echo $! >"$STATE/https.pid"
+    record_pid https $!
     echo "$port" >"$STATE/https.port"
     wait_ready https "$port" tls_probe "$port"
 }
@@ -275,11 +293,11 @@ start_fronted_broker() {
     "$STATE/bin/tansu" broker --listener-url "tcp://127.0.0.1:$inner" \
         --advertised-listener-url "tcp://127.0.0.1:$port" \
         --storage-engine memory://tansu/ >"$STATE/tansu-$name.log" 2>&1 &
-    echo $! >"$STATE/tansu-$name.pid"
+    record_pid tansu-$name $!
     echo "$inner" >"$STATE/tansu-$name.port"
     wait_ready "tansu-$name" "$inner" tcp_probe "$inner"
     "$front" "$port" "$inner" >"$STATE/kafka-$name.log" 2>&1 &
-    echo $! >"$STATE/kafka-$name.pid"
+    record_pid kafka-$name $!
     echo "$port" >"$STATE/kafka-$name.port"
     wait_ready "kafka-$name" "$port" "$probe" "$port"
 }

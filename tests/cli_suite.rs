@@ -13,6 +13,10 @@ mod bad_input;
 mod cli;
 #[path = "config_mutants.rs"]
 mod config_mutants;
+#[path = "config_mutants_binary.rs"]
+mod config_mutants_binary;
+#[path = "config_mutants_mutations.rs"]
+mod config_mutants_mutations;
 #[path = "configs.rs"]
 mod configs;
 #[path = "corrupt_parquet.rs"]

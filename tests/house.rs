@@ -191,8 +191,13 @@ fn layer_of(module: &str, layers: &[&[&str]]) -> Option<usize> {
     best.map(|(_, i)| i)
 }
 
+/// A unit-test module (`tests`, `x::tests`, one topic file of it `x::tests::topic`, or
+/// `x_tests`): exempt from the layering and size checks, like `tests/` itself.
 fn is_test_module(module: &str) -> bool {
-    module == "tests" || module.ends_with("::tests") || module.ends_with("_tests")
+    module == "tests"
+        || module.ends_with("::tests")
+        || module.contains("::tests::")
+        || module.ends_with("_tests")
 }
 
 #[test]

@@ -15,10 +15,18 @@ mod gcs;
 mod http;
 #[path = "kafka.rs"]
 mod kafka;
+#[path = "kafka_connect_errors.rs"]
+mod kafka_connect_errors;
+#[path = "kafka_crash.rs"]
+mod kafka_crash;
+#[path = "kafka_dead_letters.rs"]
+mod kafka_dead_letters;
 #[path = "kafka_fleet.rs"]
 mod kafka_fleet;
 #[path = "kafka_security.rs"]
 mod kafka_security;
+#[path = "kafka_shuffle.rs"]
+mod kafka_shuffle;
 #[path = "observe.rs"]
 mod observe;
 #[path = "s3.rs"]

@@ -75,6 +75,7 @@ fn bench(workload: &str, rows: usize) {
             "global",
             "python",
             "uint8",
+            "float16",
             "floor",
             "dataloader",
             "numpy"
@@ -98,7 +99,7 @@ fn bench(workload: &str, rows: usize) {
             );
             continue;
         }
-        if name == "uint8" && workload == "tabular" {
+        if matches!(name, "uint8" | "float16") && workload == "tabular" {
             assert_eq!(v["skipped"], "images only");
             assert!(v["measured"].is_null());
             continue;
@@ -161,7 +162,7 @@ fn bench(workload: &str, rows: usize) {
     let ran = |n: &str| match n {
         "dataloader" => torch,
         "python" => package,
-        "uint8" => workload == "images",
+        "uint8" | "float16" => workload == "images",
         _ => true,
     };
     for name in names.iter().filter(|n| ran(n)) {
@@ -225,6 +226,7 @@ fn skipped_variants_are_not_failures() {
     assert_eq!(skipped("global"), "--skip");
     assert_eq!(skipped("floor"), "--skip");
     assert_eq!(skipped("uint8"), "images only");
+    assert_eq!(skipped("float16"), "images only");
     assert!(skipped("sluice").is_null());
     assert!(skipped("raw").is_null());
 }

@@ -90,17 +90,23 @@ pub(super) fn image_tensor(
             let fill = per_channel(&fill, device)?;
             cut.f_where_self(&valid, &fill).map_err(torch)?
         }
-        ImageDtype::Float32 => {
+        ImageDtype::Float32 | ImageDtype::Float16 => {
             let (fill, scale, bias) = (
                 per_channel(&spec.fill, device)?,
                 per_channel(&spec.scale, device)?,
                 per_channel(&spec.bias, device)?,
             );
-            cut.f_to_kind(Kind::Float)
+            let x = cut
+                .f_to_kind(Kind::Float)
                 .and_then(|x| x.f_where_self(&valid, &fill))
                 .and_then(|x| x.f_mul(&scale))
-                .and_then(|x| x.f_add(&bias))
-                .map_err(torch)?
+                .and_then(|x| x.f_add(&bias));
+            // float16: the float32 values rounded to nearest, as the host path rounds them.
+            match spec.dtype {
+                ImageDtype::Float16 => x.and_then(|x| x.f_to_kind(Kind::Half)),
+                _ => x,
+            }
+            .map_err(torch)?
         }
     };
     out.f_permute([0, 3, 1, 2])

@@ -206,6 +206,7 @@ fn check_device_image(
         (Some(d), _) => format!("{d:?}").to_lowercase(),
         (None, ImageDtype::Float32) => "f32".into(),
         (None, ImageDtype::Uint8) => "u8".into(),
+        (None, ImageDtype::Float16) => "f16".into(),
     };
     let dims = format!("{:?}", spec.shape.as_deref().unwrap_or(&dims)).replace('[', "[batch, ");
     Ok(format!(

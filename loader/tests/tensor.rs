@@ -488,8 +488,8 @@ fn rgb_images(dir: &std::path::Path) -> String {
 
 /// `augment_on: device` gives, bit for bit, what the `image` stage gives on the host: the same
 /// draws (crops, flips) and the same arithmetic (fill, conversion, normalize), for every
-/// padding mode, `pad_if_needed`, a centre crop larger than the image, `uint8` output and 1
-/// or 3 channels — here with the device ops run on CPU tensors.
+/// padding mode, `pad_if_needed`, a centre crop larger than the image, `uint8` and `float16`
+/// output and 1 or 3 channels — here with the device ops run on CPU tensors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_augmentation_equals_the_host_image_stage_bitwise() {
     let dir = tempfile::tempdir().unwrap();
@@ -507,6 +507,8 @@ async fn device_augmentation_equals_the_host_image_stage_bitwise() {
         (&digits, format!("{grey}, dtype: uint8, ops: [{{random_crop: {{size: [8, 8], padding: 2, padding_mode: edge}}}}, {{horizontal_flip: {{p: 0.5}}}}]"), [1, 8, 8]),
         (&rgb, "shape: [5, 7, 3], ops: [{random_crop: {size: [5, 7], padding: 2, fill: [10, 200.5, 30]}}, {horizontal_flip: {p: 0.5}}, {normalize: {mean: [0.4, 0.5, 0.6], std: [0.2, 0.25, 0.3]}}]".into(), [3, 5, 7]),
         (&rgb, "shape: [5, 7, 3], dtype: uint8, ops: [{random_crop: {size: [6, 6], padding: 1, fill: [10, 200.5, 30]}}, {vertical_flip: {p: 0.5}}]".into(), [3, 6, 6]),
+        (&digits, format!("{grey}, dtype: float16, ops: [{{random_crop: {{size: [8, 8], padding: 2, fill: 9}}}}, {{horizontal_flip: {{p: 0.5}}}}, {{normalize: {{mean: [0.0191], std: [0.0236]}}}}]"), [1, 8, 8]),
+        (&rgb, "shape: [5, 7, 3], dtype: float16, ops: [{random_crop: {size: [5, 7], padding: 2, fill: [10, 200.5, 30]}}, {horizontal_flip: {p: 0.5}}, {normalize: {mean: [0.4, 0.5, 0.6], std: [0.2, 0.25, 0.3]}}]".into(), [3, 5, 7]),
     ];
     for (images, stage, dims) in cases {
         let host = image_tensors(

@@ -130,6 +130,20 @@ def test_uint8_images_normalized_by_the_helper_equal_the_stage_s_floats():
         next(sluice.Pipeline(IMAGES.format(repo=REPO, dtype="dtype: uint8", normalize=f"      - normalize: {{mean: {mean}, std: {std}}}")))
 
 
+def test_float16_images_are_the_float32_ones_rounded_by_torch():
+    normalize = "      - normalize: {mean: [0.0191], std: [0.0236]}"
+    floats = IMAGES.format(repo=REPO, dtype="", normalize=normalize)
+    halves = IMAGES.format(repo=REPO, dtype="dtype: float16", normalize=normalize)
+    specs = {"x": {"column": "pixels", "shape": [1, 8, 8]}, "id": "id"}
+    want = list(st.Loader(floats, batch_tensors=specs))
+    got = list(st.Loader(halves, batch_tensors=specs))
+    assert len(got) == len(want) == 29
+    for g, w in zip(got, want):
+        assert g["x"].dtype == torch.float16 and w["x"].dtype == torch.float32
+        assert torch.equal(g["id"], w["id"])
+        assert torch.equal(g["x"], w["x"].half())  # torch's rounding, bit for bit
+
+
 def test_normalize_on_the_device_equals_the_image_stage_s_normalize():
     mean, std = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
     images = torch.randint(0, 256, (4, 3, 5, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
@@ -236,7 +250,7 @@ def test_tensor_specs_refuse_the_rust_loader_s_padding_options():
         "[{center_crop: {size: [10, 5]}}]",
     ],
 )
-@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "float16"])
 def test_augment_on_device_equals_the_host_image_stage(ops, dtype):
     if dtype == "uint8" and "normalize" in ops:
         ops = ops.replace(", {normalize: {mean: [0.0191], std: [0.0236]}}", "")
@@ -253,7 +267,8 @@ def test_augment_on_device_equals_the_host_image_stage(ops, dtype):
     assert len(host) == len(device) == 23
     for h, d in zip(host, device):
         x = d["x"]
-        assert x.dim() == 4 and x.shape[1] == 1 and x.dtype == (torch.uint8 if dtype == "uint8" else torch.float32)
+        kind = {"uint8": torch.uint8, "float16": torch.float16, "float32": torch.float32}[dtype]
+        assert x.dim() == 4 and x.shape[1] == 1 and x.dtype == kind
         assert torch.equal(h["x"].reshape(x.shape), x)
         assert torch.equal(h["y"], d["y"])
     assert not torch.equal(device[0]["x"][0], device[0]["x"][1])

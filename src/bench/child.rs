@@ -148,7 +148,7 @@ async fn consume(
     if variant != "source" {
         let loader: sluice::loader::LoaderConfig = serde_json::from_value(match workload {
             Workload::Images => serde_json::json!({"device": "cpu", "tensors": {
-                "x": {"column": "image", "dtype": if variant == "uint8" { "u8" } else { "f32" }, "shape": [3, 32, 32]},
+                "x": {"column": "image", "dtype": match variant { "uint8" => "u8", "float16" => "f16", _ => "f32" }, "shape": [3, 32, 32]},
                 "y": {"column": "label", "dtype": "i64"}}}),
             Workload::Tabular => serde_json::json!({"device": "cpu", "tensors": {
                 "x": {"column": "x", "dtype": "f32"},

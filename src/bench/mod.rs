@@ -52,8 +52,8 @@ pub(crate) struct BenchArgs {
     /// Also write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Leave out a variant (`raw`, `source`, `sluice`, `global`, `python`, `uint8`, `floor`,
-    /// `dataloader`, `numpy`); may be given more than once. Its row says it was skipped.
+    /// Leave out a variant (`raw`, `source`, `sluice`, `global`, `python`, `uint8`, `float16`,
+    /// `floor`, `dataloader`, `numpy`); may be given more than once. Its row says it was skipped.
     #[arg(long = "skip", value_name = "VARIANT")]
     skip: Vec<String>,
     /// Keep the generated dataset in DIR (reused when it already holds this workload's
@@ -198,7 +198,7 @@ fn run_child(mut cmd: Command) -> Result<Measured, String> {
 }
 
 /// The variants, in table order, each with what it does.
-fn variants(w: Workload) -> [(&'static str, &'static str); 9] {
+fn variants(w: Workload) -> [(&'static str, &'static str); 10] {
     let desc = match w {
         Workload::Images => "shuffle 10k + crop/flip/normalize + batch 256 → tensors",
         Workload::Tabular => "shuffle 100k + standardize + noise + batch 1024 → tensors",
@@ -223,6 +223,10 @@ fn variants(w: Workload) -> [(&'static str, &'static str); 9] {
             "the same to uint8 tensors, normalize left to the device (DALI's split)",
         ),
         (
+            "float16",
+            "the same to float16 tensors, normalized here (half float32's bytes)",
+        ),
+        (
             "floor",
             "decode + one float32 write per value, nothing else",
         ),
@@ -238,7 +242,7 @@ fn variants(w: Workload) -> [(&'static str, &'static str); 9] {
 fn left_out(args: &BenchArgs, variant: &str) -> Option<&'static str> {
     if args.skip.iter().any(|v| v == variant) {
         Some("--skip")
-    } else if variant == "uint8" && args.workload == Workload::Tabular {
+    } else if matches!(variant, "uint8" | "float16") && args.workload == Workload::Tabular {
         Some("images only")
     } else {
         None

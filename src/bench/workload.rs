@@ -234,14 +234,17 @@ pub(super) fn yaml(dir: &Path, workload: Workload, variant: &str, threads: usize
         // 3 KiB of uint8 each, and every float32 batch is written once, already final (after
         // `image` a batch that straddles two shuffle outputs would be concatenated: 12 KiB
         // per row copied again).
-        (Workload::Images, _) => "stages:\n\
+        // (`float16`: the same, rounded to half float32's bytes.)
+        (Workload::Images, _) => format!(
+            "stages:\n\
             - SHUFFLE\n\
-            - {type: batch, size: 256}\n\
-            - type: image\n  column: image\n  shape: [32, 32, 3]\n  seed: 2\n  ops:\n\
-            \x20   - random_crop: {size: [32, 32], padding: 4}\n\
-            \x20   - horizontal_flip: {p: 0.5}\n\
-            \x20   - normalize: {mean: [0.4914, 0.4822, 0.4465], std: [0.2470, 0.2435, 0.2616]}\n"
-            .to_string(),
+            - {{type: batch, size: 256}}\n\
+            - type: image\n  column: image\n  shape: [32, 32, 3]\n  seed: 2\n{dtype}  ops:\n\
+            \x20   - random_crop: {{size: [32, 32], padding: 4}}\n\
+            \x20   - horizontal_flip: {{p: 0.5}}\n\
+            \x20   - normalize: {{mean: [0.4914, 0.4822, 0.4465], std: [0.2470, 0.2435, 0.2616]}}\n",
+            dtype = if variant == "float16" { "  dtype: float16\n" } else { "" }
+        ),
         (Workload::Tabular, _) => "stages:\n\
             - SHUFFLE\n\
             - {type: standardize, columns: [x], mean: 0.5, std: 0.29}\n\

@@ -37,8 +37,12 @@ impl<T: ArrowNativeType> Pool<T> {
     }
 
     /// A vector of exactly `len` initialised values (their contents are unspecified: the
-    /// caller overwrites every element). Reuses the smallest free buffer that fits.
+    /// caller overwrites every element). Reuses the smallest free buffer that fits; an empty
+    /// one takes none (a stage asks for empty buffers of the output types it does not make).
     pub(crate) fn take(&self, len: usize) -> Vec<T> {
+        if len == 0 {
+            return Vec::new();
+        }
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             let best = free
@@ -78,7 +82,7 @@ impl<T: ArrowNativeType> Pool<T> {
         let size = std::mem::size_of::<T>();
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let held: usize = free.iter().map(|v| v.capacity() * size).sum();
-        if held + values.capacity() * size <= self.retain_bytes {
+        if values.capacity() > 0 && held + values.capacity() * size <= self.retain_bytes {
             free.push(values);
         }
     }
@@ -139,6 +143,14 @@ mod tests {
         // Too large for the free buffer: a fresh one.
         let other = pool.take(2000);
         assert_ne!(other.as_ptr() as usize, addr);
+        // An empty request leaves the free buffers alone, and an empty buffer is not kept.
+        drop(Float32Array::new(pool.into_buffer(again), None));
+        assert_eq!(pool.held_bytes(), 4000);
+        let empty = pool.take(0);
+        assert_eq!((empty.len(), pool.held_bytes()), (0, 4000));
+        drop(Float32Array::new(pool.into_buffer(empty), None));
+        assert_eq!(pool.held_bytes(), 4000);
+        assert_eq!(pool.free.lock().unwrap().len(), 1);
     }
 
     #[test]

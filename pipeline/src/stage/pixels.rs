@@ -106,6 +106,7 @@ thread_local! {
     /// Each pool thread's staging copies for [`rgb_crop`] and [`rgb_crop_u8`].
     static STAGING_F32: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     static STAGING_U8: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static STAGING_F16: std::cell::RefCell<Vec<half::f16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Element types whose every bit pattern is a value (`f32`, `u8`): a staging copy of them may
@@ -113,6 +114,7 @@ thread_local! {
 trait Plain: Copy + Default + 'static {}
 impl Plain for f32 {}
 impl Plain for u8 {}
+impl Plain for half::f16 {}
 
 /// `write` into this thread's staging copy (`dst`'s length, in the cache), then that copy
 /// streamed to `dst` (`avx2::stream`). The caller has checked that the CPU has AVX2, and
@@ -163,17 +165,35 @@ pub(crate) fn rgb_crop(
     dst: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::mem::size_of_val(dst) <= STAGED_BYTES {
+        staged(&STAGING_F32, dst, |d| {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 (checked just above).
+            unsafe {
+                avx2::rgb_crop(src, h, w, out, win, scale, bias, pad, d)
+            };
+        });
+        return;
+    }
+    rgb_crop_cached(src, h, w, out, win, scale, bias, pad, dst);
+}
+
+/// [`rgb_crop`] with plain stores straight into `dst`: for an image the caller reads again at
+/// once (`dtype: float16` rounds it next), which streamed stores would take out of the cache.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rgb_crop_cached(
+    src: &[u8],
+    h: usize,
+    w: usize,
+    out: [usize; 2],
+    win: &Window,
+    scale: [f32; 3],
+    bias: [f32; 3],
+    pad: [f32; 3],
+    dst: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        if std::mem::size_of_val(dst) <= STAGED_BYTES {
-            staged(&STAGING_F32, dst, |d| {
-                #[allow(unsafe_code)]
-                // SAFETY: the CPU has AVX2 (checked just above).
-                unsafe {
-                    avx2::rgb_crop(src, h, w, out, win, scale, bias, pad, d)
-                };
-            });
-            return;
-        }
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX2 (checked just above).
         unsafe {
@@ -184,6 +204,91 @@ pub(crate) fn rgb_crop(
     crop(src, h, w, out, win, Pad::Rows(pad), dst, |px, m, d| {
         portable(px, m, scale, bias, d)
     });
+}
+
+/// `dst[i]` = `src[i]` rounded to float16 (IEEE binary16, to nearest, ties to even): on
+/// x86-64 with AVX2 and F16C by `vcvtps2ph`, through a staging copy streamed to `dst` as
+/// [`rgb_crop`] writes its batch buffers; elsewhere `half`'s slice conversion, the same
+/// rounding. (Not `half`'s conversion on x86-64 too: it calls an F16C function for every 8
+/// values, which made `dtype: float16` slower than float32 on the images bench.)
+pub(crate) fn to_f16(src: &[f32], dst: &mut [half::f16]) {
+    use half::slice::HalfFloatSliceExt;
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2 and F16C (checked just above).
+        let convert = |d: &mut [half::f16]| unsafe { avx2::to_f16(src, d) };
+        match std::mem::size_of_val(dst) <= STAGED_BYTES {
+            true => staged(&STAGING_F16, dst, convert),
+            false => convert(dst),
+        }
+        return;
+    }
+    dst.convert_from_f32_slice(src);
+}
+
+/// Whether this x86-64 CPU has AVX2 and F16C (every AVX2 CPU made has F16C; a VM may hide it).
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// [`rgb_crop`] rounded to float16 (`dtype: float16`): on x86-64 with AVX2 and F16C in one
+/// pass, each value rounded as it is stored (to the staging copy, then streamed to `dst`);
+/// elsewhere [`rgb_crop_cached`] into `scratch` (`dst`'s length), then [`to_f16`]. Either way
+/// every value is [`rgb_crop`]'s, rounded to nearest even.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rgb_crop_f16(
+    src: &[u8],
+    h: usize,
+    w: usize,
+    out: [usize; 2],
+    win: &Window,
+    scale: [f32; 3],
+    bias: [f32; 3],
+    pad: [f32; 3],
+    dst: &mut [half::f16],
+    scratch: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() && std::mem::size_of_val(dst) <= STAGED_BYTES {
+        staged(&STAGING_F16, dst, |d| {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 and F16C (checked just above).
+            unsafe {
+                avx2::rgb_crop_f16(src, h, w, out, win, scale, bias, pad, d)
+            };
+        });
+        return;
+    }
+    rgb_crop_cached(src, h, w, out, win, scale, bias, pad, scratch);
+    to_f16(scratch, dst);
+}
+
+/// [`portable`] rounded to float16, for the AVX2 kernel's rows of fewer than 16 pixels.
+fn portable_f16(
+    px: &[u8],
+    mirror: bool,
+    scale: [f32; 3],
+    bias: [f32; 3],
+    d: [&mut [half::f16]; 3],
+) {
+    let n = d[0].len();
+    assert!(n <= 16, "portable_f16: rows of at most 16 pixels");
+    let mut f = [[0.0f32; 16]; 3];
+    let [f0, f1, f2] = &mut f;
+    portable(
+        px,
+        mirror,
+        scale,
+        bias,
+        [&mut f0[..n], &mut f1[..n], &mut f2[..n]],
+    );
+    for (plane, values) in d.into_iter().zip(&f) {
+        for (o, v) in plane.iter_mut().zip(values) {
+            *o = half::f16::from_f32_const(*v);
+        }
+    }
 }
 
 /// [`rgb_crop`] to CHW `u8` pixels (`dtype: uint8`: no normalize), padding written as `pad`:
@@ -391,10 +496,12 @@ pub(crate) fn portable(
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2 {
+    use half::f16;
     use std::arch::x86_64::{
-        __m128i, __m256, _mm_loadu_si128, _mm_or_si128, _mm_sfence, _mm_shuffle_epi8,
-        _mm_srli_si128, _mm_storeu_si128, _mm256_add_ps, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32,
-        _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm256_stream_si256,
+        __m128i, __m256, _MM_FROUND_TO_NEAREST_INT, _mm_loadu_si128, _mm_or_si128, _mm_sfence,
+        _mm_shuffle_epi8, _mm_srli_si128, _mm_storeu_si128, _mm256_add_ps, _mm256_cvtepi32_ps,
+        _mm256_cvtepu8_epi32, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps,
+        _mm256_set1_ps, _mm256_storeu_ps, _mm256_stream_si256,
     };
 
     /// `pshufb` masks that gather channel `k` of 16 RGB pixels (48 bytes in three 16-byte
@@ -570,8 +677,49 @@ mod avx2 {
     static STRAIGHT: [[[u8; 16]; 3]; 3] = masks(false);
     static MIRRORED: [[[u8; 16]; 3]; 3] = masks(true);
 
-    /// [`super::rgb_row`] 16 pixels at a time; the last block overlaps the one before it
-    /// when `n` is not a multiple of 16 (its values are rewritten, identical).
+    /// The body of [`rgb_row`] and [`rgb_row_f16`], 16 pixels at a time; the last block
+    /// overlaps the one before it when `n` is not a multiple of 16 (its values are rewritten,
+    /// identical). `$store(out, y)` writes the 8 values `y` to `out` (8 elements). A macro, not
+    /// a generic function: each expansion is compiled inside its own `target_feature`
+    /// function, so the intrinsics (F16C's conversion among them) inline there.
+    macro_rules! rgb_row_body {
+        ($px:expr, $mirror:expr, $scale:expr, $bias:expr, $planes:expr, $store:expr) => {{
+            let (px, mirror, scale, bias, planes) = ($px, $mirror, $scale, $bias, $planes);
+            let n = planes[0].len();
+            debug_assert!(n >= 16 && px.len() == 3 * n);
+            let mask = mask_registers(mirror);
+            let s: [__m256; 3] = [
+                _mm256_set1_ps(scale[0]),
+                _mm256_set1_ps(scale[1]),
+                _mm256_set1_ps(scale[2]),
+            ];
+            let b: [__m256; 3] = [
+                _mm256_set1_ps(bias[0]),
+                _mm256_set1_ps(bias[1]),
+                _mm256_set1_ps(bias[2]),
+            ];
+            let mut a = 0;
+            loop {
+                let start = a.min(n - 16);
+                let channels = channels(&px[3 * start..3 * start + 48], &mask);
+                let o = if mirror { n - 16 - start } else { start };
+                for k in 0..3 {
+                    let (out, v) = (&mut planes[k][o..o + 16], channels[k]);
+                    for (half, bytes) in [v, _mm_srli_si128::<8>(v)].into_iter().enumerate() {
+                        let f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                        let y = _mm256_add_ps(_mm256_mul_ps(f, s[k]), b[k]);
+                        $store(&mut out[8 * half..8 * half + 8], y);
+                    }
+                }
+                if start == n - 16 {
+                    break;
+                }
+                a += 16;
+            }
+        }};
+    }
+
+    /// [`super::rgb_row`] 16 pixels at a time (`rgb_row_body`).
     ///
     /// # Safety
     /// The CPU must support AVX2; `n >= 16`, `px.len() == 3 n` and every `d[k].len() == n`.
@@ -584,39 +732,94 @@ mod avx2 {
         bias: [f32; 3],
         d: [&mut [f32]; 3],
     ) {
-        let n = d[0].len();
-        debug_assert!(n >= 16 && px.len() == 3 * n);
-        let mask = mask_registers(mirror);
-        let s: [__m256; 3] = [
-            _mm256_set1_ps(scale[0]),
-            _mm256_set1_ps(scale[1]),
-            _mm256_set1_ps(scale[2]),
+        rgb_row_body!(px, mirror, scale, bias, d, |dst: &mut [f32], y| {
+            assert!(dst.len() == 8);
+            // SAFETY: `dst` is 8 writable f32 (asserted); unaligned store.
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), y) };
+        });
+    }
+
+    /// [`rgb_row`] rounded to float16 as it is stored (F16C's `vcvtps2ph`, to nearest even).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; `n >= 16`, `px.len() == 3 n` and every
+    /// `d[k].len() == n`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn rgb_row_f16(
+        px: &[u8],
+        mirror: bool,
+        scale: [f32; 3],
+        bias: [f32; 3],
+        d: [&mut [f16]; 3],
+    ) {
+        rgb_row_body!(px, mirror, scale, bias, d, |dst: &mut [f16], y| {
+            assert!(dst.len() == 8);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y);
+            // SAFETY: `dst` is 8 writable f16, 16 bytes (asserted); unaligned store.
+            unsafe { _mm_storeu_si128(dst.as_mut_ptr().cast(), h) };
+        });
+    }
+
+    /// [`super::rgb_crop_f16`], every row and fill compiled for AVX2 and F16C.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn rgb_crop_f16(
+        src: &[u8],
+        h: usize,
+        w: usize,
+        out: [usize; 2],
+        win: &super::Window,
+        scale: [f32; 3],
+        bias: [f32; 3],
+        pad: [f32; 3],
+        dst: &mut [f16],
+    ) {
+        let pad = [
+            f16::from_f32_const(pad[0]),
+            f16::from_f32_const(pad[1]),
+            f16::from_f32_const(pad[2]),
         ];
-        let b: [__m256; 3] = [
-            _mm256_set1_ps(bias[0]),
-            _mm256_set1_ps(bias[1]),
-            _mm256_set1_ps(bias[2]),
-        ];
-        let planes = d;
-        let mut a = 0;
-        loop {
-            let start = a.min(n - 16);
-            let channels = channels(&px[3 * start..3 * start + 48], &mask);
-            let o = if mirror { n - 16 - start } else { start };
-            for k in 0..3 {
-                let (out, v) = (&mut planes[k][o..o + 16], channels[k]);
-                for (half, bytes) in [v, _mm_srli_si128::<8>(v)].into_iter().enumerate() {
-                    let f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-                    let y = _mm256_add_ps(_mm256_mul_ps(f, s[k]), b[k]);
-                    let dst = &mut out[8 * half..8 * half + 8];
-                    // SAFETY: `dst` is 8 writable f32; unaligned store.
-                    unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), y) };
+        super::crop(
+            src,
+            h,
+            w,
+            out,
+            win,
+            super::Pad::Rows(pad),
+            dst,
+            |px, mirror, d| {
+                if d[0].len() >= 16 {
+                    // SAFETY: AVX2 and F16C are present (this function's contract); `crop`
+                    // passes matching lengths, at least 16 pixels here.
+                    unsafe { rgb_row_f16(px, mirror, scale, bias, d) }
+                } else {
+                    super::portable_f16(px, mirror, scale, bias, d)
                 }
+            },
+        );
+    }
+
+    /// [`super::to_f16`]: 8 values per `vcvtps2ph` (to nearest even), the rest one by one.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn to_f16(src: &[f32], dst: &mut [f16]) {
+        assert!(src.len() == dst.len(), "to_f16: lengths");
+        let body = src.len() / 8 * 8;
+        for (s, d) in src[..body].chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            // SAFETY: `s` is 8 readable f32, `d` 8 writable f16 (16 bytes); unaligned.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+                _mm_storeu_si128(d.as_mut_ptr().cast(), h);
             }
-            if start == n - 16 {
-                break;
-            }
-            a += 16;
+        }
+        for (d, s) in dst[body..].iter_mut().zip(&src[body..]) {
+            *d = f16::from_f32_const(*s);
         }
     }
 }
@@ -688,6 +891,53 @@ mod tests {
     /// The streamed copy writes every byte, whatever the destination's alignment (an
     /// unaligned head, whole 32-byte blocks, a tail) and length, and nothing around it.
     #[cfg(target_arch = "x86_64")]
+    /// `to_f16` (staged and streamed, or not) rounds as `half`'s software conversion does, for
+    /// every length around the staging limit's and for values across float16's range:
+    /// subnormals, ties, the largest finite and overflow to infinity.
+    #[test]
+    fn float16_rounding_is_the_software_definition() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let special = [
+            0.0,
+            -0.0,
+            65504.0,
+            65520.0,
+            1e-8,
+            5.96e-8,
+            2.98e-8,
+            1.0 + 1.0 / 2048.0,
+        ];
+        for len in [0, 1, 7, 8, 9, 3072, STAGED_BYTES / 2, STAGED_BYTES / 2 + 3] {
+            let src: Vec<f32> = (0..len)
+                .map(|i| match special.get(i) {
+                    Some(v) => *v,
+                    // Finite values from 2^-30 to 2^17, either sign.
+                    None => {
+                        let w = next();
+                        let exp = 97 + (w % 48) as u32;
+                        f32::from_bits(((w >> 32) as u32 & 0x807f_ffff) | (exp << 23))
+                    }
+                })
+                .collect();
+            let mut got = vec![half::f16::from_bits(0x7e00); len];
+            to_f16(&src, &mut got);
+            for (i, (g, v)) in got.iter().zip(&src).enumerate() {
+                let want = half::f16::from_f32_const(*v);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "length {len}, value {i}: {v:e}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_streamed_copy_is_a_copy() {
         if !std::arch::is_x86_feature_detected!("avx2") {
@@ -724,6 +974,23 @@ mod tests {
             crop(&src, h, w, out, &win, Pad::Rows(pad), &mut want, |px, m, d| portable(px, m, scale, bias, d));
             let mut got = vec![f32::NAN; n];
             rgb_crop(&src, h, w, out, &win, scale, bias, pad, &mut got);
+            prop_assert_eq!(got, want);
+        }
+
+        /// The float16 crop (one pass with AVX2 and F16C, else the float32 crop converted)
+        /// is the float32 crop rounded to nearest even, for every window and flip, padding and
+        /// scales that round (scale 0.3 makes most values inexact in float16).
+        #[test]
+        fn the_f16_crop_is_the_f32_crop_rounded((h, w, src, out, win) in crops()) {
+            let (scale, bias, pad) = ([0.3, -2.0, 1e-5], [-1.0, 0.25, 7.0], [9.5, -3.1, 0.1]);
+            let n = 3 * out[0] * out[1];
+            let mut f = vec![f32::NAN; n];
+            rgb_crop(&src, h, w, out, &win, scale, bias, pad, &mut f);
+            let mut got = vec![half::f16::NAN; n];
+            let mut scratch = vec![0.0; n];
+            rgb_crop_f16(&src, h, w, out, &win, scale, bias, pad, &mut got, &mut scratch);
+            let want: Vec<u16> = f.iter().map(|v| half::f16::from_f32_const(*v).to_bits()).collect();
+            let got: Vec<u16> = got.iter().map(|v| v.to_bits()).collect();
             prop_assert_eq!(got, want);
         }
 

@@ -107,6 +107,7 @@ pub(super) fn build(
             bias,
             buffers: F32Pool::new(RETAIN_BYTES),
             pixel_buffers: crate::runtime::recycle::Pool::new(RETAIN_BYTES / 4),
+            half_buffers: crate::runtime::recycle::Pool::new(RETAIN_BYTES / 2),
         },
         schema,
     ))
@@ -510,6 +511,7 @@ fn output_schema(
             let element = match dtype {
                 ImageDtype::Float32 => DataType::Float32,
                 ImageDtype::Uint8 => DataType::UInt8,
+                ImageDtype::Float16 => DataType::Float16,
             };
             Field::new(&out_name, list(element, ch * out_hw[0] * out_hw[1]), false)
         }

@@ -36,7 +36,8 @@ pub struct DeviceImage {
     pub shape: [usize; 3],
     /// Output `[height, width]` (the crop's size, else the image's).
     pub out: [usize; 2],
-    /// Output element type: `float32` (converted and normalized) or `uint8` (pixels).
+    /// Output element type: `float32` (converted and normalized), `float16` (the same,
+    /// rounded) or `uint8` (pixels).
     pub dtype: ImageDtype,
     /// Per channel: `v * scale + bias` of a 0–255 value (float32 only).
     pub scale: Vec<f32>,

@@ -133,7 +133,9 @@ impl Geometry {
 impl ImageStage {
     /// The common case in one pass: an integer window (crop with padding, flips), no colour
     /// ops — HWC `u8` straight to normalized CHW `f32` in `dst` (one image), padding written
-    /// as the normalized 0. Each source row is read once, contiguously.
+    /// as the normalized 0. Each source row is read once, contiguously. `streamed`: `dst` is
+    /// a batch's buffer (written through a cached copy, then streamed); else a row the caller
+    /// reads next (plain stores).
     pub(super) fn crop_normalize(
         &self,
         src: &[u8],
@@ -141,6 +143,7 @@ impl ImageStage {
         w: usize,
         g: &Geometry,
         dst: &mut [f32],
+        streamed: bool,
     ) {
         let ch = self.shape[2];
         let win = g.window();
@@ -148,7 +151,11 @@ impl ImageStage {
             let scale = [self.scale[0], self.scale[1], self.scale[2]];
             let bias = [self.bias[0], self.bias[1], self.bias[2]];
             let pad = [self.pad_value[0], self.pad_value[1], self.pad_value[2]];
-            pixels::rgb_crop(src, h, w, self.out_hw, &win, scale, bias, pad, dst);
+            let crop = match streamed {
+                true => pixels::rgb_crop,
+                false => pixels::rgb_crop_cached,
+            };
+            crop(src, h, w, self.out_hw, &win, scale, bias, pad, dst);
             return;
         }
         let out = self.out_hw;
@@ -156,6 +163,25 @@ impl ImageStage {
         pixels::crop_channels(src, [h, w, ch], out, &win, &self.pad_value, dst, |k, p| {
             f32::from(p) * scale[k] + bias[k]
         });
+    }
+
+    /// [`Self::crop_normalize`] of an RGB image rounded to float16 into `dst` (`dtype:
+    /// float16`): in one pass where the CPU allows, through `scratch` (the image's length of
+    /// floats) where not (`pixels::rgb_crop_f16`).
+    pub(super) fn crop_f16(
+        &self,
+        src: &[u8],
+        h: usize,
+        w: usize,
+        g: &Geometry,
+        dst: &mut [half::f16],
+        scratch: &mut [f32],
+    ) {
+        let win = g.window();
+        let scale = [self.scale[0], self.scale[1], self.scale[2]];
+        let bias = [self.bias[0], self.bias[1], self.bias[2]];
+        let pad = [self.pad_value[0], self.pad_value[1], self.pad_value[2]];
+        pixels::rgb_crop_f16(src, h, w, self.out_hw, &win, scale, bias, pad, dst, scratch);
     }
 
     /// [`Self::crop_normalize`] for `dtype: uint8`: the window's pixels themselves, CHW,

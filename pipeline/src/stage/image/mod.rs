@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch, UInt8Array,
+    ArrayRef, BooleanArray, FixedSizeListArray, Float16Array, Float32Array, RecordBatch, UInt8Array,
 };
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{Field, SchemaRef};
@@ -88,6 +88,8 @@ pub(crate) struct ImageStage {
     buffers: Arc<F32Pool>,
     /// `dtype: uint8`'s output buffers, recycled the same way.
     pixel_buffers: Arc<Pool<u8>>,
+    /// `dtype: float16`'s.
+    half_buffers: Arc<Pool<half::f16>>,
     /// Where skipped rows also go.
     dead_letter: Option<ImageDeadLetter>,
 }
@@ -112,11 +114,15 @@ impl Transform for ImageStage {
         let width = ch * oh * ow;
         let ids = row_ids(&batch.lineage);
         // Every element is overwritten below (bad rows with zeros). `uint8`: the pixels, and
-        // a float row for the ops that are computed in floats (resize, colour), then rounded.
-        let uint8 = self.dtype == ImageDtype::Uint8;
-        let mut out = self.buffers.take(if uint8 { 0 } else { n * width });
-        let mut pixels = self.pixel_buffers.take(if uint8 { n * width } else { 0 });
-        let mut float_row = vec![0.0f32; if uint8 { width } else { 0 }];
+        // a float row for the ops that are computed in floats (resize, colour), then rounded;
+        // `float16`: each image in the float row, then rounded to its output.
+        let dtype = self.dtype;
+        let (uint8, float32) = (dtype == ImageDtype::Uint8, dtype == ImageDtype::Float32);
+        let size = |d: ImageDtype| if dtype == d { n * width } else { 0 };
+        let mut out = self.buffers.take(size(ImageDtype::Float32));
+        let mut pixels = self.pixel_buffers.take(size(ImageDtype::Uint8));
+        let mut halves = self.half_buffers.take(size(ImageDtype::Float16));
+        let mut float_row = vec![0.0f32; if float32 { 0 } else { width }];
         let mut scratch = vec![0.0f32; oh * ow * ch];
         let mut resampler = Resampler::default();
         let mut owned = Vec::new();
@@ -131,9 +137,9 @@ impl Transform for ImageStage {
             super::pixels::prefetch(b);
         }
         for (r, id) in ids.iter().enumerate() {
-            let dst = match uint8 {
-                false => &mut out[r * width..(r + 1) * width],
-                true => &mut float_row[..],
+            let dst = match float32 {
+                true => &mut out[r * width..(r + 1) * width],
+                false => &mut float_row[..],
             };
             let bytes = bytes_of(r);
             if let Some(b) = (r + AHEAD < n).then(|| bytes_of(r + AHEAD)).flatten() {
@@ -148,8 +154,12 @@ impl Transform for ImageStage {
                 Err(e) => {
                     bad.push((r, e));
                     dst.fill(0.0);
-                    if uint8 {
-                        pixels[r * width..(r + 1) * width].fill(0);
+                    // (Only the output of this `dtype` has rows; the others are empty.)
+                    if let Some(p) = pixels.get_mut(r * width..(r + 1) * width) {
+                        p.fill(0);
+                    }
+                    if let Some(p) = halves.get_mut(r * width..(r + 1) * width) {
+                        p.fill(half::f16::ZERO);
                     }
                     continue;
                 }
@@ -158,12 +168,18 @@ impl Transform for ImageStage {
             let (g, c) = self.draw(&mut rng, h, w);
             let erase = self.draw_erase(&mut rng, [oh, ow]);
             let fast = g.exact && c == NO_COLOUR;
-            if fast && uint8 && (g.pad == PaddingMode::Constant || g.inside(h, w)) {
+            let one_pass = fast && (g.pad == PaddingMode::Constant || g.inside(h, w));
+            if one_pass && uint8 {
                 self.crop_pixels(src, h, w, &g, &mut pixels[r * width..(r + 1) * width]);
                 continue;
             }
-            if fast && (g.pad == PaddingMode::Constant || g.inside(h, w)) {
-                self.crop_normalize(src, h, w, &g, dst);
+            if one_pass && dtype == ImageDtype::Float16 && ch == 3 && erase.is_none() {
+                let dst = &mut halves[r * width..(r + 1) * width];
+                self.crop_f16(src, h, w, &g, dst, &mut float_row);
+                continue;
+            }
+            if one_pass {
+                self.crop_normalize(src, h, w, &g, dst, float32);
             } else {
                 self.sample(src, h, w, &g, &mut scratch, &mut resampler);
                 self.colour(&mut scratch, &c);
@@ -186,17 +202,20 @@ impl Transform for ImageStage {
                 for (p, v) in row.iter_mut().zip(&float_row) {
                     *p = v.round() as u8;
                 }
+            } else if !float32 {
+                super::pixels::to_f16(&float_row, &mut halves[r * width..(r + 1) * width]);
             }
         }
         let values: ArrayRef = match self.dtype {
             ImageDtype::Float32 => Arc::new(Float32Array::new(self.buffers.into_buffer(out), None)),
-            ImageDtype::Uint8 => {
-                drop(self.buffers.into_buffer(out));
-                Arc::new(UInt8Array::new(
-                    self.pixel_buffers.into_buffer(pixels),
-                    None,
-                ))
-            }
+            ImageDtype::Uint8 => Arc::new(UInt8Array::new(
+                self.pixel_buffers.into_buffer(pixels),
+                None,
+            )),
+            ImageDtype::Float16 => Arc::new(Float16Array::new(
+                self.half_buffers.into_buffer(halves),
+                None,
+            )),
         };
         let list = self.list(values, width)?;
         self.finish(batch, list, None, &bad)

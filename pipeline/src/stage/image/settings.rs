@@ -36,6 +36,7 @@ pub struct ImageConfig {
     /// bytes to move to a GPU, normalized there (`sluice.torch.normalize`: after crops, padding
     /// and flips bit for bit the values of `normalize` here, after a resize or colour op
     /// within half a pixel level); `normalize` and `random_erasing` are refused with it.
+    /// `float16`: the float32 values rounded to float16 (half the bytes, for mixed precision).
     #[serde(default)]
     pub dtype: ImageDtype,
     /// Where the crop, the flips and `normalize` run. `host` (default): here, on the CPU
@@ -67,6 +68,10 @@ pub enum ImageDtype {
     Float32,
     /// Pixels 0–255 (rounded after resizing or colour ops).
     Uint8,
+    /// The float32 values rounded to float16 (IEEE binary16, to nearest, ties to even): half
+    /// the bytes, for mixed-precision training (DALI's `crop_mirror_normalize` with
+    /// `dtype=FLOAT16`).
+    Float16,
 }
 
 /// Where the `image` stage's geometry and normalization run.

@@ -119,7 +119,14 @@ fn one_pass_matches(
                     outer: [0, 0],
                 };
                 let mut fast = vec![0f32; n * ch];
-                st.crop_normalize(&src, h, w, &g, &mut fast);
+                st.crop_normalize(&src, h, w, &g, &mut fast, true);
+                // The same values with plain stores (what `dtype: float16` rounds next).
+                let mut cached = vec![0f32; n * ch];
+                st.crop_normalize(&src, h, w, &g, &mut cached, false);
+                assert_eq!(
+                    fast, cached,
+                    "streamed vs cached at {top},{left} flips {fh},{fv}"
+                );
                 let mut scratch = vec![0f32; n * ch];
                 st.sample(&src, h, w, &g, &mut scratch, &mut Resampler::default());
                 let slow: Vec<f32> = (0..ch)

@@ -1,6 +1,6 @@
 //! Tests of the `image` stage's output: CHW floats, normalized; `dtype: uint8` (the pixels
-//! of the float output, and refusing float ops); and the index column of
-//! `augment_on: device`.
+//! of the float output, and refusing float ops); `dtype: float16` (the float output
+//! rounded); and the index column of `augment_on: device`.
 
 use super::*;
 use arrow::datatypes::DataType;
@@ -129,6 +129,79 @@ fn uint8_output_is_the_float_output_in_pixels_for_one_and_three_channels() {
                 .map(|v| (v * 255.0).round() as u8)
                 .collect();
             assert_eq!(b, want, "{ch} channels, row {r}");
+        }
+    }
+}
+
+/// `dtype: float16` is the float32 output rounded to nearest-even, bit for bit (checked
+/// against `half`'s software rounding, so the F16C path is checked where the CPU has it): on
+/// the RGB kernel's path (32 pixels a row) with random erasing drawn after the crop, and on
+/// the one-channel path.
+#[test]
+fn float16_output_is_the_float32_output_rounded() {
+    let crop = |h: usize, w: usize| ImageOp::RandomCrop {
+        size: [h, w],
+        padding: 4,
+        padding_mode: PaddingMode::Constant,
+        pad_if_needed: false,
+        fill: PadFill::default(),
+    };
+    let cases = [
+        (
+            [32, 32, 3],
+            vec![
+                crop(32, 32),
+                ImageOp::HorizontalFlip { p: 0.5 },
+                ImageOp::Normalize {
+                    mean: vec![0.4914, 0.4822, 0.4465],
+                    std: vec![0.2470, 0.2435, 0.2616],
+                },
+                ImageOp::RandomErasing {
+                    p: 0.5,
+                    scale: [0.1, 0.3],
+                    ratio: [0.5, 2.0],
+                    value: EraseValue::Values(vec![0.1234567]),
+                },
+            ],
+        ),
+        (
+            [9, 7, 1],
+            vec![crop(9, 7), ImageOp::VerticalFlip { p: 0.5 }],
+        ),
+    ];
+    for (shape, ops) in cases {
+        let input = batch(shape, 8, |r, y, x, c| {
+            (r * 31 + y * 13 + x * 7 + c * 60) as u8
+        });
+        let floats = build_stage(shape, &input, ops.clone(), OnError::Fail, ImageFormat::Raw)
+            .apply(input.clone())
+            .unwrap();
+        let mut c = config(shape, ops, OnError::Fail, ImageFormat::Raw);
+        c.dtype = ImageDtype::Float16;
+        let (st, schema) = try_build(c, &input).unwrap();
+        let halves = st.apply(input).unwrap();
+        let k = shape[0] * shape[1] * shape[2];
+        assert_eq!(
+            schema.field(0).data_type(),
+            &DataType::FixedSizeList(
+                Arc::new(Field::new_list_field(DataType::Float16, false)),
+                k as i32
+            )
+        );
+        assert_eq!(halves.data.schema(), schema);
+        for r in 0..8 {
+            let got = halves.data.column(0).as_fixed_size_list().value(r);
+            let got: Vec<u16> = got
+                .as_primitive::<arrow::datatypes::Float16Type>()
+                .values()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            let want: Vec<u16> = row(&floats, r)
+                .iter()
+                .map(|v| half::f16::from_f32_const(*v).to_bits())
+                .collect();
+            assert_eq!(got, want, "{shape:?}, row {r}");
         }
     }
 }

@@ -8,7 +8,7 @@
 //! quarter of float32's bytes) with those indices, and on the device: one gather
 //! (`x[b, rows[b], cols[b]]`), the fill where an index is `-1`, then for float32 the
 //! conversion and `v * scale + bias` per channel — a multiply and an add, each rounded to
-//! float32, as the stage does them.
+//! float32, as the stage does them (for float16 the same, then rounded to nearest even).
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Int32Type};

@@ -281,7 +281,8 @@ def _device_image(pixels: torch.Tensor, index: torch.Tensor, spec: Mapping[str, 
     ``pixels`` (``uint8`` HWC rows) and ``index`` (each row's source rows, then columns; -1:
     the fill) are — the Rust loader's ops (``loader/src/device_image.rs``): one gather for
     the crop, flips and padding, the fill, then ``v * scale + bias`` in float32 (a multiply and
-    an add, each rounded, as the stage computes) — bit for bit the host stage's output."""
+    an add, each rounded, as the stage computes; ``dtype: float16`` then rounds it to
+    float16) — bit for bit the host stage's output."""
     n = pixels.shape[0]
     h, w, c = spec["shape"]
     oh, ow = spec["out"]
@@ -295,6 +296,8 @@ def _device_image(pixels: torch.Tensor, index: torch.Tensor, spec: Mapping[str, 
         out = torch.where(valid, cut, fill)
     else:
         out = torch.where(valid, cut.to(torch.float32), fill) * scale + bias
+        if spec["dtype"] == "float16":
+            out = out.half()  # rounded to nearest even, as the host stage rounds
     return out.permute(0, 3, 1, 2).contiguous()
 
 

@@ -39,7 +39,7 @@ pub struct DeviceImage {
     /// Output element type: `float32` (converted and normalized), `float16` (the same,
     /// rounded) or `uint8` (pixels).
     pub dtype: ImageDtype,
-    /// Per channel: `v * scale + bias` of a 0–255 value (float32 only).
+    /// Per channel: `v * scale + bias` of a 0–255 value (float32 and float16 only).
     pub scale: Vec<f32>,
     /// See `scale`.
     pub bias: Vec<f32>,

@@ -1,5 +1,5 @@
 //! The `image` stage: decode (raw HWC `uint8`, PNG, JPEG), seeded augmentation, and output
-//! as `fixed_size_list<float32>` in CHW order.
+//! as a CHW `fixed_size_list` of `float32` (or, by `dtype`, `uint8` pixels or `float16`).
 //!
 //! Per row, every random draw comes from ChaCha8 keyed by (seed, stage, column) on the stream
 //! of the row's identity (lineage + epoch; see [`super::augment::row_ids`]), in op order:

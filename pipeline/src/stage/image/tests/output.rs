@@ -135,8 +135,8 @@ fn uint8_output_is_the_float_output_in_pixels_for_one_and_three_channels() {
 
 /// `dtype: float16` is the float32 output rounded to nearest-even, bit for bit (checked
 /// against `half`'s software rounding, so the F16C path is checked where the CPU has it): on
-/// the RGB kernel's path (32 pixels a row) with random erasing drawn after the crop, and on
-/// the one-channel path.
+/// the RGB kernel's path (32 pixels a row) with random erasing drawn after the crop, on the
+/// one-channel path, and for an image larger than the staging copy.
 #[test]
 fn float16_output_is_the_float32_output_rounded() {
     let crop = |h: usize, w: usize| ImageOp::RandomCrop {
@@ -167,6 +167,11 @@ fn float16_output_is_the_float32_output_rounded() {
         (
             [9, 7, 1],
             vec![crop(9, 7), ImageOp::VerticalFlip { p: 0.5 }],
+        ),
+        // Larger than the staging copy (73.5 KiB of float16): written straight to the batch.
+        (
+            [112, 112, 3],
+            vec![crop(112, 112), ImageOp::HorizontalFlip { p: 0.5 }],
         ),
     ];
     for (shape, ops) in cases {
@@ -203,6 +208,12 @@ fn float16_output_is_the_float32_output_rounded() {
                 .collect();
             assert_eq!(got, want, "{shape:?}, row {r}");
         }
+        // Not vacuous on the first case: erased rows (rounded after erasing) and rows that
+        // take the one-pass kernel.
+        let erased = (0..8)
+            .filter(|r| row(&floats, *r).contains(&0.1234567))
+            .count();
+        assert!(shape != [32, 32, 3] || (1..8).contains(&erased), "{erased}");
     }
 }
 

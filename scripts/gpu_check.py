@@ -3,7 +3,8 @@ NVIDIA GPU (and, as a smoke test, by python/tests/test_examples.py with --device
 
 1. values: `sluice.torch.Loader` on the GPU with `augment_on: device` (uint8 crosses PCIe;
    crop, flip and normalize run there) equals, bit for bit, the CPU loader with the crop,
-   flip and normalize done in the pipeline (`augment_on: host`);
+   flip and normalize done in the pipeline (`augment_on: host`), for float32 and float16
+   output;
 2. the copy: bytes per batch and the host-to-device copy time of a uint8 batch and of its
    float32 equivalent, timed by CUDA events, and whether the staged batch is pinned;
 3. training: examples/python/train_cifar.py's ResNet-style model on CIFAR-style data, fed by
@@ -50,13 +51,13 @@ def cifar_like(directory: Path, rows: int, files: int = 8) -> None:
         pq.write_table(table, directory / f"train-{f:03}.parquet", row_group_size=-(-per_file // 3), compression="zstd")
 
 
-def config(data: Path, augment_on: str, threads: int) -> str:
+def config(data: Path, augment_on: str, threads: int, dtype: str = "float32") -> str:
     return f"""
 source: {{type: parquet, path: '{data}/*.parquet', columns: [image, label]}}
 stages:
   - {{type: shuffle, buffer_rows: 10000, seed: 1}}
   - {{type: batch, size: 256}}
-  - {{type: image, column: image, shape: [32, 32, 3], seed: 1, augment_on: {augment_on},
+  - {{type: image, column: image, shape: [32, 32, 3], seed: 1, augment_on: {augment_on}, dtype: {dtype},
      ops: [{{random_crop: {{size: [32, 32], padding: 4}}}}, {{horizontal_flip: {{p: 0.5}}}},
            {{normalize: {{mean: {MEAN}, std: {STD}}}}}]}}
 runtime: {{threads: {threads}}}
@@ -67,14 +68,23 @@ def check_values(data: Path, device: str, threads: int, batches: int = 20) -> di
     import sluice.torch as st
 
     tensors = {"x": {"column": "image", "shape": [3, 32, 32]}, "y": "label"}
-    on_device = st.Loader(config(data, "device", threads), batch_tensors=tensors, device=device)
-    on_host = st.Loader(config(data, "host", threads), batch_tensors=tensors, device="cpu")
-    compared = equal = 0
-    for _, (d, h) in zip(range(batches), zip(on_device, on_host)):
-        assert d["x"].device.type == torch.device(device).type
-        compared += 1
-        equal += torch.equal(d["x"].cpu(), h["x"]) and torch.equal(d["y"].cpu(), h["y"])
-    return {"batches_compared": compared, "batches_equal": equal}
+    out = {"batches_compared": 0, "batches_equal": 0}
+    for dtype in ("float32", "float16"):
+        on_device = st.Loader(config(data, "device", threads, dtype), batch_tensors=tensors, device=device)
+        on_host = st.Loader(config(data, "host", threads, dtype), batch_tensors=tensors, device="cpu")
+        compared = equal = 0
+        for _, (d, h) in zip(range(batches), zip(on_device, on_host)):
+            assert d["x"].device.type == torch.device(device).type
+            assert d["x"].dtype == h["x"].dtype == (torch.float16 if dtype == "float16" else torch.float32)
+            compared += 1
+            # Bits, not values: +0 and -0 differ.
+            same = torch.equal(d["x"].cpu().view(torch.int16 if dtype == "float16" else torch.int32),
+                               h["x"].view(torch.int16 if dtype == "float16" else torch.int32))
+            equal += same and torch.equal(d["y"].cpu(), h["y"])
+        out[dtype] = {"batches_compared": compared, "batches_equal": equal}
+        out["batches_compared"] += compared
+        out["batches_equal"] += equal
+    return out
 
 
 def check_copy(device: str) -> dict:

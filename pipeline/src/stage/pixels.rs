@@ -118,14 +118,19 @@ impl Plain for u8 {}
 impl Plain for half::f16 {}
 
 /// `write` into this thread's staging copy (`dst`'s length, in the cache), then that copy
-/// streamed to `dst` (`avx2::stream`). The caller has checked that the CPU has AVX2, and
-/// `write` writes every element (the staging copy holds the last image's values).
+/// streamed to `dst` (`avx2::stream`); an image over [`STAGED_BYTES`] is written straight to
+/// `dst`. The caller has checked that the CPU has AVX2, and `write` writes every element (the
+/// staging copy holds the last image's values).
 #[cfg(target_arch = "x86_64")]
 fn staged<T: Plain>(
     staging: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>,
     dst: &mut [T],
     write: impl FnOnce(&mut [T]),
 ) {
+    if std::mem::size_of_val(dst) > STAGED_BYTES {
+        write(dst);
+        return;
+    }
     staging.with_borrow_mut(|s| {
         s.resize(dst.len(), T::default());
         write(s);
@@ -166,7 +171,7 @@ pub(crate) fn rgb_crop(
     dst: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::mem::size_of_val(dst) <= STAGED_BYTES {
+    if std::arch::is_x86_feature_detected!("avx2") {
         staged(&STAGING_F32, dst, |d| {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX2 (checked just above).
@@ -218,11 +223,7 @@ pub(crate) fn to_f16(src: &[f32], dst: &mut [half::f16]) {
     if has_f16c() {
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX2 and F16C (checked just above).
-        let convert = |d: &mut [half::f16]| unsafe { avx2::to_f16(src, d) };
-        match std::mem::size_of_val(dst) <= STAGED_BYTES {
-            true => staged(&STAGING_F16, dst, convert),
-            false => convert(dst),
-        }
+        staged(&STAGING_F16, dst, |d| unsafe { avx2::to_f16(src, d) });
         return;
     }
     dst.convert_from_f32_slice(src);
@@ -256,13 +257,9 @@ pub(crate) fn rgb_crop_f16(
     if has_f16c() {
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX2 and F16C (checked just above).
-        let crop = |d: &mut [half::f16]| unsafe {
+        staged(&STAGING_F16, dst, |d| unsafe {
             avx2::rgb_crop_f16(src, h, w, out, win, scale, bias, pad, d)
-        };
-        match std::mem::size_of_val(dst) <= STAGED_BYTES {
-            true => staged(&STAGING_F16, dst, crop),
-            false => crop(dst),
-        }
+        });
         return;
     }
     rgb_crop_cached(src, h, w, out, win, scale, bias, pad, scratch);
@@ -311,21 +308,13 @@ pub(crate) fn rgb_crop_u8(
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        if dst.len() <= STAGED_BYTES {
-            staged(&STAGING_U8, dst, |d| {
-                #[allow(unsafe_code)]
-                // SAFETY: the CPU has AVX2 (checked just above).
-                unsafe {
-                    avx2::rgb_crop_u8(src, h, w, out, win, pad, d)
-                };
-            });
-            return;
-        }
-        #[allow(unsafe_code)]
-        // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe {
-            avx2::rgb_crop_u8(src, h, w, out, win, pad, dst)
-        };
+        staged(&STAGING_U8, dst, |d| {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 (checked just above).
+            unsafe {
+                avx2::rgb_crop_u8(src, h, w, out, win, pad, d)
+            };
+        });
         return;
     }
     crop(src, h, w, out, win, prefill(pad, dst), dst, portable_u8);

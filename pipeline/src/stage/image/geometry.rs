@@ -148,9 +148,7 @@ impl ImageStage {
         let ch = self.shape[2];
         let win = g.window();
         if ch == 3 {
-            let scale = [self.scale[0], self.scale[1], self.scale[2]];
-            let bias = [self.bias[0], self.bias[1], self.bias[2]];
-            let pad = [self.pad_value[0], self.pad_value[1], self.pad_value[2]];
+            let [scale, bias, pad] = self.rgb_constants();
             let crop = match streamed {
                 true => pixels::rgb_crop,
                 false => pixels::rgb_crop_cached,
@@ -178,10 +176,14 @@ impl ImageStage {
         scratch: &mut [f32],
     ) {
         let win = g.window();
-        let scale = [self.scale[0], self.scale[1], self.scale[2]];
-        let bias = [self.bias[0], self.bias[1], self.bias[2]];
-        let pad = [self.pad_value[0], self.pad_value[1], self.pad_value[2]];
+        let [scale, bias, pad] = self.rgb_constants();
         pixels::rgb_crop_f16(src, h, w, self.out_hw, &win, scale, bias, pad, dst, scratch);
+    }
+
+    /// An RGB stage's per-channel scale, bias and normalized padding value, as the RGB
+    /// kernels take them.
+    fn rgb_constants(&self) -> [[f32; 3]; 3] {
+        [&self.scale, &self.bias, &self.pad_value].map(|v| [v[0], v[1], v[2]])
     }
 
     /// [`Self::crop_normalize`] for `dtype: uint8`: the window's pixels themselves, CHW,

@@ -202,7 +202,7 @@ impl Transform for ImageStage {
                 for (p, v) in row.iter_mut().zip(&float_row) {
                     *p = v.round() as u8;
                 }
-            } else if !float32 {
+            } else if dtype == ImageDtype::Float16 {
                 super::pixels::to_f16(&float_row, &mut halves[r * width..(r + 1) * width]);
             }
         }

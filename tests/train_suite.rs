@@ -13,6 +13,8 @@ mod sweep;
 mod torch_parity;
 #[path = "train.rs"]
 mod train;
+#[path = "train_inputs.rs"]
+mod train_inputs;
 #[path = "train_kafka.rs"]
 mod train_kafka;
 #[path = "train_mpi.rs"]

@@ -81,7 +81,24 @@ pub(super) fn touch(batch: &RecordBatch, workload: Workload) -> f64 {
     match workload {
         Workload::Images => {
             let bytes = column.as_fixed_size_binary().value_data();
-            bytes.iter().map(|&b| u64::from(b)).sum::<u64>() as f64
+            // 32 running sums of 16 bits over blocks of 256 × 32 bytes (255 · 256 < 2¹⁶), so
+            // the loop is vectorised on the baseline x86-64 target: one `u64` sum per byte
+            // ran at ~6 GB/s here (2026-12-01), 30 GB/s this way, and took as long as the
+            // decode of these images, in the ceiling and on the source variant's one consumer
+            // thread alike.
+            let mut total = 0u64;
+            for block in bytes.chunks(32 * 256) {
+                let words = block.chunks_exact(32);
+                let rest: u64 = words.remainder().iter().map(|&b| u64::from(b)).sum();
+                let lanes = words.fold([0u16; 32], |mut acc, w| {
+                    for (a, b) in acc.iter_mut().zip(w) {
+                        *a += u16::from(*b);
+                    }
+                    acc
+                });
+                total += lanes.iter().map(|&l| u64::from(l)).sum::<u64>() + rest;
+            }
+            total as f64
         }
         Workload::Tabular => {
             let list = column.as_fixed_size_list();

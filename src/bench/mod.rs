@@ -408,9 +408,10 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     let stamp = data.join(".sluice-bench");
     let (files, groups, per_group) = args.layout.shape(w, rows);
     let wanted = format!(
-        "{} {rows} {} {files}x{groups}x{per_group}",
+        "{} {rows} {} {files}x{groups}x{per_group} {}",
         w.name(),
-        args.layout.name()
+        args.layout.name(),
+        workload::IMAGES
     );
     let generated = if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         Ok(())

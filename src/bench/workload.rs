@@ -144,7 +144,7 @@ fn photo_like(next: &mut impl FnMut() -> u64, out: &mut [u8]) {
         (i0, (i0 + 1).min(GRID - 1), x - i0 as f32)
     };
     for (p, px) in out.chunks_exact_mut(6).enumerate() {
-        // Two pixels' channels per pair of draws' worth of noise: 6 bytes, 3 pairs.
+        // Six values (two pixels) from three draws of a pair of normals.
         let noise = [normal_pair(), normal_pair(), normal_pair()];
         for (j, v) in px.iter_mut().enumerate() {
             let (pixel, c) = ((6 * p + j) / 3, (6 * p + j) % 3);

@@ -120,3 +120,26 @@ pub(super) fn touch(batch: &RecordBatch, workload: Workload) -> f64 {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use arrow::array::FixedSizeBinaryArray;
+    use std::sync::Arc;
+
+    /// The blocked sum of the pixels equals the plain one: all bytes 255 (each 16-bit lane at
+    /// its largest, 256 · 255), and bytes that are not a whole number of blocks or lanes.
+    #[test]
+    fn touch_sums_every_pixel() {
+        for (rows, byte) in [(11usize, None), (3, Some(255u8)), (1, Some(7))] {
+            let bytes: Vec<u8> = (0..rows * 3072)
+                .map(|i| byte.unwrap_or(((i * 2_654_435_761) >> 7) as u8))
+                .collect();
+            let images = FixedSizeBinaryArray::try_from_iter(bytes.chunks(3072)).unwrap();
+            let batch = RecordBatch::try_from_iter([("image", Arc::new(images) as _)]).unwrap();
+            let want: u64 = bytes.iter().map(|&b| u64::from(b)).sum();
+            assert_eq!(touch(&batch, Workload::Images), want as f64, "{rows} rows");
+        }
+    }
+}

@@ -137,25 +137,21 @@ fn photo_like(next: &mut impl FnMut() -> u64, out: &mut [u8]) {
     for (k, cell) in cells.iter_mut().flatten().flatten().enumerate() {
         *cell = f32::from(base[k % 3]) + 100.0 * normal_pair().0;
     }
-    // Where pixel `i` falls on the grid (numpy's `linspace(0, GRID - 1, SIDE)`).
-    let at = |i: usize| {
+    // Where row or column `i` falls on the grid (numpy's `linspace(0, GRID - 1, SIDE)`).
+    let at: [(usize, usize, f32); SIDE] = std::array::from_fn(|i| {
         let x = i as f32 * (GRID - 1) as f32 / (SIDE - 1) as f32;
         let i0 = (x as usize).min(GRID - 1);
         (i0, (i0 + 1).min(GRID - 1), x - i0 as f32)
-    };
+    });
     for (p, px) in out.chunks_exact_mut(6).enumerate() {
         // Six values (two pixels) from three draws of a pair of normals.
-        let noise = [normal_pair(), normal_pair(), normal_pair()];
-        for (j, v) in px.iter_mut().enumerate() {
+        let [d0, d1, d2] = [normal_pair(), normal_pair(), normal_pair()];
+        let noise = [d0.0, d0.1, d1.0, d1.1, d2.0, d2.1];
+        for (j, (v, z)) in px.iter_mut().zip(noise).enumerate() {
             let (pixel, c) = ((6 * p + j) / 3, (6 * p + j) % 3);
-            let ((y0, y1, fy), (x0, x1, fx)) = (at(pixel / SIDE), at(pixel % SIDE));
+            let ((y0, y1, fy), (x0, x1, fx)) = (at[pixel / SIDE], at[pixel % SIDE]);
             let top = cells[y0][x0][c] * (1.0 - fx) + cells[y0][x1][c] * fx;
             let bottom = cells[y1][x0][c] * (1.0 - fx) + cells[y1][x1][c] * fx;
-            let z = if j % 2 == 0 {
-                noise[j / 2].0
-            } else {
-                noise[j / 2].1
-            };
             let value = top * (1.0 - fy) + bottom * fy + 8.0 * z;
             *v = value.round().clamp(0.0, 255.0) as u8;
         }

@@ -405,8 +405,9 @@ fn variants(original: &[u8], l: &Layout) -> Vec<Variant> {
 }
 
 /// Runs `sluice run` on `v` in a directory of its own (the file, its config, `out/` for the
-/// sink); returns that directory, the file's name and the process output.
-fn run(root: &Path, v: &Variant) -> (PathBuf, String, std::process::Output) {
+/// sink), the file mapped into memory or read with `pread` (`memory_map`); returns that
+/// directory, the file's name and the process output.
+fn run(root: &Path, v: &Variant, memory_map: bool) -> (PathBuf, String, std::process::Output) {
     let dir = root.join(&v.name);
     std::fs::create_dir_all(dir.join("out")).unwrap();
     let file = format!("{}.parquet", v.name);
@@ -424,7 +425,7 @@ fn run(root: &Path, v: &Variant) -> (PathBuf, String, std::process::Output) {
     std::fs::write(
         dir.join("p.yaml"),
         format!(
-            "source:\n  type: parquet\n  {source}\n  batch_rows: 64\nstages:\n  - {{type: batch, size: 50}}\nruntime: {{threads: 2}}\nsink: {{type: parquet, path: out/x.parquet, row_group_size: 100}}\n"
+            "source:\n  type: parquet\n  {source}\n  batch_rows: 64\n  memory_map: {memory_map}\nstages:\n  - {{type: batch, size: 50}}\nruntime: {{threads: 2}}\nsink: {{type: parquet, path: out/x.parquet, row_group_size: 100}}\n"
         ),
     )
     .unwrap();
@@ -437,8 +438,13 @@ fn run(root: &Path, v: &Variant) -> (PathBuf, String, std::process::Output) {
 }
 
 /// What became of `v`: how the table shows it, or what is wrong.
-fn judge(root: &Path, v: &Variant, reference: &[RecordBatch]) -> Result<&'static str, String> {
-    let (dir, file, out) = run(root, v);
+fn judge(
+    root: &Path,
+    v: &Variant,
+    memory_map: bool,
+    reference: &[RecordBatch],
+) -> Result<&'static str, String> {
+    let (dir, file, out) = run(root, v, memory_map);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let said = format!(
         "\n--- stderr ---\n{}",
@@ -506,7 +512,7 @@ fn corrupt_parquet_is_a_clean_error_naming_the_file() {
         bytes: original.clone(),
         manifest: None,
     };
-    let (dir, _, out) = run(root.path(), &intact);
+    let (dir, _, out) = run(root.path(), &intact, true);
     common::assert_ok(&out);
     assert_eq!(files_under(&dir.join("out")), ["x.parquet"]);
     let reference = read_parquet(&dir.join("out/x.parquet"));
@@ -526,19 +532,26 @@ fn corrupt_parquet_is_a_clean_error_naming_the_file() {
     let mut problems = Vec::new();
     let mut table = Vec::new();
     let mut caught = 0;
-    for v in &all {
+    // Every other copy is read with `pread`, the others mapped into memory: both ways of
+    // reading a local file meet each kind of damage (the variants come in kinds of several).
+    for (i, v) in all.iter().enumerate() {
         let class = if v.must_fail { "must fail" } else { "may read" };
-        match judge(root.path(), v, &reference) {
+        let memory_map = i % 2 == 0;
+        let how = if memory_map { "mapped" } else { "pread" };
+        match judge(root.path(), v, memory_map, &reference) {
             Ok(outcome) => {
                 if !v.must_fail && outcome == "error" {
                     caught += 1;
                 }
                 table.push(format!(
-                    "  {:<36} {class:<9}  {outcome:<17}  {}",
+                    "  {:<36} {class:<9}  {how:<6}  {outcome:<17}  {}",
                     v.name, v.what
                 ));
             }
-            Err(problem) => problems.push(format!("{} ({class}: {}): {problem}", v.name, v.what)),
+            Err(problem) => problems.push(format!(
+                "{} ({class}, {how}: {}): {problem}",
+                v.name, v.what
+            )),
         }
     }
     eprintln!(

@@ -72,7 +72,7 @@ fn reports_every_problem_with_positions() {
     );
     // The likely intended name, when one is close; none for a name like none of them.
     assert!(
-        all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, epochs, shard, partitioning, partition_types, mix; did you mean `columns`?"),
+        all.contains("expected one of path, manifest, storage, columns, batch_rows, prefetch, prefetch_bytes, memory_map, epochs, shard, partitioning, partition_types, mix; did you mean `columns`?"),
         "{all}"
     );
     assert!(

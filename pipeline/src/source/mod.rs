@@ -9,6 +9,7 @@ pub(crate) mod kafka;
 #[path = "kafka/off.rs"]
 pub(crate) mod kafka;
 mod manifest;
+mod mapped;
 pub mod parquet;
 pub(crate) mod reader;
 

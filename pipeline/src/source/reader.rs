@@ -16,6 +16,7 @@ use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
 use crate::error::{Error, ReadError, ReadKind, hint};
+use crate::source::mapped::{MappedFile, NotMapped};
 use crate::storage::ObjectLocation;
 
 /// Reads one object for the Parquet decoder.
@@ -166,6 +167,9 @@ fn encrypted_columns(m: &ArrowReaderMetadata) -> bool {
 pub(crate) struct LocalChunks {
     /// Read at offsets (`pread`), never through the file's position: shared without a lock.
     file: Arc<std::fs::File>,
+    /// The file mapped (`memory_map`): pages are handed to the decoder without a copy. Page
+    /// headers are still read with `pread` (8 KiB at a time: small next to the pages).
+    map: Option<MappedFile>,
     /// The object, for the messages of failed reads.
     reader: ObjectReader,
     failed: Arc<std::sync::OnceLock<ReadError>>,
@@ -174,13 +178,22 @@ pub(crate) struct LocalChunks {
 impl LocalChunks {
     /// Opens the file of `reader`, or `None` when its object is not local. Every range in
     /// `ranges` must lie within the file as it is now (a file that shrank after listing is a
-    /// read error, as when the ranges are fetched whole).
-    pub(crate) fn open(reader: &ObjectReader, ranges: &[Range<u64>]) -> Option<Result<Self>> {
+    /// read error, as when the ranges are fetched whole). `memory_map`: map the file and hand
+    /// its pages out as slices of the mapping (see [`MappedFile`]).
+    pub(crate) fn open(
+        reader: &ObjectReader,
+        ranges: &[Range<u64>],
+        memory_map: bool,
+    ) -> Option<Result<Self>> {
         let path = reader.local.as_ref()?;
-        let chunks = |file| LocalChunks {
-            file: Arc::new(file),
-            reader: reader.clone(),
-            failed: Arc::default(),
+        let chunks = |file: std::fs::File, len| {
+            let file = Arc::new(file);
+            LocalChunks {
+                map: memory_map.then(|| MappedFile::map(&file, len)).flatten(),
+                file,
+                reader: reader.clone(),
+                failed: Arc::default(),
+            }
         };
         let opened = std::fs::File::open(&**path).and_then(|f| Ok((f.metadata()?.len(), f)));
         Some(match opened {
@@ -191,7 +204,7 @@ impl LocalChunks {
                     let kind = ReadKind::Local(std::io::ErrorKind::UnexpectedEof);
                     Err(reader.error(std::slice::from_ref(r), kind, e))
                 }
-                None => Ok(chunks(file)),
+                None => Ok(chunks(file, now)),
             },
         })
     }
@@ -232,6 +245,13 @@ impl parquet::file::reader::ChunkReader for LocalChunks {
 
     fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
         let range = start..start + length as u64;
+        if let Some(map) = &self.map {
+            match map.bytes(range.clone()) {
+                Ok(bytes) => return Ok(bytes),
+                Err(NotMapped::Failed(e)) => return Err(self.fail(range, &e)),
+                Err(NotMapped::Unchecked) => {}
+            }
+        }
         let read = read_range(&self.file, &range);
         read.map(Bytes::from).map_err(|e| self.fail(range, &e))
     }
@@ -400,10 +420,7 @@ fn read_range(file: &std::fs::File, r: &Range<u64>) -> std::io::Result<Vec<u8>> 
         }
     }
     if buf.len() != want {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            ends_after(buf.len() as u64, want as u64),
-        ));
+        return Err(crate::source::mapped::short(buf.len() as u64, want as u64));
     }
     Ok(buf)
 }
@@ -482,6 +499,12 @@ mod tests {
     /// read that fails later names the object and range and is kept as the unit's failure.
     #[test]
     fn local_chunks_read_what_the_decoder_asks_and_keep_the_first_failure() {
+        for memory_map in [false, true] {
+            local_chunks_read(memory_map);
+        }
+    }
+
+    fn local_chunks_read(memory_map: bool) {
         use parquet::file::reader::ChunkReader;
         use std::io::Read;
         let dir = tempfile::tempdir().unwrap();
@@ -491,7 +514,7 @@ mod tests {
         let location = crate::storage::resolve_output(path.to_str().unwrap(), dir.path()).unwrap();
         let reader = ObjectReader::new(&location, data.len() as u64);
 
-        let past = LocalChunks::open(&reader, &[0..10, 9000..10_001]).unwrap();
+        let past = LocalChunks::open(&reader, &[0..10, 9000..10_001], memory_map).unwrap();
         let e = past.unwrap_err().to_string();
         assert!(
             e.contains("bytes 9000..10001")
@@ -500,9 +523,10 @@ mod tests {
             "{e}"
         );
 
-        let chunks = LocalChunks::open(&reader, &[0..10, 10..10_000])
+        let chunks = LocalChunks::open(&reader, &[0..10, 10..10_000], memory_map)
             .unwrap()
             .unwrap();
+        assert_eq!(chunks.map.is_some(), memory_map);
         let (mut a, mut b) = (
             chunks.get_read(100).unwrap(),
             chunks.get_read(7000).unwrap(),

@@ -110,7 +110,7 @@ fn write(
 
 /// The whole file `reader` reads (`size` bytes) as local chunks.
 fn local(reader: &ObjectReader, size: u64) -> Chunks {
-    let chunks = LocalChunks::open(reader, std::slice::from_ref(&(0..size)));
+    let chunks = LocalChunks::open(reader, std::slice::from_ref(&(0..size)), true);
     Chunks::Local(chunks.unwrap().unwrap())
 }
 

@@ -340,6 +340,7 @@ impl ParquetSource {
             })
             .flatten();
         let batch_rows = this.config.batch_rows;
+        let memory_map = this.config.memory_map;
         let schema = this.schema.clone();
         let threads = pool.threads();
         // The memory budget of the row groups in flight, in KiB: each unit takes its estimate
@@ -376,6 +377,7 @@ impl ParquetSource {
                             first,
                             epoch,
                             batch_rows,
+                            memory_map,
                             pool,
                             schema,
                             metrics,

@@ -94,6 +94,8 @@ pub(super) struct UnitRead {
     pub(super) first: u64,
     pub(super) epoch: u64,
     pub(super) batch_rows: usize,
+    /// Map local files (`memory_map`) rather than read them with `pread`.
+    pub(super) memory_map: bool,
     pub(super) pool: CpuPool,
     pub(super) schema: SchemaRef,
     pub(super) metrics: Arc<PipelineMetrics>,
@@ -134,7 +136,8 @@ pub(super) async fn fetch(
 }
 
 /// The decoder of rows `skip..skip + take` of row group `rg` of a local `file`, which reads
-/// its pages as it decodes them (see [`LocalChunks`]; fixed-size list columns see
+/// its pages as it decodes them (mapped with `memory_map`; see [`LocalChunks`]; fixed-size
+/// list columns see
 /// [`super::lists`]), with the file it reads; `None` for other stores, read whole with
 /// [`fetch`].
 fn open_local(
@@ -142,10 +145,11 @@ fn open_local(
     rg: usize,
     span: (usize, usize),
     batch_rows: usize,
+    memory_map: bool,
 ) -> Option<Result<(UnitDecoder, LocalChunks)>> {
     let url = &file.object.location.url;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
-    let opened = LocalChunks::open(&reader, &chunk_ranges(file, rg))?;
+    let opened = LocalChunks::open(&reader, &chunk_ranges(file, rg), memory_map)?;
     let decoder = |chunks: LocalChunks| {
         let rows = rows_of(file, rg, Chunks::Local(chunks.clone()), span, batch_rows);
         Ok((rows.decoder()?, chunks))
@@ -251,16 +255,18 @@ impl UnitRead {
         // A local file is read as it is decoded; other stores' chunks are fetched first.
         let span = (skip as usize, take as usize);
         let selection = span_selection(span.0, span.1, rg_rows);
-        let (mut decoder, local) = match open_local(file, rg, span, self.batch_rows) {
-            Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
-            None => match fetch_lists(file, rg, span, self.batch_rows).await {
-                Some(decoder) => (decoder?, None),
-                None => {
-                    let fetched = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
-                    (UnitDecoder::Arrow(fetched), None)
-                }
-            },
-        };
+        let (mut decoder, local) =
+            match open_local(file, rg, span, self.batch_rows, self.memory_map) {
+                Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
+                None => match fetch_lists(file, rg, span, self.batch_rows).await {
+                    Some(decoder) => (decoder?, None),
+                    None => {
+                        let fetched =
+                            fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
+                        (UnitDecoder::Arrow(fetched), None)
+                    }
+                },
+            };
         let origin = Origin::Object {
             url: Name::from(&**url),
             row_group: rg as u32,

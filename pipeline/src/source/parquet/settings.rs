@@ -42,6 +42,12 @@ pub struct ParquetSourceConfig {
     /// one larger than this is read alone. Default: 256 MiB.
     #[serde(default = "default_prefetch_bytes")]
     pub prefetch_bytes: ByteSize,
+    /// Local files are mapped into memory and their pages decoded where they lie, without
+    /// the copy a `pread` makes (see `source::mapped`); `false` reads them with `pread`. A
+    /// mapped file cut shorter while one of its pages is being decoded ends the process
+    /// (`SIGBUS`); read with `pread`, it is an error naming the file. Default: true.
+    #[serde(default = "default_memory_map")]
+    pub memory_map: bool,
     /// Passes over the files. Default: 1.
     #[serde(default = "default_epochs")]
     pub epochs: u64,
@@ -134,6 +140,9 @@ fn default_prefetch() -> usize {
 }
 fn default_prefetch_bytes() -> ByteSize {
     ByteSize::mib(256)
+}
+fn default_memory_map() -> bool {
+    true
 }
 fn default_epochs() -> u64 {
     1

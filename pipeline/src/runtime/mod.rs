@@ -1,10 +1,12 @@
 //! Runtime plumbing shared by sources, stages and the executor: the bounded CPU pool, the
-//! byte-bounded channels between tasks, buffer recycling and the metrics every component
+//! byte-bounded channels between tasks, buffer recycling, buffers in huge pages for rows read
+//! at random (`huge`) and the metrics every component
 //! reports into (and `tensorboard`, the event files `sluice run` and `sluice train` write them to). It knows nothing about what flows through it, so sources and stages import it
 //! downward instead of reaching up into the executor.
 
 pub(crate) mod channel;
 mod cpu;
+pub(crate) mod huge;
 pub mod metrics;
 mod pool;
 pub(crate) mod recycle;

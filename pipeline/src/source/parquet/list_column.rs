@@ -31,6 +31,7 @@ use parquet::errors::{ParquetError, Result};
 use parquet::schema::types::ColumnDescPtr;
 
 use super::levels;
+use crate::runtime::huge::HugeBuffers;
 
 /// One fixed-size list column read here.
 pub(super) struct ListColumn {
@@ -51,6 +52,8 @@ pub(super) struct ListColumn {
     rep: Vec<i16>,
     /// Rows to pass over before the first read.
     skip: usize,
+    /// Where each batch's values are copied to.
+    huge: HugeBuffers,
     /// Data pages read whole / decoded by parquet's reader (for tests).
     pub(super) whole_pages: usize,
     pub(super) decoded_pages: usize,
@@ -98,6 +101,7 @@ impl ListColumn {
             skip,
             whole_pages: 0,
             decoded_pages: 0,
+            huge: HugeBuffers::default(),
         }
     }
 
@@ -150,8 +154,14 @@ impl ListColumn {
     }
 
     /// The first `bytes` of `ready` (which holds them), removed from it, copied into one
-    /// buffer of their own.
+    /// buffer of their own: in huge pages (`runtime::huge`: a shuffle gathers these rows at
+    /// random), or allocated as usual when a batch is larger than a region.
     fn take(&mut self, bytes: usize) -> Buffer {
+        let mut parts = self.ready.iter().map(Buffer::as_slice);
+        if let Some(buffer) = self.huge.copy(bytes, &mut parts) {
+            self.pass_over(bytes);
+            return buffer;
+        }
         let mut out = MutableBuffer::with_capacity(bytes);
         while out.len() < bytes {
             let Some(front) = self.ready.front_mut() else {

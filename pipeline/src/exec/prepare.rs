@@ -62,6 +62,12 @@ impl Pipeline {
         }
         self.stamp_plan(&mut source, resume_mark, &shuffle, &acker)
             .await?;
+        if let Source::Parquet(p) = &mut source {
+            let first = self.config.stages.first().map(|s| &s.value);
+            let window =
+                matches!(first, Some(StageConfig::Shuffle(_))) && self.global_shuffle().is_none();
+            p.gathered_next(window);
+        }
         let stage_metrics = self.stage_metrics();
         let ctx = self.build_context();
         let (mut slots, schema, frozen) = self

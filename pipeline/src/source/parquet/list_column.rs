@@ -52,8 +52,9 @@ pub(super) struct ListColumn {
     rep: Vec<i16>,
     /// Rows to pass over before the first read.
     skip: usize,
-    /// Where each batch's values are copied to.
-    huge: HugeBuffers,
+    /// Where each batch's values are copied to when a shuffle gathers them next (else the
+    /// allocator's memory, which a stage after the source can rewrite in place).
+    huge: Option<HugeBuffers>,
     /// Data pages read whole / decoded by parquet's reader (for tests).
     pub(super) whole_pages: usize,
     pub(super) decoded_pages: usize,
@@ -101,8 +102,14 @@ impl ListColumn {
             skip,
             whole_pages: 0,
             decoded_pages: 0,
-            huge: HugeBuffers::default(),
+            huge: None,
         }
+    }
+
+    /// Its batches' values in huge pages ([`HugeBuffers`]) when `huge`.
+    pub(super) fn in_huge_pages(mut self, huge: bool) -> Self {
+        self.huge = huge.then(HugeBuffers::default);
+        self
     }
 
     /// The next `rows` lists, or `None` when their pages are not `rows` lists of exactly
@@ -154,11 +161,13 @@ impl ListColumn {
     }
 
     /// The first `bytes` of `ready` (which holds them), removed from it, copied into one
-    /// buffer of their own: in huge pages (`runtime::huge`: a shuffle gathers these rows at
-    /// random), or allocated as usual when a batch is larger than a region.
+    /// buffer of their own: in huge pages when a shuffle gathers these rows at random next
+    /// (`runtime::huge`; a batch larger than a region is allocated as usual), else from the
+    /// allocator, which lets the stage after the source rewrite it in place (`stage::owned`:
+    /// a buffer of huge pages is not the allocator's to grow, so it would be copied).
     fn take(&mut self, bytes: usize) -> Buffer {
         let mut parts = self.ready.iter().map(Buffer::as_slice);
-        if let Some(buffer) = self.huge.copy(bytes, &mut parts) {
+        if let Some(buffer) = (self.huge.as_mut()).and_then(|h| h.copy(bytes, &mut parts)) {
             self.pass_over(bytes);
             return buffer;
         }

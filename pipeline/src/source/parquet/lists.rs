@@ -59,6 +59,9 @@ pub(super) struct Rows {
     pub(super) skip: usize,
     pub(super) take: usize,
     pub(super) batch_rows: usize,
+    /// Fixed-size list values in huge pages (`runtime::huge`): a window shuffle gathers them
+    /// at random next.
+    pub(super) huge_lists: bool,
 }
 
 impl Rows {
@@ -131,7 +134,8 @@ impl Rows {
                 DataType::FixedSizeList(item, size) => (item.clone(), *size as usize),
                 _ => unreachable!("checked by read_here"),
             };
-            let list = ListColumn::new(column, Box::new(pages), item, size, self.skip);
+            let list = ListColumn::new(column, Box::new(pages), item, size, self.skip)
+                .in_huge_pages(self.huge_lists);
             order.push(Some(lists.len()));
             lists.push(Column::List(list));
         }

@@ -154,6 +154,7 @@ fn rows(metadata: ArrowReaderMetadata, chunks: Chunks, mask: Option<&[usize]>) -
         skip: 0,
         take: 1000,
         batch_rows: 128,
+        huge_lists: true,
     }
 }
 

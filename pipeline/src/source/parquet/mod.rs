@@ -83,6 +83,9 @@ pub(crate) struct ParquetSource {
     resume: Option<Mark>,
     /// Where the source is in the config (`file:line:col`), for errors.
     at: Arc<str>,
+    /// Fixed-size list values in huge pages (`runtime::huge`): set when a window shuffle is
+    /// the first stage, which gathers them at random.
+    huge_lists: bool,
     /// The `mix` planned over every file, once they are all open (shared by clones).
     mix_plan: Arc<std::sync::OnceLock<Mixed>>,
     /// A global shuffle's plan over every file, once they are all open (shared by clones).
@@ -198,6 +201,7 @@ impl ParquetSource {
             config: config.clone(),
             order: None,
             global: None,
+            huge_lists: false,
             rank: 0,
             world: 1,
             resume: None,
@@ -341,6 +345,7 @@ impl ParquetSource {
             .flatten();
         let batch_rows = this.config.batch_rows;
         let memory_map = this.config.memory_map;
+        let huge_lists = this.huge_lists;
         let schema = this.schema.clone();
         let threads = pool.threads();
         // The memory budget of the row groups in flight, in KiB: each unit takes its estimate
@@ -378,6 +383,7 @@ impl ParquetSource {
                             epoch,
                             batch_rows,
                             memory_map,
+                            huge_lists,
                             pool,
                             schema,
                             metrics,
@@ -410,6 +416,12 @@ impl ParquetSource {
             }
             drop(permit);
         }
+    }
+
+    /// Whether the first stage gathers the source's rows at random (a window shuffle): their
+    /// fixed-size list values then go to huge pages.
+    pub(crate) fn gathered_next(&mut self, yes: bool) {
+        self.huge_lists = yes;
     }
 
     /// Sets the read order and share: row groups permuted per epoch with `order` (a seed), or

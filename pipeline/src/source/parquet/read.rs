@@ -96,6 +96,8 @@ pub(super) struct UnitRead {
     pub(super) batch_rows: usize,
     /// Map local files (`memory_map`) rather than read them with `pread`.
     pub(super) memory_map: bool,
+    /// Fixed-size list values in huge pages: a window shuffle gathers them next.
+    pub(super) huge_lists: bool,
     pub(super) pool: CpuPool,
     pub(super) schema: SchemaRef,
     pub(super) metrics: Arc<PipelineMetrics>,
@@ -145,13 +147,14 @@ fn open_local(
     rg: usize,
     span: (usize, usize),
     batch_rows: usize,
-    memory_map: bool,
+    (memory_map, huge_lists): (bool, bool),
 ) -> Option<Result<(UnitDecoder, LocalChunks)>> {
     let url = &file.object.location.url;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
     let opened = LocalChunks::open(&reader, &chunk_ranges(file, rg), memory_map)?;
     let decoder = |chunks: LocalChunks| {
-        let rows = rows_of(file, rg, Chunks::Local(chunks.clone()), span, batch_rows);
+        let chunks_read = Chunks::Local(chunks.clone());
+        let rows = rows_of(file, rg, chunks_read, span, (batch_rows, huge_lists));
         Ok((rows.decoder()?, chunks))
     };
     Some(
@@ -169,6 +172,7 @@ async fn fetch_lists(
     rg: usize,
     span: (usize, usize),
     batch_rows: usize,
+    huge_lists: bool,
 ) -> Option<Result<UnitDecoder>> {
     if !has_lists(&file.metadata, &file.mask) {
         return None;
@@ -177,7 +181,8 @@ async fn fetch_lists(
     let reader = ObjectReader::new(&file.object.location, file.object.size);
     let ranges = chunk_ranges(file, rg);
     let decoder = (FetchedChunks::fetch(&reader, ranges).await).and_then(|fetched| {
-        rows_of(file, rg, Chunks::Fetched(fetched), span, batch_rows).decoder()
+        let chunks = Chunks::Fetched(fetched);
+        rows_of(file, rg, chunks, span, (batch_rows, huge_lists)).decoder()
     });
     Some(decoder.map_err(|e| Error::parquet(url, Some(rg), e)))
 }
@@ -189,7 +194,7 @@ fn rows_of(
     rg: usize,
     chunks: Chunks,
     (skip, take): (usize, usize),
-    batch_rows: usize,
+    (batch_rows, huge_lists): (usize, bool),
 ) -> Rows {
     Rows {
         chunks,
@@ -199,6 +204,7 @@ fn rows_of(
         skip,
         take,
         batch_rows,
+        huge_lists,
     }
 }
 
@@ -255,18 +261,22 @@ impl UnitRead {
         // A local file is read as it is decoded; other stores' chunks are fetched first.
         let span = (skip as usize, take as usize);
         let selection = span_selection(span.0, span.1, rg_rows);
-        let (mut decoder, local) =
-            match open_local(file, rg, span, self.batch_rows, self.memory_map) {
-                Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
-                None => match fetch_lists(file, rg, span, self.batch_rows).await {
-                    Some(decoder) => (decoder?, None),
-                    None => {
-                        let fetched =
-                            fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
-                        (UnitDecoder::Arrow(fetched), None)
-                    }
-                },
-            };
+        let (mut decoder, local) = match open_local(
+            file,
+            rg,
+            span,
+            self.batch_rows,
+            (self.memory_map, self.huge_lists),
+        ) {
+            Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
+            None => match fetch_lists(file, rg, span, self.batch_rows, self.huge_lists).await {
+                Some(decoder) => (decoder?, None),
+                None => {
+                    let fetched = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
+                    (UnitDecoder::Arrow(fetched), None)
+                }
+            },
+        };
         let origin = Origin::Object {
             url: Name::from(&**url),
             row_group: rg as u32,

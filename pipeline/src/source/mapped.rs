@@ -32,9 +32,11 @@ pub(crate) struct MappedFile {
 /// Why a range could not be handed out as a slice of the mapping.
 #[derive(Debug)]
 pub(crate) enum NotMapped {
-    /// The kernel cannot check ranges in advance (no `MADV_POPULATE_READ`): read it with
-    /// `pread`, and the rest of the file too.
-    Unchecked,
+    /// Read it with `pread` instead: the kernel cannot check ranges in advance (no
+    /// `MADV_POPULATE_READ`; then no file is mapped again), or the check failed for another
+    /// reason than the range being gone (a pending signal, memory pressure), which `pread`
+    /// reports if it fails too.
+    ReadInstead,
     /// The range is not (or no longer) in the file.
     Failed(std::io::Error),
 }
@@ -64,28 +66,31 @@ impl MappedFile {
     /// a unit's mapping keeps in memory only the pages being decoded, as reading them with
     /// `pread` does.
     pub(crate) fn bytes(&self, range: Range<u64>) -> Result<Bytes, NotMapped> {
-        let (start, end) = (range.start as usize, range.end as usize);
-        if range.end > self.map.len() as u64 || start > end {
+        let want = range.end.saturating_sub(range.start);
+        if range.end > self.map.len() as u64 || range.start > range.end {
             let got = (self.map.len() as u64).saturating_sub(range.start);
-            return Err(NotMapped::Failed(short(got, range.end - range.start)));
+            return Err(NotMapped::Failed(short(got, want)));
         }
+        // (Both ends are within the mapping, so they fit in `usize`.)
+        let (start, end) = (range.start as usize, range.end as usize);
         if end > start {
             match self
                 .map
                 .advise_range(Advice::PopulateRead, start, end - start)
             {
                 Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    UNCHECKED.store(true, Ordering::Relaxed);
-                    return Err(NotMapped::Unchecked);
-                }
                 // The file was cut shorter since it was mapped.
                 Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
                     let now = self.file.metadata().map_or(0, |m| m.len());
                     let got = now.saturating_sub(range.start);
-                    return Err(NotMapped::Failed(short(got, range.end - range.start)));
+                    return Err(NotMapped::Failed(short(got, want)));
                 }
-                Err(e) => return Err(NotMapped::Failed(e)),
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::EINVAL) {
+                        UNCHECKED.store(true, Ordering::Relaxed);
+                    }
+                    return Err(NotMapped::ReadInstead);
+                }
             }
         }
         Ok(Bytes::from_owner(Slice {

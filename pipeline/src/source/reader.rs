@@ -249,7 +249,7 @@ impl parquet::file::reader::ChunkReader for LocalChunks {
             match map.bytes(range.clone()) {
                 Ok(bytes) => return Ok(bytes),
                 Err(NotMapped::Failed(e)) => return Err(self.fail(range, &e)),
-                Err(NotMapped::Unchecked) => {}
+                Err(NotMapped::ReadInstead) => {}
             }
         }
         let read = read_range(&self.file, &range);

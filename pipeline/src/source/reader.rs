@@ -16,7 +16,7 @@ use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
 use crate::error::{Error, ReadError, ReadKind, hint};
-use crate::source::mapped::{MappedFile, NotMapped};
+use crate::source::mapped::{MappedFile, NotMapped, short};
 use crate::storage::ObjectLocation;
 
 /// Reads one object for the Parquet decoder.
@@ -200,7 +200,7 @@ impl LocalChunks {
             Err(e) => Err(reader.error(ranges, ReadKind::Local(e.kind()), e)),
             Ok((now, file)) => match ranges.iter().find(|r| r.end > now) {
                 Some(r) => {
-                    let e = ends_after(now.saturating_sub(r.start), r.end - r.start);
+                    let e = short(now.saturating_sub(r.start), r.end - r.start);
                     let kind = ReadKind::Local(std::io::ErrorKind::UnexpectedEof);
                     Err(reader.error(std::slice::from_ref(r), kind, e))
                 }
@@ -420,14 +420,9 @@ fn read_range(file: &std::fs::File, r: &Range<u64>) -> std::io::Result<Vec<u8>> 
         }
     }
     if buf.len() != want {
-        return Err(crate::source::mapped::short(buf.len() as u64, want as u64));
+        return Err(short(buf.len() as u64, want as u64));
     }
     Ok(buf)
-}
-
-/// What a read that found the file shorter than its range says.
-fn ends_after(got: u64, want: u64) -> String {
-    format!("the file ends after {got} of the {want} bytes")
 }
 
 impl AsyncFileReader for ObjectReader {

@@ -64,9 +64,11 @@ impl Pipeline {
             .await?;
         if let Source::Parquet(p) = &mut source {
             let first = self.config.stages.first().map(|s| &s.value);
-            let window =
-                matches!(first, Some(StageConfig::Shuffle(_))) && self.global_shuffle().is_none();
-            p.gathered_next(window);
+            let window = match first {
+                Some(StageConfig::Shuffle(c)) => c.gathers_in_memory(p.schema()),
+                _ => false,
+            };
+            p.gathered_next(window && self.global_shuffle().is_none());
         }
         let stage_metrics = self.stage_metrics();
         let ctx = self.build_context();

@@ -218,7 +218,7 @@ impl UnitRead {
         let n = shared.0.len();
         let mut at = 0usize;
         while at < n {
-            let (s, batch_rows, epoch) = (shared.clone(), self.batch_rows, self.epoch);
+            let (s, batch_rows, epoch) = (shared.clone(), self.options.batch_rows, self.epoch);
             let (index, first) = (self.index, self.first);
             let (chunk, size) = self
                 .pool

@@ -32,7 +32,7 @@ use self::columns::{Slot, schema_difference};
 use self::files::{Files, FilesState, Seen, list_objects, open_file};
 use self::global::{Block, GlobalPlan};
 use self::mix::{Mixed, check_mix};
-use self::read::UnitRead;
+use self::read::{ReadOptions, UnitRead};
 use self::unit::Unit;
 use crate::batch::Mark;
 use crate::error::{Error, Result};
@@ -343,9 +343,11 @@ impl ParquetSource {
                     })
             })
             .flatten();
-        let batch_rows = this.config.batch_rows;
-        let memory_map = this.config.memory_map;
-        let huge_lists = this.huge_lists;
+        let options = ReadOptions {
+            batch_rows: this.config.batch_rows,
+            memory_map: this.config.memory_map,
+            huge_lists: this.huge_lists,
+        };
         let schema = this.schema.clone();
         let threads = pool.threads();
         // The memory budget of the row groups in flight, in KiB: each unit takes its estimate
@@ -381,9 +383,7 @@ impl ParquetSource {
                             index,
                             first,
                             epoch,
-                            batch_rows,
-                            memory_map,
-                            huge_lists,
+                            options,
                             pool,
                             schema,
                             metrics,
@@ -418,8 +418,9 @@ impl ParquetSource {
         }
     }
 
-    /// Whether the first stage gathers the source's rows at random (a window shuffle): their
-    /// fixed-size list values then go to huge pages.
+    /// Whether the first stage gathers the source's rows at random (a window shuffle held in
+    /// memory, `ShuffleConfig::gathers_in_memory`): their fixed-size list values then go to
+    /// huge pages.
     pub(crate) fn gathered_next(&mut self, yes: bool) {
         self.huge_lists = yes;
     }

@@ -86,6 +86,16 @@ impl Unit {
     }
 }
 
+/// How every unit of a source is read: the same for all of them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadOptions {
+    pub(super) batch_rows: usize,
+    /// Map local files (`memory_map`) rather than read them with `pread`.
+    pub(super) memory_map: bool,
+    /// Fixed-size list values in huge pages: a window shuffle gathers them next.
+    pub(super) huge_lists: bool,
+}
+
 /// How one unit (or a global shuffle's block, `gather.rs`) is read: where it sits in the plan
 /// and what to read it with.
 pub(super) struct UnitRead {
@@ -93,11 +103,7 @@ pub(super) struct UnitRead {
     /// The first row of the unit to read (rows before it were delivered before a resume).
     pub(super) first: u64,
     pub(super) epoch: u64,
-    pub(super) batch_rows: usize,
-    /// Map local files (`memory_map`) rather than read them with `pread`.
-    pub(super) memory_map: bool,
-    /// Fixed-size list values in huge pages: a window shuffle gathers them next.
-    pub(super) huge_lists: bool,
+    pub(super) options: ReadOptions,
     pub(super) pool: CpuPool,
     pub(super) schema: SchemaRef,
     pub(super) metrics: Arc<PipelineMetrics>,
@@ -146,15 +152,14 @@ fn open_local(
     file: &ParquetFile,
     rg: usize,
     span: (usize, usize),
-    batch_rows: usize,
-    (memory_map, huge_lists): (bool, bool),
+    options: ReadOptions,
 ) -> Option<Result<(UnitDecoder, LocalChunks)>> {
     let url = &file.object.location.url;
     let reader = ObjectReader::new(&file.object.location, file.object.size);
-    let opened = LocalChunks::open(&reader, &chunk_ranges(file, rg), memory_map)?;
+    let opened = LocalChunks::open(&reader, &chunk_ranges(file, rg), options.memory_map)?;
     let decoder = |chunks: LocalChunks| {
         let chunks_read = Chunks::Local(chunks.clone());
-        let rows = rows_of(file, rg, chunks_read, span, (batch_rows, huge_lists));
+        let rows = rows_of(file, rg, chunks_read, span, options);
         Ok((rows.decoder()?, chunks))
     };
     Some(
@@ -171,8 +176,7 @@ async fn fetch_lists(
     file: &ParquetFile,
     rg: usize,
     span: (usize, usize),
-    batch_rows: usize,
-    huge_lists: bool,
+    options: ReadOptions,
 ) -> Option<Result<UnitDecoder>> {
     if !has_lists(&file.metadata, &file.mask) {
         return None;
@@ -182,7 +186,7 @@ async fn fetch_lists(
     let ranges = chunk_ranges(file, rg);
     let decoder = (FetchedChunks::fetch(&reader, ranges).await).and_then(|fetched| {
         let chunks = Chunks::Fetched(fetched);
-        rows_of(file, rg, chunks, span, (batch_rows, huge_lists)).decoder()
+        rows_of(file, rg, chunks, span, options).decoder()
     });
     Some(decoder.map_err(|e| Error::parquet(url, Some(rg), e)))
 }
@@ -194,7 +198,7 @@ fn rows_of(
     rg: usize,
     chunks: Chunks,
     (skip, take): (usize, usize),
-    (batch_rows, huge_lists): (usize, bool),
+    options: ReadOptions,
 ) -> Rows {
     Rows {
         chunks,
@@ -203,8 +207,8 @@ fn rows_of(
         rg,
         skip,
         take,
-        batch_rows,
-        huge_lists,
+        batch_rows: options.batch_rows,
+        huge_lists: options.huge_lists,
     }
 }
 
@@ -261,18 +265,14 @@ impl UnitRead {
         // A local file is read as it is decoded; other stores' chunks are fetched first.
         let span = (skip as usize, take as usize);
         let selection = span_selection(span.0, span.1, rg_rows);
-        let (mut decoder, local) = match open_local(
-            file,
-            rg,
-            span,
-            self.batch_rows,
-            (self.memory_map, self.huge_lists),
-        ) {
+        let options = self.options;
+        let (mut decoder, local) = match open_local(file, rg, span, options) {
             Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
-            None => match fetch_lists(file, rg, span, self.batch_rows, self.huge_lists).await {
+            None => match fetch_lists(file, rg, span, options).await {
                 Some(decoder) => (decoder?, None),
                 None => {
-                    let fetched = fetch(file, rg, selection, self.batch_rows, &self.pool).await?;
+                    let batch_rows = options.batch_rows;
+                    let fetched = fetch(file, rg, selection, batch_rows, &self.pool).await?;
                     (UnitDecoder::Arrow(fetched), None)
                 }
             },

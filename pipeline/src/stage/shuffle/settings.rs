@@ -1,7 +1,7 @@
 //! The `shuffle` stage's settings, and its build step: the settings checked against the input
 //! schema (the shuffle itself is the rest of this folder).
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +93,26 @@ fn default_shuffle_batch() -> usize {
 }
 fn default_true() -> bool {
     true
+}
+
+impl ShuffleConfig {
+    /// Whether this shuffle gathers a window of `input` rows at random from memory: a window
+    /// shuffle that exchanges nothing between ranks and whose fixed-size list values
+    /// (`buffer_rows` rows of them) fit in `max_memory`. A spilled or exchanged window is
+    /// gathered from rows read back or received, not from the source's buffers.
+    pub(crate) fn gathers_in_memory(&self, input: &Schema) -> bool {
+        let row_bytes: usize = (input.fields().iter())
+            .filter_map(|f| match f.data_type() {
+                DataType::FixedSizeList(item, n) => {
+                    Some(item.data_type().primitive_width()? * (*n).max(0) as usize)
+                }
+                _ => None,
+            })
+            .sum();
+        self.mode == ShuffleMode::Window
+            && !self.across_ranks
+            && (self.buffer_rows as u128) * (row_bytes as u128) <= self.max_memory.as_u64() as u128
+    }
 }
 
 impl StageKind for ShuffleConfig {

@@ -212,3 +212,24 @@ fn views_point_at_the_same_bytes() {
         );
     }
 }
+
+/// Huge-page list buffers are asked for only where the window is gathered from memory: not
+/// when `buffer_rows` of the list values exceed `max_memory` (it spills), not across ranks
+/// (rows arrive decoded from the exchange), not for a global shuffle.
+#[test]
+fn gathers_in_memory_only_for_a_window_held_in_memory() {
+    use arrow::datatypes::{Field, Schema};
+    let item = Arc::new(Field::new_list_field(DataType::Float32, false));
+    let schema = Schema::new(vec![
+        Field::new("x", DataType::FixedSizeList(item, 256), false),
+        Field::new("label", DataType::Int64, false),
+    ]);
+    let config = |json: &str| serde_json::from_str::<settings::ShuffleConfig>(json).unwrap();
+    // The default 16,384 rows × 1 KiB = 16 MiB of list values.
+    assert!(config("{}").gathers_in_memory(&schema));
+    assert!(config(r#"{"max_memory": "16 MiB"}"#).gathers_in_memory(&schema));
+    assert!(!config(r#"{"max_memory": "15 MiB"}"#).gathers_in_memory(&schema));
+    assert!(!config(r#"{"buffer_rows": 1000000}"#).gathers_in_memory(&schema));
+    assert!(!config(r#"{"across_ranks": true}"#).gathers_in_memory(&schema));
+    assert!(!config(r#"{"mode": "global"}"#).gathers_in_memory(&schema));
+}

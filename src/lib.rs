@@ -17,8 +17,8 @@ pub mod observe;
 pub mod report;
 
 pub use job::{
-    CheckpointConfig, Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport, mib,
-    peak_rss_bytes, rss_bytes,
+    CheckpointConfig, Job, JobError, PartitionReport, PreparedJob, RunReport, StageReport,
+    mapped_rss_bytes, mib, peak_rss_bytes, rss_bytes,
 };
 #[cfg(feature = "torch")]
 pub use sluice_loader as loader;

@@ -126,6 +126,16 @@ fn bench(workload: &str, rows: usize) {
             start > 1.0 && start < peak,
             "{name}: start {start}, peak {peak}"
         );
+        if matches!(
+            name,
+            "raw" | "source" | "sluice" | "global" | "uint8" | "float16" | "floor"
+        ) {
+            // libtorch's libraries are part of what the binary holds before it loads; a build
+            // without `torch` has none.
+            let lib = v["measured"]["libtorch_rss_mib"].as_f64().unwrap();
+            assert!(lib < start, "{name}: libtorch {lib}, start {start}");
+            assert_eq!(lib > 1.0, cfg!(feature = "torch"), "{name}: libtorch {lib}");
+        }
         assert!(v["vs_raw"].as_f64().unwrap() > 0.0, "{name}");
         assert!(v["cpu_seconds_per_1k"].as_f64().unwrap() > 0.0, "{name}");
         assert!(
@@ -151,6 +161,11 @@ fn bench(workload: &str, rows: usize) {
             "{table}"
         );
     }
+    assert_eq!(
+        table.contains("libtorch's libraries:"),
+        cfg!(feature = "torch"),
+        "{table}"
+    );
     if torch {
         assert!(r["sluice_vs_dataloader"].as_f64().unwrap() > 0.0);
         assert!(table.contains("sluice vs PyTorch DataLoader"), "{table}");

@@ -26,6 +26,10 @@ pub(crate) struct Measured {
     /// with numpy, pyarrow and torch imported. The peak less this is what the loading took.
     #[serde(default)]
     pub(super) start_rss_mib: Option<f64>,
+    /// Of the peak, libtorch's libraries (`libtorch*`, `libc10*`, torch's `lib` folder): their
+    /// pages mapped in at the end of the run (a Rust variant; 0 in a build without `torch`).
+    #[serde(default)]
+    pub(super) libtorch_rss_mib: Option<f64>,
     /// User + system CPU seconds of the process, all its threads (Python peers: also their
     /// finished worker processes).
     #[serde(default)]
@@ -60,6 +64,14 @@ fn rss_mib() -> Option<f64> {
     sluice::rss_bytes().map(sluice::mib)
 }
 
+fn libtorch_rss_mib() -> Option<f64> {
+    sluice::mapped_rss_bytes(|path| {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        name.starts_with("libtorch") || name.starts_with("libc10") || path.contains("/torch/lib/")
+    })
+    .map(sluice::mib)
+}
+
 /// `sluice bench-child`: runs one Sluice variant in this process and prints a JSON line.
 pub(crate) async fn child(
     data: &Path,
@@ -82,6 +94,7 @@ pub(crate) async fn child(
                 seconds: start.elapsed().as_secs_f64(),
                 peak_rss_mib: peak_rss_mib(),
                 start_rss_mib,
+                libtorch_rss_mib: libtorch_rss_mib(),
                 cpu_seconds: cpu_seconds().zip(cpu_start).map(|(end, start)| end - start),
                 bottleneck: None,
             });
@@ -109,6 +122,7 @@ pub(crate) async fn child(
             seconds,
             peak_rss_mib: peak_rss_mib(),
             start_rss_mib,
+            libtorch_rss_mib: libtorch_rss_mib(),
             cpu_seconds: cpu,
             bottleneck: Some(report.bottleneck),
         })

@@ -350,6 +350,33 @@ pub fn rss_bytes() -> Option<u64> {
     status_bytes("VmRSS:")
 }
 
+/// Resident bytes of this process's mappings of the files whose path `of` accepts: the `Rss`
+/// lines of `/proc/self/smaps` summed (`None` where there is none). For a library, its code
+/// and data pages mapped in, shared with other processes or not.
+pub fn mapped_rss_bytes(of: impl Fn(&str) -> bool) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut counted = false;
+    let mut kib = 0u64;
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        if first == "Rss:" {
+            if counted {
+                kib += words
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        } else if !first.ends_with(':') {
+            // A mapping's header: `start-end perms offset dev inode [path]` (a path may hold
+            // spaces; an anonymous mapping has none).
+            let path = words.skip(4).collect::<Vec<_>>().join(" ");
+            counted = !path.is_empty() && of(&path);
+        }
+    }
+    Some(kib * 1024)
+}
+
 /// A size field of `/proc/self/status` (given in kB), in bytes.
 fn status_bytes(field: &str) -> Option<u64> {
     std::fs::read_to_string("/proc/self/status")

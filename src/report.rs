@@ -340,9 +340,9 @@ impl Report {
 /// The element right after the last queue whose producer was blocked for a good part of the
 /// run: everything before it waits for it. No blocked queue: the source is the slowest.
 /// Share of the CPU pool one stage must keep busy on its own (and at least half of all stage
-/// CPU time) for a full queue in front of the consumer to be blamed on it rather than on the
-/// consumer: the consumer's conversion (tensors, encoding) runs on the same pool, so a stage
-/// that crowds the pool slows the consumer down. (The pool's threads also lose time to the
+/// CPU time) for a full queue in front of the consumer (or a window shuffle) to be blamed on it
+/// rather than on the consumer: the consumer's conversion (tensors, encoding) and the shuffle's
+/// steps run on the same pool, so a stage that crowds the pool slows them down. (The pool's threads also lose time to the
 /// rest of the process and the machine: on the 2-core tabular bench the noise stage measured
 /// 38–54% of the pool while it was, by a profile, where the CPU went.)
 const HEAVY_POOL_SHARE: f64 = 1.0 / 3.0;
@@ -394,8 +394,17 @@ fn bottleneck(
                 && s.busy_seconds >= HEAVY_POOL_SHARE * pool_seconds
                 && s.busy_seconds >= 0.5 * total
         });
-    if name == consumer
-        && consumer != "trainer"
+    // What the element in front of the full queue runs on the CPU pool, where a heavy stage
+    // crowds it: the consumer's conversion, or a window shuffle's steps (one at a time, each
+    // waiting behind the stages' queued jobs).
+    let on_pool = if name == consumer && consumer != "trainer" {
+        Some(format!("the {consumer}'s conversion runs"))
+    } else if name.ends_with(" shuffle") {
+        Some(format!("`{name}`'s steps run"))
+    } else {
+        None
+    };
+    if let Some(on_pool) = on_pool
         && idx > 0
         && let Some(h) = heaviest
     {
@@ -403,7 +412,7 @@ fn bottleneck(
         return Bottleneck {
             element: h.name.clone(),
             evidence: format!(
-                "the queue in front of the {consumer} was full, but `{}` kept the CPU pool {:.0}% busy on its own ({:.0}% of all stage CPU time), and the {consumer}'s conversion runs on the same pool",
+                "the queue in front of `{name}` was full, but `{}` kept the CPU pool {:.0}% busy on its own ({:.0}% of all stage CPU time), and {on_pool} on the same pool",
                 h.name,
                 100.0 * h.busy_seconds / pool_seconds,
                 100.0 * h.busy_seconds / total.max(1e-9)
@@ -655,6 +664,30 @@ mod tests {
             bottleneck(&up, None, "consumer", &heavy, 7.0).element,
             "#0 gaussian_noise"
         );
+        // A window shuffle's steps wait behind the heavy stage's jobs on the same pool: the
+        // full queue in front of it names the stage that crowds the pool.
+        let shuffled = [
+            el("source", Some(0.9)),
+            el("#0 shuffle", Some(0.0)),
+            el("#1 gaussian_noise", Some(0.0)),
+            el("consumer", None),
+        ];
+        let busy = [
+            st("#0 shuffle", 0.4),
+            st("#1 gaussian_noise", 5.0),
+            st("#2 batch", 0.1),
+        ];
+        let b = bottleneck(&shuffled, None, "consumer", &busy, 7.0);
+        assert_eq!(b.element, "#1 gaussian_noise");
+        assert!(
+            b.evidence.contains("`#0 shuffle`'s steps"),
+            "{}",
+            b.evidence
+        );
+        let idle = [st("#0 shuffle", 0.4), st("#1 gaussian_noise", 1.0)];
+        let b = bottleneck(&shuffled, None, "consumer", &idle, 7.0);
+        assert_eq!(b.element, "#0 shuffle");
+        assert!(b.suggestion.contains("buffer_rows"), "{}", b.suggestion);
         // The trainer computes on its own threads: a busy pool does not excuse it.
         let train = [
             el("source", Some(0.0)),

@@ -393,6 +393,26 @@ fn print_table(table: &[Row]) {
     }
 }
 
+/// Under the table, for the `sluice` row: libtorch's share of its peak RSS and the bottleneck
+/// (returned for the JSON results).
+fn print_sluice_footer(table: &[Row]) -> Option<Bottleneck> {
+    let sluice = (table.iter().find(|r| r.variant == "sluice")).and_then(|r| r.measured.as_ref());
+    if let Some(m) = sluice
+        && let Some(lib) = m.libtorch_rss_mib.filter(|t| *t > 0.0)
+    {
+        out!(
+            "libtorch's libraries: {lib:.0} MiB of the `sluice` row's peak RSS, {:.0} MiB without them (their pages mapped in, /proc/self/smaps)",
+            m.peak_rss_mib - lib
+        );
+    }
+    let bottleneck = sluice.and_then(|m| m.bottleneck.clone());
+    if let Some(b) = &bottleneck {
+        out!("bottleneck: {} — {}", b.element, b.evidence);
+        out!("  knob: {}", b.suggestion);
+    }
+    bottleneck
+}
+
 /// `sluice bench`.
 pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     let w = args.workload;
@@ -482,20 +502,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     if let Some(x) = python_vs_dl {
         out!("Sluice from Python vs PyTorch DataLoader: {x:.1}×");
     }
-    let sluice = (table.iter().find(|r| r.variant == "sluice")).and_then(|r| r.measured.as_ref());
-    if let Some(m) = sluice
-        && let Some(lib) = m.libtorch_rss_mib.filter(|t| *t > 0.0)
-    {
-        out!(
-            "libtorch's libraries: {lib:.0} MiB of the `sluice` row's peak RSS, {:.0} MiB without them (their pages mapped in, /proc/self/smaps)",
-            m.peak_rss_mib - lib
-        );
-    }
-    let bottleneck = sluice.and_then(|m| m.bottleneck.clone());
-    if let Some(b) = &bottleneck {
-        out!("bottleneck: {} — {}", b.element, b.evidence);
-        out!("  knob: {}", b.suggestion);
-    }
+    let bottleneck = print_sluice_footer(&table);
     let results = Results {
         workload: w,
         layout: args.layout,

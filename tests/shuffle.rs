@@ -134,6 +134,8 @@ fn shuffled_run_killed_and_resumed_in_a_fresh_process_continues_exactly() {
         n(&shuffle["rows_out"]) + n(&shuffle["rows_replayed"]),
         "{s}"
     );
+    // Its steps on the CPU pool are its busy time, weighed against the other stages'.
+    assert!(shuffle["busy_seconds"].as_f64().unwrap() > 0.0, "{s}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains(&format!(

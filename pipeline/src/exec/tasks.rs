@@ -229,7 +229,7 @@ pub(super) async fn shuffle_task(
         // Emit everything available before taking more input.
         while drain {
             let Some(s) = sh.take() else { return };
-            match step(&pool, blocking, s, |s| s.next_output()).await {
+            match step(&pool, blocking, &metrics, s, |s| s.next_output()).await {
                 Ok((s, Some(b))) => {
                     emitted(&s, &b);
                     sh = Some(s);
@@ -269,7 +269,7 @@ pub(super) async fn shuffle_task(
                     finished = true;
                     drain = true;
                     let Some(s) = sh.take() else { return };
-                    match step(&pool, blocking, s, |s| s.finish()).await {
+                    match step(&pool, blocking, &metrics, s, |s| s.finish()).await {
                         Ok((s, ())) => sh = Some(s),
                         Err(e) => {
                             tx.send(Err(e)).await;
@@ -284,7 +284,7 @@ pub(super) async fn shuffle_task(
         // and one look for output per trip.
         let Some(s) = sh.take() else { return };
         let mut batches = std::mem::take(&mut pending);
-        let pushed = step(&pool, blocking, s, move |s| {
+        let pushed = step(&pool, blocking, &metrics, s, move |s| {
             while let Some(b) = batches.pop_front() {
                 s.push(b)?;
                 if let Some(out) = s.next_output()? {
@@ -317,16 +317,25 @@ pub(super) async fn shuffle_task(
 }
 
 /// Runs one shuffle step off the async workers: on the CPU pool, or, when it may wait for
-/// other ranks (a collective exchange), on a blocking thread.
+/// other ranks (a collective exchange), on a blocking thread. A step on the pool counts as the
+/// stage's busy time (the report weighs it against the other stages'); a blocking one may be
+/// waiting for other ranks, which is not work, and does not.
 async fn step<T: Send + 'static>(
     pool: &CpuPool,
     blocking: bool,
+    metrics: &Option<Arc<StageMetrics>>,
     sh: stage::shuffle::Shuffler,
     f: impl FnOnce(&mut stage::shuffle::Shuffler) -> Result<T> + Send + 'static,
 ) -> Result<(stage::shuffle::Shuffler, T)> {
+    let busy = metrics.clone().filter(|_| !blocking);
     let work = move || {
+        let start = Instant::now();
         let mut sh = sh;
         let r = f(&mut sh);
+        if let Some(m) = busy {
+            m.busy_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         r.map(|v| (sh, v))
     };
     if blocking {

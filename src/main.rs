@@ -617,9 +617,12 @@ fn print_summary(config: &Path, r: &RunReport) {
     );
     if let (Some(cpu), Some(share)) = (r.cpu_seconds, r.host_cpu_share) {
         out!(
-            "  cpu      {cpu:.2} CPU-s (user + system): {:.0}% of the host's {} core(s) over the process's life",
+            "  cpu      {cpu:.2} CPU-s (user + system): {:.0}% of the host's {} core(s) over the process's life{}",
             100.0 * share,
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            r.pool_busy_fraction
+                .map(|f| format!("; the CPU pool was {:.0}% busy", 100.0 * f))
+                .unwrap_or_default()
         );
     }
 }

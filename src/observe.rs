@@ -176,6 +176,11 @@ fn families(o: &Observed) -> Vec<Family> {
     let mut out_rows = F::counter("output_rows", "Rows delivered by the pipeline");
     let mut out_batches = F::counter("output_batches", "Batches delivered by the pipeline");
     let mut out_bytes = F::counter("output_bytes", "Arrow bytes delivered by the pipeline");
+    let mut pool_busy = F::counter(
+        "pool_busy_seconds",
+        "Seconds the CPU pool's threads ran tasks (decode, stages, conversion), summed over them",
+    );
+    let mut pool_threads = F::gauge("pool_threads", "Threads of the CPU pool");
     for (rank, m) in o.pipelines() {
         let r = || vec![("rank", rank.to_string())];
         source.add(rank, &m);
@@ -184,11 +189,13 @@ fn families(o: &Observed) -> Vec<Family> {
         out_rows.add(r(), get(&m.rows_out) as f64);
         out_batches.add(r(), get(&m.batches_out) as f64);
         out_bytes.add(r(), get(&m.bytes_out) as f64);
+        pool_busy.add(r(), ns(get(&m.pool_busy_ns)));
+        pool_threads.add(r(), get(&m.pool_threads) as f64);
     }
     let mut all = source.into_families();
     all.extend(stages.into_families());
     all.extend(queues.into_families());
-    all.extend([out_rows, out_batches, out_bytes]);
+    all.extend([out_rows, out_batches, out_bytes, pool_busy, pool_threads]);
     let mut up = F::gauge("uptime_seconds", "Seconds since the run started");
     up.add(Vec::new(), o.seconds());
     all.push(up);
@@ -205,6 +212,7 @@ struct SourceFamilies {
     src_rows: Family,
     src_read: Family,
     src_decoded: Family,
+    src_busy: Family,
     bad: Family,
     dead: Family,
     shard_left_out: Family,
@@ -227,6 +235,10 @@ impl SourceFamilies {
             src_decoded: F::counter(
                 "source_bytes_decoded",
                 "Arrow bytes the source decoded into",
+            ),
+            src_busy: F::counter(
+                "source_busy_seconds",
+                "Seconds of the CPU pool's time the source's decode took, summed over its tasks",
             ),
             bad: F::counter(
                 "source_records_bad",
@@ -267,6 +279,7 @@ impl SourceFamilies {
         self.src_rows.add(r(), get(&s.rows) as f64);
         self.src_read.add(r(), get(&s.bytes_read) as f64);
         self.src_decoded.add(r(), get(&s.bytes_decoded) as f64);
+        self.src_busy.add(r(), ns(get(&s.busy_ns)));
         self.bad.add(r(), get(&s.records_bad) as f64);
         self.dead.add(r(), get(&s.records_dead_lettered) as f64);
         self.shard_left_out.add(r(), get(&s.shard_left_out) as f64);
@@ -285,6 +298,7 @@ impl SourceFamilies {
             self.src_rows,
             self.src_read,
             self.src_decoded,
+            self.src_busy,
             self.bad,
             self.dead,
             self.shard_left_out,

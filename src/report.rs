@@ -41,6 +41,22 @@ pub struct StageTotals {
     pub busy_seconds: f64,
 }
 
+/// How busy the CPU pool was, and the source's share of it (the stages' are theirs).
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolUse {
+    /// Its threads (summed over ranks).
+    pub threads: u64,
+    /// Its capacity: threads × the run's seconds.
+    pub seconds: f64,
+    /// Seconds its threads ran tasks (the source's decode, the stages, the shuffle's steps,
+    /// tensor conversion, sink encoding).
+    pub busy_seconds: f64,
+    /// `busy_seconds / seconds`: near 1, every element waits for CPU.
+    pub busy_fraction: f64,
+    /// Of `busy_seconds`, the source's decode.
+    pub source_seconds: f64,
+}
+
 /// The slowest element and what to do about it.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Bottleneck {
@@ -87,6 +103,8 @@ pub struct Report {
     pub chain: Vec<ChainElement>,
     /// Per-stage totals (rank 0's pipeline... summed over ranks).
     pub stages: Vec<StageTotals>,
+    /// The CPU pool: how busy, and the source's share.
+    pub pool: PoolUse,
     /// The bottleneck.
     pub bottleneck: Bottleneck,
     /// Rows per second over time: the source, each stage, the output.
@@ -172,17 +190,25 @@ impl Report {
             output_readiness: None,
         });
         let stall = training.as_ref().and_then(|c| c.data_stall_fraction);
-        let pool_threads = pipelines
-            .iter()
-            .map(|(_, m)| get(&m.pool_threads))
-            .sum::<u64>() as f64;
-        let bottleneck = bottleneck(&chain, stall, consumer, &stages, seconds * pool_threads);
+        let sum =
+            |c: &dyn Fn(&PipelineMetrics) -> u64| pipelines.iter().map(|(_, m)| c(m)).sum::<u64>();
+        let threads = sum(&|m| get(&m.pool_threads));
+        let busy_seconds = sum(&|m| get(&m.pool_busy_ns)) as f64 / 1e9;
+        let pool = PoolUse {
+            threads,
+            seconds: seconds * threads as f64,
+            busy_seconds,
+            busy_fraction: busy_seconds / (seconds * threads.max(1) as f64),
+            source_seconds: sum(&|m| get(&m.source.busy_ns)) as f64 / 1e9,
+        };
+        let bottleneck = bottleneck(&chain, stall, consumer, &stages, &pool);
         Report {
             kind: kind.into(),
             config: config.display().to_string(),
             seconds,
             chain,
             stages,
+            pool,
             bottleneck,
             throughput: throughput(samples, stage_names),
             training,
@@ -312,7 +338,15 @@ impl Report {
                 s.busy_seconds
             ));
         }
-        h.push_str("</table>\n<h2>Queues</h2><p>Time each element waited to hand on a batch because the next one was busy (its output queue full), and its readiness: the share of its batches already waiting when the next element asked (≥ 99%: it is ahead).</p><table><tr><th>element</th><th>blocked (s)</th><th>of the run</th><th>ready</th></tr>");
+        h.push_str(&format!(
+            "</table>\n<p>CPU pool: {} threads, {:.0}% busy ({:.3} of {:.3} thread-seconds; the source's decode {:.3}).</p>\n",
+            self.pool.threads,
+            100.0 * self.pool.busy_fraction,
+            self.pool.busy_seconds,
+            self.pool.seconds,
+            self.pool.source_seconds
+        ));
+        h.push_str("<h2>Queues</h2><p>Time each element waited to hand on a batch because the next one was busy (its output queue full), and its readiness: the share of its batches already waiting when the next element asked (≥ 99%: it is ahead).</p><table><tr><th>element</th><th>blocked (s)</th><th>of the run</th><th>ready</th></tr>");
         for e in &self.chain {
             if let (Some(b), Some(f)) = (e.output_blocked_seconds, e.output_blocked_fraction) {
                 let ready = e
@@ -347,13 +381,20 @@ impl Report {
 /// 38–54% of the pool while it was, by a profile, where the CPU went.)
 const HEAVY_POOL_SHARE: f64 = 1.0 / 3.0;
 
+/// Share of the CPU pool's time its threads must run tasks for the pool itself to be named:
+/// then every element waits for CPU and the full queues only say which waited longest. (The
+/// figure counts wall time inside tasks, so threads the OS set aside still count as busy; on
+/// the 2-core benches a pipeline that keeps up with nothing but the CPU measures ~0.95.)
+const SATURATED: f64 = 0.85;
+
 fn bottleneck(
     chain: &[ChainElement],
     stall: Option<f64>,
     consumer: &str,
     stages: &[StageTotals],
-    pool_seconds: f64,
+    pool: &PoolUse,
 ) -> Bottleneck {
+    let pool_seconds = pool.seconds;
     let last_blocked = chain
         .iter()
         .rposition(|e| e.output_blocked_fraction.is_some_and(|f| f >= BLOCKED));
@@ -384,6 +425,11 @@ fn bottleneck(
                 suggestion: "raise loader.prefetch so conversion overlaps the step".into(),
             };
         }
+    }
+    if name != "trainer"
+        && let Some(b) = saturated(pool, stages, consumer)
+    {
+        return b;
     }
     let heaviest = stages
         .iter()
@@ -455,6 +501,53 @@ fn bottleneck(
         evidence,
         suggestion,
     }
+}
+
+/// The CPU pool named when it was [`SATURATED`]: the element with the largest share of it (the
+/// source's decode, a stage, or the consumer's conversion with the rest), every share given.
+fn saturated(pool: &PoolUse, stages: &[StageTotals], consumer: &str) -> Option<Bottleneck> {
+    if pool.seconds <= 0.0 || pool.busy_fraction < SATURATED {
+        return None;
+    }
+    let staged: f64 = stages.iter().map(|s| s.busy_seconds).sum();
+    let rest = match consumer {
+        "sink" => "the sink's encoding and the rest",
+        _ => "tensor conversion and the rest",
+    };
+    let mut shares: Vec<(String, f64)> = vec![("source".into(), pool.source_seconds)];
+    shares.extend(stages.iter().map(|s| (s.name.clone(), s.busy_seconds)));
+    let other = (pool.busy_seconds - pool.source_seconds - staged).max(0.0);
+    let (largest, _) = shares
+        .iter()
+        .chain([(consumer.to_string(), other)].iter())
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .cloned()?;
+    let pct = |v: f64| 100.0 * v / pool.busy_seconds.max(1e-9);
+    let mut parts: Vec<String> = shares
+        .iter()
+        .map(|(n, v)| match n.as_str() {
+            "source" => format!("the source's decode {:.0}%", pct(*v)),
+            _ => format!("`{n}` {:.0}%", pct(*v)),
+        })
+        .collect();
+    parts.push(format!("{rest} {:.0}%", pct(other)));
+    let what = match largest.as_str() {
+        "source" => "the source's decode (fewer columns, or a cheaper codec)".to_string(),
+        n if n == consumer => format!("the {consumer}'s work (loader.dtype, a smaller batch)"),
+        n => format!("`{n}`"),
+    };
+    Some(Bottleneck {
+        element: largest,
+        evidence: format!(
+            "the CPU pool was {:.0}% busy ({} threads): every element waits for CPU, so full queues only say which waited longest; of its time: {}",
+            100.0 * pool.busy_fraction,
+            pool.threads,
+            parts.join(", ")
+        ),
+        suggestion: format!(
+            "the pipeline is CPU-bound: raise runtime.threads where the host has idle cores, or make the largest share cheaper: {what}"
+        ),
+    })
 }
 
 /// Rows per second between consecutive samples: the source, each stage, the output.
@@ -587,6 +680,18 @@ fn human(v: f64) -> String {
 mod tests {
     use super::*;
 
+    /// A pool of 2 threads with `seconds` of capacity, busy for `busy` of them (the source's
+    /// decode `source` of that).
+    fn pool(seconds: f64, busy: f64, source: f64) -> PoolUse {
+        PoolUse {
+            threads: 2,
+            seconds,
+            busy_seconds: busy,
+            busy_fraction: busy / seconds,
+            source_seconds: source,
+        }
+    }
+
     fn el(name: &str, f: Option<f64>) -> ChainElement {
         ChainElement {
             name: name.into(),
@@ -605,8 +710,9 @@ mod tests {
             el("sink", None),
         ];
         let none: [StageTotals; 0] = [];
-        let bottleneck =
-            |c: &[ChainElement], stall, consumer| bottleneck(c, stall, consumer, &none, 1.0);
+        let bottleneck = |c: &[ChainElement], stall, consumer| {
+            bottleneck(c, stall, consumer, &none, &pool(1.0, 0.1, 0.0))
+        };
         assert_eq!(bottleneck(&chain, None, "sink").element, "#1 batch");
         let free = [
             el("source", Some(0.0)),
@@ -645,13 +751,13 @@ mod tests {
         };
         let heavy = [st("#0 gaussian_noise", 5.0), st("#1 batch", 0.1)];
         // 2 threads × 3.5 s: the noise stage kept the pool 71% busy.
-        let b = bottleneck(&chain, None, "consumer", &heavy, 7.0);
+        let b = bottleneck(&chain, None, "consumer", &heavy, &pool(7.0, 5.6, 0.3));
         assert_eq!(b.element, "#0 gaussian_noise");
         assert!(b.evidence.contains("71% busy"), "{}", b.evidence);
         assert!(b.suggestion.contains("make it cheaper"), "{}", b.suggestion);
         let light = [st("#0 gaussian_noise", 1.0), st("#1 batch", 0.1)];
         assert_eq!(
-            bottleneck(&chain, None, "consumer", &light, 7.0).element,
+            bottleneck(&chain, None, "consumer", &light, &pool(7.0, 5.6, 0.3)).element,
             "consumer"
         );
         // A full queue further up still names the element after it.
@@ -661,7 +767,7 @@ mod tests {
             el("consumer", None),
         ];
         assert_eq!(
-            bottleneck(&up, None, "consumer", &heavy, 7.0).element,
+            bottleneck(&up, None, "consumer", &heavy, &pool(7.0, 5.6, 0.3)).element,
             "#0 gaussian_noise"
         );
         // A window shuffle's steps wait behind the heavy stage's jobs on the same pool: the
@@ -677,7 +783,7 @@ mod tests {
             st("#1 gaussian_noise", 5.0),
             st("#2 batch", 0.1),
         ];
-        let b = bottleneck(&shuffled, None, "consumer", &busy, 7.0);
+        let b = bottleneck(&shuffled, None, "consumer", &busy, &pool(7.0, 5.6, 0.3));
         assert_eq!(b.element, "#1 gaussian_noise");
         assert!(
             b.evidence.contains("`#0 shuffle`'s steps"),
@@ -685,7 +791,7 @@ mod tests {
             b.evidence
         );
         let idle = [st("#0 shuffle", 0.4), st("#1 gaussian_noise", 1.0)];
-        let b = bottleneck(&shuffled, None, "consumer", &idle, 7.0);
+        let b = bottleneck(&shuffled, None, "consumer", &idle, &pool(7.0, 5.6, 0.3));
         assert_eq!(b.element, "#0 shuffle");
         assert!(b.suggestion.contains("buffer_rows"), "{}", b.suggestion);
         // The trainer computes on its own threads: a busy pool does not excuse it.
@@ -695,9 +801,74 @@ mod tests {
             el("trainer", None),
         ];
         assert_eq!(
-            bottleneck(&train, None, "trainer", &heavy, 7.0).element,
+            bottleneck(&train, None, "trainer", &heavy, &pool(7.0, 5.6, 0.3)).element,
             "trainer"
         );
+    }
+
+    /// A pool busy ≥ 85% of its time names its largest share, whichever queue filled up,
+    /// with every share in the evidence; the trainer's own verdicts still come first.
+    #[test]
+    fn a_saturated_pool_names_its_largest_share() {
+        let chain = [
+            el("source", Some(0.9)),
+            el("#0 shuffle", Some(0.0)),
+            el("#1 gaussian_noise", Some(0.0)),
+            el("#2 batch", Some(0.0)),
+            el("consumer", None),
+        ];
+        let st = |name: &str, busy: f64| StageTotals {
+            name: name.into(),
+            rows_in: 0,
+            rows_out: 0,
+            busy_seconds: busy,
+        };
+        let stages = [
+            st("#0 shuffle", 0.8),
+            st("#1 gaussian_noise", 2.5),
+            st("#2 batch", 0.2),
+        ];
+        // 2 threads × 3.5 s, 6.8 s busy (97%), 2.9 s of it the decode.
+        let b = bottleneck(&chain, None, "consumer", &stages, &pool(7.0, 6.8, 2.9));
+        assert_eq!(b.element, "source");
+        for part in [
+            "97% busy",
+            "the source's decode 43%",
+            "`#0 shuffle` 12%",
+            "`#1 gaussian_noise` 37%",
+            "`#2 batch` 3%",
+            "tensor conversion and the rest 6%",
+        ] {
+            assert!(b.evidence.contains(part), "{part}: {}", b.evidence);
+        }
+        assert!(b.suggestion.contains("runtime.threads"), "{}", b.suggestion);
+        let b = bottleneck(&chain, None, "consumer", &stages, &pool(7.0, 6.8, 1.0));
+        assert_eq!(b.element, "#1 gaussian_noise");
+        assert!(
+            b.suggestion.contains("`#1 gaussian_noise`"),
+            "{}",
+            b.suggestion
+        );
+        // Most of the pool outside the source and the stages: the consumer's conversion.
+        let b = bottleneck(&chain, None, "sink", &stages, &pool(7.0, 6.8, 0.1));
+        assert_eq!(b.element, "sink");
+        assert!(
+            b.evidence.contains("the sink's encoding and the rest 47%"),
+            "{}",
+            b.evidence
+        );
+        // Below the threshold the queues decide (and the heavy stage behind the shuffle).
+        let b = bottleneck(&chain, None, "consumer", &stages, &pool(7.0, 5.6, 2.9));
+        assert_eq!(b.element, "#1 gaussian_noise");
+        assert!(
+            b.evidence.contains("`#0 shuffle`'s steps"),
+            "{}",
+            b.evidence
+        );
+        // A trainer that keeps the pipeline waiting is named, however busy the pool.
+        let train = [el("source", Some(0.0)), el("trainer", None)];
+        let b = bottleneck(&train, Some(0.01), "trainer", &stages, &pool(7.0, 6.8, 2.9));
+        assert_eq!(b.element, "trainer");
     }
 
     #[test]

@@ -203,6 +203,8 @@ trainer:
             "stage_rows_in",
             "stage_rows_out",
             "stage_busy_seconds",
+            "source_busy_seconds",
+            "pool_busy_seconds",
             "queue_batches_pushed",
             "queue_batches_popped",
             "queue_bytes_pushed",
@@ -241,6 +243,13 @@ trainer:
         "{chain:?}"
     );
     assert!(chain.last().unwrap()["output_readiness"].is_null());
+    // The pool (`threads: 1`) ran the source's decode among its tasks.
+    let pool = &json["pool"];
+    assert_eq!(pool["threads"], 1, "{pool}");
+    let busy = pool["busy_seconds"].as_f64().unwrap();
+    let source = pool["source_seconds"].as_f64().unwrap();
+    assert!(source > 0.0 && source < busy, "{pool}");
+    assert!(busy <= pool["seconds"].as_f64().unwrap() * 1.01, "{pool}");
     assert!(!json["bottleneck"]["element"].as_str().unwrap().is_empty());
     assert!(
         !json["bottleneck"]["suggestion"]

@@ -317,6 +317,9 @@ pub struct RunReport {
     /// not starved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cpu_share: Option<f64>,
+    /// Share of the CPU pool's time (threads × the run's wall time) its threads ran tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_busy_fraction: Option<f64>,
     /// Share of the batches the sink found already waiting when it asked for the next one
     /// (the last queue's readiness; ≥ 0.99: the pipeline is ahead of the sink).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -666,6 +669,7 @@ fn build_report(m: &PipelineMetrics, sink: SinkReport, kind: &str, elapsed: Dura
         rows_per_second: g(&m.source.rows) as f64 / secs,
         mb_per_second: g(&m.source.bytes_decoded) as f64 / 1e6 / secs,
         cpu_seconds: cpu,
+        pool_busy_fraction: m.pool_busy_fraction(secs),
         // Over the process's life, as its CPU time counts: over the run's wall time alone, the
         // setup before it (libtorch's loading, a `standardize` pass) made short runs read
         // "1514% of the host's 2 cores".

@@ -40,7 +40,8 @@ impl Pipeline {
     ) -> Result<PreparedPipeline> {
         self.check_stage_order(true)?;
         self.check_draws()?;
-        let pool = CpuPool::new(self.config.runtime.threads)?;
+        let pool =
+            CpuPool::new(self.config.runtime.threads)?.counting_all(metrics.pool_busy_ns.clone());
         metrics
             .pool_threads
             .store(pool.threads() as u64, Ordering::Relaxed);

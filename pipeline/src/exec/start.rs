@@ -56,8 +56,10 @@ impl PreparedPipeline {
             parallelism,
         };
         let (tx, mut rx) = w.new_queue("source".into());
+        // The source's decode counts as its share of the pool (next to the stages').
+        let source_pool = w.pool.counting(w.metrics.source.busy_ns.clone());
         w.tasks
-            .spawn(source.run(tx, w.pool.clone(), w.metrics.clone(), parallelism));
+            .spawn(source.run(tx, source_pool, w.metrics.clone(), parallelism));
         let stage_metrics = w.metrics.stages();
         // A restored run passes over the rows it already delivered just before the first
         // stage that cuts or reorders rows (or at the end). The cut of a rank's share into

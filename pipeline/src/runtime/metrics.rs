@@ -39,6 +39,9 @@ pub struct SourceMetrics {
     /// its own: [`StageMetrics::rows_dead_lettered`]; the run's total is
     /// [`PipelineMetrics::records_dead_lettered`].)
     pub records_dead_lettered: AtomicU64,
+    /// Nanoseconds of CPU-pool time the source's tasks took (Parquet decode, Kafka message
+    /// decode), summed over the pool's threads: its share of the pool next to the stages'.
+    pub busy_ns: Arc<AtomicU64>,
     /// Per Kafka partition (`topic/partition`): records, bad records, consumer lag.
     pub partitions: Mutex<std::collections::BTreeMap<String, PartitionMetrics>>,
     /// With `mix`: what each `path` entry gives an epoch (set when the plan is first made).
@@ -210,6 +213,9 @@ pub struct PipelineMetrics {
     pub bytes_out: AtomicU64,
     /// Threads of the CPU pool the stages (and tensor conversion, sink encoding) run on.
     pub pool_threads: AtomicU64,
+    /// Nanoseconds the pool's threads spent running tasks (the source's, the stages', the
+    /// shuffle's steps, tensor conversion, sink encoding), summed over the threads.
+    pub pool_busy_ns: Arc<AtomicU64>,
 }
 
 impl PipelineMetrics {
@@ -247,6 +253,14 @@ impl PipelineMetrics {
     pub fn records_dead_lettered(&self) -> u64 {
         let stages: u64 = self.stages().iter().map(|s| s.rows_dead_lettered()).sum();
         Self::get(&self.source.records_dead_lettered) + stages
+    }
+
+    /// Share of the CPU pool's time its threads spent running tasks, over `seconds` of wall
+    /// time (`None` before the pool started): near 1, every element waits for CPU.
+    pub fn pool_busy_fraction(&self, seconds: f64) -> Option<f64> {
+        let threads = Self::get(&self.pool_threads) as f64;
+        (threads > 0.0 && seconds > 0.0)
+            .then(|| Self::get(&self.pool_busy_ns) as f64 / 1e9 / (threads * seconds))
     }
 
     /// Convenience: load a counter.

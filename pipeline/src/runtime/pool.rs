@@ -2,15 +2,21 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use crate::config::limits::{MAX_THREADS, THREADS};
 use crate::config::{ConfigError, ConfigErrors};
 use crate::error::{Error, Result};
 
-/// A fixed-size rayon pool with an async `run`.
+/// A fixed-size rayon pool with an async `run`. It counts the time its tasks take: in all
+/// (`busy`: with the threads and the wall time, how saturated the pool was) and, for a clone
+/// made by [`CpuPool::counting`], also that clone's own share (the source's decode).
 #[derive(Clone, Debug)]
 pub struct CpuPool {
     pool: Arc<rayon::ThreadPool>,
+    busy: Arc<AtomicU64>,
+    share: Option<Arc<AtomicU64>>,
 }
 
 impl CpuPool {
@@ -47,7 +53,31 @@ impl CpuPool {
             })?;
         Ok(CpuPool {
             pool: Arc::new(pool),
+            busy: Arc::default(),
+            share: None,
         })
+    }
+
+    /// This pool counting the time of all its tasks into `busy` (nanoseconds; the pipeline's
+    /// [`PipelineMetrics::pool_busy_ns`](super::PipelineMetrics::pool_busy_ns)).
+    pub fn counting_all(mut self, busy: Arc<AtomicU64>) -> Self {
+        self.busy = busy;
+        self
+    }
+
+    /// A handle on the same pool that also counts the time of the tasks run through it
+    /// into `share` (nanoseconds): what one element of the pipeline keeps the pool busy.
+    pub fn counting(&self, share: Arc<AtomicU64>) -> Self {
+        CpuPool {
+            share: Some(share),
+            ..self.clone()
+        }
+    }
+
+    /// Nanoseconds the pool's threads spent running tasks so far (wall time inside the
+    /// tasks, summed over the threads).
+    pub fn busy_ns(&self) -> u64 {
+        self.busy.load(Ordering::Relaxed)
     }
 
     /// Number of threads.
@@ -63,8 +93,15 @@ impl CpuPool {
         F: FnOnce() -> T + Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let (busy, share) = (self.busy.clone(), self.share.clone());
         self.pool.spawn(move || {
+            let start = Instant::now();
             let out = std::panic::catch_unwind(AssertUnwindSafe(f));
+            let ns = start.elapsed().as_nanos() as u64;
+            busy.fetch_add(ns, Ordering::Relaxed);
+            if let Some(share) = share {
+                share.fetch_add(ns, Ordering::Relaxed);
+            }
             let _ = tx.send(out);
         });
         match rx.await {

@@ -243,9 +243,10 @@ trainer:
         "{chain:?}"
     );
     assert!(chain.last().unwrap()["output_readiness"].is_null());
-    // The pool (`threads: 1`) ran the source's decode among its tasks.
+    // The pools (`threads: 1` on each of the 2 workers, summed) ran the source's decode among
+    // their tasks.
     let pool = &json["pool"];
-    assert_eq!(pool["threads"], 1, "{pool}");
+    assert_eq!(pool["threads"], 2, "{pool}");
     let busy = pool["busy_seconds"].as_f64().unwrap();
     let source = pool["source_seconds"].as_f64().unwrap();
     assert!(source > 0.0 && source < busy, "{pool}");

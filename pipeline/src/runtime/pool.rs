@@ -132,3 +132,47 @@ fn threads_error(message: String) -> Error {
         message,
     )]))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::time::Duration;
+
+    /// Spins (not sleeps: a sleeping thread is busy to the pool too, but spinning is what a
+    /// decode does) for at least `d`.
+    fn work(d: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Every task's time goes to the pool's total; a `counting` handle's tasks also to its
+    /// share, and no other task's do.
+    #[tokio::test]
+    async fn tasks_count_into_the_total_and_their_handles_share() {
+        let total = Arc::new(AtomicU64::new(0));
+        let pool = CpuPool::new(Some(2)).unwrap().counting_all(total.clone());
+        let share = Arc::new(AtomicU64::new(0));
+        let source = pool.counting(share.clone());
+        let ms = Duration::from_millis(20);
+        let (a, b) = tokio::join!(pool.run(move || work(ms)), source.run(move || work(ms)));
+        a.unwrap();
+        b.unwrap();
+        let (total, share) = (total.load(Ordering::Relaxed), share.load(Ordering::Relaxed));
+        assert_eq!(pool.busy_ns(), total);
+        assert_eq!(
+            source.busy_ns(),
+            total,
+            "the handles share the pool's total"
+        );
+        assert!(share >= 20_000_000, "{share} ns");
+        assert!(total >= share + 20_000_000, "{total} ns, of it {share}");
+        // A panicking task is timed too, and its error comes back.
+        let e = source.run(|| panic!("boom")).await.unwrap_err();
+        assert!(e.to_string().contains("boom"), "{e}");
+        assert!(source.busy_ns() > total);
+    }
+}

@@ -189,6 +189,10 @@ fn bench(workload: &str, rows: usize) {
         );
     }
     assert!(table.contains("bottleneck:"), "{table}");
+    assert!(
+        variants.iter().all(|v| v["paired"].is_null()),
+        "one round: nothing to pair"
+    );
 }
 
 #[test]
@@ -202,9 +206,10 @@ fn tabular_bench_produces_a_complete_table() {
 }
 
 /// Variants left out with `--skip` (and Python peers without a Python) are not failures: the
-/// bench exits 0 and their rows say why. (It exited 1 for every `--skip` before.)
+/// bench exits 0 and their rows say why. (It exited 1 for every `--skip` before.) With two
+/// rounds, each variant that ran is also paired round by round with the raw decode.
 #[test]
-fn skipped_variants_are_not_failures() {
+fn skipped_variants_are_not_failures_and_two_rounds_are_paired() {
     let dir = tempfile::tempdir().unwrap();
     let out = run_in_for(
         dir.path(),
@@ -214,7 +219,7 @@ fn skipped_variants_are_not_failures() {
             "--rows",
             "4000",
             "--repeat",
-            "1",
+            "2",
             "--python",
             "none",
             "--skip",
@@ -229,19 +234,36 @@ fn skipped_variants_are_not_failures() {
     assert_ok(&out);
     let r: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("bench.json")).unwrap()).unwrap();
-    let skipped = |name: &str| {
+    let field = |name: &str, key: &str| {
         r["variants"]
             .as_array()
             .unwrap()
             .iter()
             .find(|v| v["variant"] == name)
-            .unwrap()["skipped"]
+            .unwrap()[key]
             .clone()
     };
+    let skipped = |name: &str| field(name, "skipped");
     assert_eq!(skipped("global"), "--skip");
     assert_eq!(skipped("floor"), "--skip");
     assert_eq!(skipped("uint8"), "images only");
     assert_eq!(skipped("float16"), "images only");
     assert!(skipped("sluice").is_null());
     assert!(skipped("raw").is_null());
+    let paired = |name: &str| field(name, "paired");
+    assert!(paired("global").is_null(), "skipped: nothing to pair");
+    // The raw decode against itself, round by round.
+    assert_eq!(paired("raw")["median"], 1.0);
+    let table = String::from_utf8_lossy(&out.stdout);
+    for name in ["source", "sluice"] {
+        let p = paired(name);
+        assert_eq!(p["rounds"], 2, "{name}: {p}");
+        let [min, median, max] = ["min", "median", "max"].map(|k| p[k].as_f64().unwrap());
+        assert!(0.0 < min && min <= median && median <= max, "{name}: {p}");
+        assert!(p["per_cpu_median"].as_f64().unwrap() > 0.0, "{name}: {p}");
+        let shown = format!("{median:.2}× ({min:.2}–{max:.2})");
+        let line = |l: &str| l.starts_with(&format!("  {name} ")) && l.contains(&shown);
+        assert!(table.lines().any(line), "{name} {shown}: {table}");
+    }
+    assert!(table.contains("lowest–highest of 2 rounds"), "{table}");
 }

@@ -7,7 +7,8 @@
 //! Each variant runs in a child process (this binary, `sluice bench-child`, or the Python
 //! script) so that its peak RSS and CPU time are its own; the best of `--repeat` runs counts,
 //! the runs going in rounds (every variant once per round) so a drift in the machine's speed
-//! reaches every variant alike.
+//! reaches every variant alike, and each run is also divided by the raw run of its own round
+//! (the paired ratios under the table, [`rounds`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -17,6 +18,7 @@ use sluice::report::Bottleneck;
 
 mod ceiling;
 mod child;
+mod rounds;
 mod workload;
 
 use child::Measured;
@@ -38,7 +40,9 @@ pub(crate) struct BenchArgs {
     /// is a memory copy).
     #[arg(long, value_enum, default_value_t = Layout::Compressed)]
     layout: Layout,
-    /// Runs per variant, in rounds (every variant once per round); the best counts.
+    /// Runs per variant, in rounds (every variant once per round); the best counts in the
+    /// table, and with 2 or more each run is also divided by the raw run of its own round
+    /// (the median and range of these paired ratios are printed under the table).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     /// Sluice's CPU threads (`runtime.threads`).
@@ -80,6 +84,8 @@ struct Row {
     vs_raw: Option<f64>,
     /// Samples per CPU-second relative to the raw decode's.
     vs_raw_per_cpu: Option<f64>,
+    /// Each run against the raw run of its own round (`--repeat` ≥ 2).
+    paired: Option<rounds::Paired>,
 }
 
 #[derive(Debug, Serialize)]
@@ -292,7 +298,8 @@ impl Children<'_> {
 fn measure_variants(args: &BenchArgs, rows: usize, children: &Children<'_>) -> Vec<Row> {
     let w = args.workload;
     let list = variants(w);
-    let mut best: Vec<Option<Measured>> = vec![None; list.len()];
+    // `runs[i][r]`: variant `i`'s run in round `r`.
+    let mut runs: Vec<Vec<Option<Measured>>> = vec![Vec::new(); list.len()];
     let mut skipped: Vec<Option<String>> = list
         .iter()
         .map(|(v, _)| {
@@ -301,26 +308,33 @@ fn measure_variants(args: &BenchArgs, rows: usize, children: &Children<'_>) -> V
         .collect();
     for _ in 0..args.repeat.max(1) {
         for (i, (variant, _)) in list.iter().enumerate() {
-            if skipped[i].is_some() {
-                continue;
-            }
-            match run_child(children.command(args, variant)) {
-                Ok(m) if m.rows != rows => {
-                    skipped[i] = Some(format!("delivered {} rows, not {rows}", m.rows));
-                }
-                Ok(m) => {
-                    if best[i].as_ref().is_none_or(|b| m.seconds < b.seconds) {
-                        best[i] = Some(m);
+            let run = match skipped[i] {
+                Some(_) => None,
+                None => match run_child(children.command(args, variant)) {
+                    Ok(m) if m.rows != rows => {
+                        skipped[i] = Some(format!("delivered {} rows, not {rows}", m.rows));
+                        None
                     }
-                }
-                Err(e) => skipped[i] = Some(format!("failed: {e}")),
-            }
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        skipped[i] = Some(format!("failed: {e}"));
+                        None
+                    }
+                },
+            };
+            runs[i].push(run);
         }
     }
+    let raw = runs.first().cloned().unwrap_or_default();
     list.into_iter()
-        .zip(best.into_iter().zip(skipped))
-        .map(|((variant, description), (best, skipped))| {
-            let best = best.filter(|_| skipped.is_none());
+        .zip(runs.into_iter().zip(skipped))
+        .map(|((variant, description), (runs, skipped))| {
+            let paired = (runs.len() > 1 && skipped.is_none())
+                .then(|| rounds::paired(&raw, &runs))
+                .flatten();
+            let best = (runs.into_iter().flatten())
+                .min_by(|a, b| a.seconds.total_cmp(&b.seconds))
+                .filter(|_| skipped.is_none());
             let rate = best.as_ref().map(|m| m.rows as f64 / m.seconds.max(1e-9));
             let cpu = best
                 .as_ref()
@@ -336,6 +350,7 @@ fn measure_variants(args: &BenchArgs, rows: usize, children: &Children<'_>) -> V
                 samples_per_cpu_second: cpu.filter(|c| *c > 0.0).map(|c| 1000.0 / c),
                 vs_raw: None,
                 vs_raw_per_cpu: None,
+                paired,
             }
         })
         .collect()
@@ -390,6 +405,33 @@ fn print_table(table: &[Row]) {
                 why.as_deref().unwrap_or("?")
             ),
         }
+    }
+}
+
+/// Under the table, each variant's ratios paired round by round with the raw decode's (see
+/// [`rounds`]), when the bench ran more than one round.
+fn print_paired(table: &[Row]) {
+    let rows: Vec<(&Row, &rounds::Paired)> = (table.iter().skip(1))
+        .filter_map(|r| Some((r, r.paired.as_ref()?)))
+        .collect();
+    let Some((_, first)) = rows.first() else {
+        return;
+    };
+    out!(
+        "vs raw, each run against the raw run of its round (median, lowest–highest of {} rounds):",
+        first.rounds
+    );
+    for (r, p) in rows {
+        let cpu = p
+            .per_cpu_median
+            .map_or(String::new(), |c| format!(", per CPU-s {c:.2}×"));
+        out!(
+            "  {:<11} {:.2}× ({:.2}–{:.2}){cpu}",
+            r.variant,
+            p.median,
+            p.min,
+            p.max
+        );
     }
 }
 
@@ -477,6 +519,7 @@ pub(crate) fn bench(args: &BenchArgs) -> ExitCode {
     let mut table = measure_variants(args, rows, &children);
     against_raw(&mut table);
     print_table(&table);
+    print_paired(&table);
     let ratio = |a: &str, b: &str| {
         let rate = |v: &str| table.iter().find(|r| r.variant == v)?.samples_per_second;
         match (rate(a), rate(b)) {

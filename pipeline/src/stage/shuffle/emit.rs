@@ -43,8 +43,7 @@ impl Emitter {
                 let end = (*pos + want).min(order.len());
                 let idx = &order[*pos..end];
                 *pos = end;
-                let refs: Vec<&RecordBatch> = pieces.iter().collect();
-                let rb = interleave_record_batch(&refs, idx).map_err(|e| arrow_err(stage, e))?;
+                let rb = super::gather::gather(pieces, idx).map_err(|e| arrow_err(stage, e))?;
                 let rows = idx.iter().map(|(p, r)| lineage[*p][*r]).collect();
                 Ok(Some((rb, rows)))
             }

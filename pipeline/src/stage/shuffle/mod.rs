@@ -4,7 +4,8 @@
 //! epochs). A full window is permuted and emitted in batches of `batch_rows`:
 //!
 //! - **in memory** when the window's Arrow memory stays under `max_memory`: one Fisher–Yates
-//!   permutation of `(piece, row)` indices, rows gathered with `interleave` (one copy);
+//!   permutation of `(piece, row)` indices, rows gathered with `interleave` (one copy; the
+//!   view columns' views by [`gather`], which asks for them ahead);
 //! - **spilled** otherwise: each time the held rows exceed the cap they are permuted and
 //!   written as a *run* (zstd Arrow IPC, in small chunks) to an unnamed temporary file; at the
 //!   end of the window the runs are merged by repeatedly drawing a run with probability
@@ -43,6 +44,7 @@ use crate::state::{KafkaMark, KafkaWindow};
 
 mod emit;
 mod exchange;
+mod gather;
 mod group;
 mod kafka;
 mod part;

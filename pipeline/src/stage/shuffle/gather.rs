@@ -7,6 +7,8 @@
 //! Here the view eight rows ahead is prefetched while this one is copied, so the misses
 //! overlap.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BinaryViewArray, RecordBatch, RecordBatchOptions};
@@ -14,6 +16,8 @@ use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::compute::interleave;
 use arrow::datatypes::DataType;
 use arrow::error::ArrowError;
+
+use crate::stage::pixels::prefetch;
 
 /// The rows `idx` (`(piece, row)`) of `pieces`, which share one schema.
 pub(super) fn gather(
@@ -52,37 +56,43 @@ fn views_of<'a>(arrays: &[&'a dyn Array]) -> Option<Vec<&'a BinaryViewArray>> {
 }
 
 /// The views `idx` of `arrays`, their buffer indices renumbered into one list holding each
-/// distinct buffer once (pieces cut from one page share its buffer).
+/// distinct buffer once (pieces cut from one page share its buffer). Every buffer of the
+/// pieces is listed, used by these rows or not: a batch drawn at random from a window uses
+/// nearly all of them, and the queues count a view column by its rows' bytes, not its buffers.
 fn gather_views(
     arrays: &[&BinaryViewArray],
     idx: &[(usize, usize)],
 ) -> Result<BinaryViewArray, ArrowError> {
     let mut buffers: Vec<Buffer> = Vec::new();
+    // Each distinct buffer's place in `buffers`, by what `Buffer::ptr_eq` compares (start and
+    // length): a lookup per buffer, where a search of the list would grow with its square.
+    let mut seen: HashMap<(*const u8, usize), u32> = HashMap::new();
     let renumber: Vec<Vec<u32>> = arrays
         .iter()
         .map(|a| {
             a.data_buffers()
                 .iter()
-                .map(|b| {
-                    let at = buffers.iter().position(|seen| seen.ptr_eq(b));
-                    let at = at.unwrap_or_else(|| {
+                .map(|b| match seen.entry((b.as_ptr(), b.len())) {
+                    Entry::Occupied(at) => Ok(*at.get()),
+                    Entry::Vacant(slot) => {
+                        let at = u32::try_from(buffers.len()).map_err(|_| {
+                            ArrowError::InvalidArgumentError("over 2³² view buffers".into())
+                        })?;
                         buffers.push(b.clone());
-                        buffers.len() - 1
-                    });
-                    u32::try_from(at).map_err(|_| {
-                        ArrowError::InvalidArgumentError("over 2³² view buffers".into())
-                    })
+                        Ok(*slot.insert(at))
+                    }
                 })
                 .collect()
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, ArrowError>>()?;
     const AHEAD: usize = 8;
     let mut views: Vec<u128> = Vec::with_capacity(idx.len());
     for (i, &(p, r)) in idx.iter().enumerate() {
         if let Some(&(q, s)) = idx.get(i + AHEAD)
-            && let Some(ahead) = arrays.get(q).and_then(|a| a.views().get(s))
+            && let Some(ahead) =
+                (arrays.get(q)).and_then(|a| a.views().inner().as_slice().get(s * 16..s * 16 + 16))
         {
-            prefetch_view(ahead);
+            prefetch(ahead);
         }
         let (array, map) = (arrays[p], &renumber[p]);
         let view = *array.views().get(r).ok_or_else(|| {
@@ -105,21 +115,6 @@ fn gather_views(
     // (`try_new` would read every value's prefix again: the cache miss this avoids.)
     #[allow(unsafe_code)]
     Ok(unsafe { BinaryViewArray::new_unchecked(views, buffers.into(), None) })
-}
-
-/// Asks for the cache line of `view` (a reference into a piece's view array).
-fn prefetch_view(view: &u128) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: a prefetch never faults and does not change memory; the address is valid.
-        #[allow(unsafe_code)]
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>((view as *const u128).cast())
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = view;
 }
 
 #[cfg(test)]

@@ -520,3 +520,74 @@ async fn a_mix_of_s3_prefixes_reads_what_a_local_copy_does() {
     assert_eq!(rows(&remote), 2 * 1080);
     assert_eq!(int64_values(&remote, "id"), int64_values(&local, "id"));
 }
+
+/// A global shuffle over S3 delivers what it delivers over a local copy of the same files,
+/// batch for batch, whichever way a block reads a row group (pages of 10 rows): most of its
+/// rows, the span decoded and filtered (blocks of ~600 rows: every row group so), or some of
+/// them, only the pages holding them (blocks of ~110 rows: about 40 % of the row groups so,
+/// the rest the first way).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_global_shuffle_reads_from_s3_what_it_reads_from_disk() {
+    use parquet::file::properties::WriterProperties;
+    let bucket = s3::bucket("global");
+    let all = read_parquet(&repo().join("data/digits/train.parquet"));
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(200))
+        .set_data_page_row_count_limit(10)
+        .set_write_batch_size(10)
+        .build();
+    let path = local.join("part-000.parquet");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, all[0].schema(), Some(props)).unwrap();
+    for b in &all {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+    let parts = vec![(
+        "part-000.parquet".to_string(),
+        std::fs::read(&path).unwrap(),
+    )];
+    upload(&bucket, "digits", &parts).await;
+    for memory in ["300 KiB", "55 KiB"] {
+        let yaml = |from: &str, out: &str| {
+            format!(
+                "source: {{type: parquet, path: '{from}', epochs: 2}}\n\
+                 stages:\n\
+                 - {{type: shuffle, mode: global, max_memory: {memory}, seed: 7, batch_rows: 64}}\n\
+                 sink: {{type: parquet, path: {out}}}\n"
+            )
+        };
+        let (code, text) = run(
+            dir.path(),
+            &yaml("local/*.parquet", "local.parquet"),
+            &s3::endpoint(),
+            &[],
+        );
+        assert_eq!(code, 0, "{text}");
+        let from = format!("s3://{bucket}/digits/*.parquet");
+        let (code, text) = run(dir.path(), &yaml(&from, "s3.parquet"), &s3::endpoint(), &[]);
+        assert_eq!(code, 0, "{text}");
+        let (local, remote) = (
+            read_parquet(&dir.path().join("local.parquet")),
+            read_parquet(&dir.path().join("s3.parquet")),
+        );
+        let schema = local[0].schema();
+        assert_eq!(
+            arrow::compute::concat_batches(&schema, &remote).unwrap(),
+            arrow::compute::concat_batches(&schema, &local).unwrap(),
+            "blocks of {memory}: S3 and local disk differ"
+        );
+        let mut ids = int64_values(&remote, "id");
+        assert_ne!(ids[..1437], int64_values(&all, "id")[..], "not shuffled");
+        ids.sort_unstable();
+        let want: Vec<i64> = (int64_values(&all, "id").into_iter())
+            .flat_map(|i| [i, i])
+            .collect();
+        let mut want = want;
+        want.sort_unstable();
+        assert_eq!(ids, want, "blocks of {memory}: each row once per epoch");
+    }
+}

@@ -291,6 +291,99 @@ fn a_block_fetches_only_the_pages_it_needs() {
     );
 }
 
+/// Fixed-size list and fixed-size binary columns (feature vectors, images) keep their rows'
+/// values through both ways a block reads a row group: most of its rows in pages of many
+/// rows (the whole span decoded by the lists reader and filtered) and a few rows of pages
+/// of few rows (only their pages, by arrow-rs's reader). Every row exactly once per epoch.
+#[test]
+fn list_and_binary_rows_keep_their_values_in_both_ways_of_reading() {
+    use arrow::array::{Array, FixedSizeBinaryArray, FixedSizeListArray};
+    use arrow::datatypes::{DataType, Field};
+    // (rows per page, max_memory): ~a third of each row group per block; 5 rows per block.
+    for (page_rows, max_memory) in [(500, "24 KiB"), (2, "500")] {
+        let dir = tempfile::tempdir().unwrap();
+        let props = WriterProperties::builder()
+            .set_dictionary_enabled(false)
+            .set_write_batch_size(page_rows)
+            .set_data_page_row_count_limit(page_rows)
+            .build();
+        let mut id = 0i64;
+        for f in 0..2 {
+            let path = dir.path().join(format!("part-{f:03}.parquet"));
+            let mut w: Option<ArrowWriter<std::fs::File>> = None;
+            for n in [300i64, 250] {
+                let ids: Vec<i64> = (id..id + n).collect();
+                id += n;
+                let values: Vec<f32> = (ids.iter())
+                    .flat_map(|&i| (0..4).map(move |k| i as f32 + k as f32 / 8.0))
+                    .collect();
+                let item = Arc::new(Field::new_list_field(DataType::Float32, false));
+                let v = FixedSizeListArray::try_new(
+                    item,
+                    4,
+                    Arc::new(Float32Array::from(values)),
+                    None,
+                )
+                .unwrap();
+                let bytes = ids.iter().map(|&i| (i as u32).to_le_bytes()[..3].to_vec());
+                let b = FixedSizeBinaryArray::try_from_iter(bytes).unwrap();
+                let rb = RecordBatch::try_from_iter([
+                    ("id", Arc::new(Int64Array::from(ids)) as _),
+                    ("v", Arc::new(v) as _),
+                    ("b", Arc::new(b) as _),
+                ])
+                .unwrap();
+                let w = w.get_or_insert_with(|| {
+                    let file = std::fs::File::create(&path).unwrap();
+                    ArrowWriter::try_new(file, rb.schema(), Some(props.clone())).unwrap()
+                });
+                w.write(&rb).unwrap();
+                w.flush().unwrap();
+            }
+            w.unwrap().close().unwrap();
+        }
+        let y = format!(
+            "source: {{type: parquet, path: '{}/*.parquet', batch_rows: 64, epochs: 2}}\n\
+             stages:\n\
+             - {{type: shuffle, mode: global, max_memory: {max_memory}, seed: 4, batch_rows: 50}}\n\
+             runtime: {{threads: 2, queue_bytes: 64 KiB}}\n",
+            dir.path().display()
+        );
+        let (out, _) = rt().block_on(run(Pipeline::from_yaml(&y).unwrap(), None));
+        let mut seen = Vec::new();
+        for batch in &out {
+            let rb = &batch.data;
+            let ids = rb.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let v = rb
+                .column(1)
+                .as_any()
+                .downcast_ref::<FixedSizeListArray>()
+                .unwrap();
+            let b = rb
+                .column(2)
+                .as_any()
+                .downcast_ref::<FixedSizeBinaryArray>()
+                .unwrap();
+            for r in 0..rb.num_rows() {
+                let i = ids.value(r);
+                let want: Vec<f32> = (0..4).map(|k| i as f32 + k as f32 / 8.0).collect();
+                let got = v.value(r);
+                let got = got.as_any().downcast_ref::<Float32Array>().unwrap();
+                assert_eq!(
+                    got.values().to_vec(),
+                    want,
+                    "row {i} (pages of {page_rows})"
+                );
+                assert_eq!(b.value(r), &(i as u32).to_le_bytes()[..3], "row {i}");
+                seen.push(i);
+            }
+        }
+        seen.sort_unstable();
+        let want: Vec<i64> = (0..id).flat_map(|i| [i, i]).collect();
+        assert_eq!(seen, want, "pages of {page_rows}: each row once per epoch");
+    }
+}
+
 /// What a global shuffle cannot do is refused with the reason, before reading anything.
 #[test]
 fn settings_a_global_shuffle_cannot_honour_are_refused() {

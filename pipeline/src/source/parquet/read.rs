@@ -143,6 +143,46 @@ pub(super) async fn fetch(
     }
 }
 
+/// The decoder of rows `skip..skip + take` of row group `rg` of `file`, with the local file
+/// it reads, if any: a local file is read as it is decoded; other stores' chunks are fetched
+/// first (whole when the projection has fixed-size lists, else only the span's pages).
+pub(super) async fn open_span(
+    file: &ParquetFile,
+    rg: usize,
+    span: (usize, usize),
+    options: ReadOptions,
+    pool: &CpuPool,
+) -> Result<(UnitDecoder, Option<LocalChunks>)> {
+    if let Some(opened) = open_local(file, rg, span, options) {
+        return opened.map(|(decoder, chunks)| (decoder, Some(chunks)));
+    }
+    if let Some(decoder) = fetch_lists(file, rg, span, options).await {
+        return Ok((decoder?, None));
+    }
+    let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as usize;
+    let selection = span_selection(span.0, span.1, rg_rows);
+    let fetched = fetch(file, rg, selection, options.batch_rows, pool).await?;
+    Ok((UnitDecoder::Arrow(fetched), None))
+}
+
+/// The error of a decoder of row group `rg` of `file` that failed with `e`: the local read
+/// that failed under it, else the decode error with the column it came from.
+pub(super) async fn decode_failure(
+    file: &ParquetFile,
+    rg: usize,
+    local: Option<&LocalChunks>,
+    e: arrow::error::ArrowError,
+    pool: &CpuPool,
+) -> Error {
+    let url = &file.object.location.url;
+    if let Some(read) = local.and_then(LocalChunks::failed) {
+        let e = parquet::errors::ParquetError::External(Box::new(read));
+        return Error::parquet(url, Some(rg), e);
+    }
+    let column = failing_column(file, rg, pool).await;
+    Error::parquet(url, Some(rg), decode_error(e)).in_column(column)
+}
+
 /// The decoder of rows `skip..skip + take` of row group `rg` of a local `file`, which reads
 /// its pages as it decodes them (mapped with `memory_map`; see [`LocalChunks`]; fixed-size
 /// list columns see
@@ -261,22 +301,8 @@ impl UnitRead {
         let url = &file.object.location.url;
         let skip = unit.start + self.first;
         let take = unit.len - self.first;
-        let rg_rows = file.metadata.metadata().row_group(rg).num_rows() as usize;
-        // A local file is read as it is decoded; other stores' chunks are fetched first.
         let span = (skip as usize, take as usize);
-        let selection = span_selection(span.0, span.1, rg_rows);
-        let options = self.options;
-        let (mut decoder, local) = match open_local(file, rg, span, options) {
-            Some(opened) => opened.map(|(decoder, chunks)| (decoder, Some(chunks)))?,
-            None => match fetch_lists(file, rg, span, options).await {
-                Some(decoder) => (decoder?, None),
-                None => {
-                    let batch_rows = options.batch_rows;
-                    let fetched = fetch(file, rg, selection, batch_rows, &self.pool).await?;
-                    (UnitDecoder::Arrow(fetched), None)
-                }
-            },
-        };
+        let (mut decoder, local) = open_span(file, rg, span, self.options, &self.pool).await?;
         let origin = Origin::Object {
             url: Name::from(&**url),
             row_group: rg as u32,
@@ -306,14 +332,7 @@ impl UnitRead {
             decoder = back;
             let decoded = match decoded {
                 Ok(d) => d,
-                Err(_) if let Some(read) = local.as_ref().and_then(LocalChunks::failed) => {
-                    let e = parquet::errors::ParquetError::External(Box::new(read));
-                    return Err(Error::parquet(url, Some(rg), e));
-                }
-                Err(e) => {
-                    let column = failing_column(file, rg, &self.pool).await;
-                    return Err(Error::parquet(url, Some(rg), decode_error(e)).in_column(column));
-                }
+                Err(e) => return Err(decode_failure(file, rg, local.as_ref(), e, &self.pool).await),
             };
             if decoded.is_empty() {
                 break;

@@ -1,6 +1,7 @@
 //! Corrupt Parquet input: truncated, bit-flipped and wrongly-sized copies of a small valid
 //! file (five row groups of five columns, zstd, several pages per column chunk), each read by
-//! `sluice run` into a Parquet file. Whatever the damage, the run never panics, aborts or
+//! `sluice run` into a Parquet file, in file order or through a global shuffle (`Reading`).
+//! Whatever the damage, the run never panics, aborts or
 //! hangs, the input is left byte for byte as it was, and a run that fails exits 1 with an
 //! `error:` naming the file and leaves nothing at (or next to) the sink's path.
 //!
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use arrow::array::{BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
-use common::{Rng, arc, files_under, int64_values, read_parquet, rows, run_in_for};
+use common::{Rng, arc, files_under, int64_values, read_parquet, run_in_for};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -404,11 +405,51 @@ fn variants(original: &[u8], l: &Layout) -> Vec<Variant> {
     out
 }
 
+/// How a copy is read: in file order, or through a global shuffle whose blocks hold ~250 rows
+/// (each row group's span from its first row to its last decoded, its rows filtered out) or
+/// ~2 (a row's own pages decoded). The file's pages are too few for a block to skip any
+/// (that way of reading meets damage in `pipeline/tests/global_shuffle.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    InOrder,
+    GlobalSpans,
+    GlobalRows,
+}
+
+impl Reading {
+    const ALL: [Reading; 3] = [Reading::InOrder, Reading::GlobalSpans, Reading::GlobalRows];
+
+    fn stages(self) -> &'static str {
+        match self {
+            Reading::InOrder => "",
+            Reading::GlobalSpans => {
+                "  - {type: shuffle, mode: global, seed: 3, max_memory: 40 KiB, batch_rows: 64}\n"
+            }
+            Reading::GlobalRows => {
+                "  - {type: shuffle, mode: global, seed: 3, max_memory: 1 KiB, batch_rows: 64}\n"
+            }
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Reading::InOrder => "in order",
+            Reading::GlobalSpans => "global/spans",
+            Reading::GlobalRows => "global/rows",
+        }
+    }
+}
+
 /// Runs `sluice run` on `v` in a directory of its own (the file, its config, `out/` for the
-/// sink), the file mapped into memory or read with `pread` (`memory_map`); returns that
-/// directory, the file's name and the process output.
-fn run(root: &Path, v: &Variant, memory_map: bool) -> (PathBuf, String, std::process::Output) {
-    let dir = root.join(&v.name);
+/// sink), the file mapped into memory or read with `pread` (`memory_map`), as `reading` says;
+/// returns that directory, the file's name and the process output.
+fn run(
+    root: &Path,
+    v: &Variant,
+    memory_map: bool,
+    reading: Reading,
+) -> (PathBuf, String, std::process::Output) {
+    let dir = root.join(format!("{}-{reading:?}", v.name));
     std::fs::create_dir_all(dir.join("out")).unwrap();
     let file = format!("{}.parquet", v.name);
     std::fs::write(dir.join(&file), &v.bytes).unwrap();
@@ -425,7 +466,8 @@ fn run(root: &Path, v: &Variant, memory_map: bool) -> (PathBuf, String, std::pro
     std::fs::write(
         dir.join("p.yaml"),
         format!(
-            "source:\n  type: parquet\n  {source}\n  batch_rows: 64\n  memory_map: {memory_map}\nstages:\n  - {{type: batch, size: 50}}\nruntime: {{threads: 2}}\nsink: {{type: parquet, path: out/x.parquet, row_group_size: 100}}\n"
+            "source:\n  type: parquet\n  {source}\n  batch_rows: 64\n  memory_map: {memory_map}\nstages:\n{}  - {{type: batch, size: 50}}\nruntime: {{threads: 2}}\nsink: {{type: parquet, path: out/x.parquet, row_group_size: 100}}\n",
+            reading.stages()
         ),
     )
     .unwrap();
@@ -442,9 +484,10 @@ fn judge(
     root: &Path,
     v: &Variant,
     memory_map: bool,
+    reading: Reading,
     reference: &[RecordBatch],
 ) -> Result<&'static str, String> {
-    let (dir, file, out) = run(root, v, memory_map);
+    let (dir, file, out) = run(root, v, memory_map, reading);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let said = format!(
         "\n--- stderr ---\n{}",
@@ -512,15 +555,19 @@ fn corrupt_parquet_is_a_clean_error_naming_the_file() {
         bytes: original.clone(),
         manifest: None,
     };
-    let (dir, _, out) = run(root.path(), &intact, true);
-    common::assert_ok(&out);
-    assert_eq!(files_under(&dir.join("out")), ["x.parquet"]);
-    let reference = read_parquet(&dir.join("out/x.parquet"));
-    assert_eq!(rows(&reference), ROWS);
-    assert_eq!(
-        int64_values(&reference, "id"),
-        (0..ROWS as i64).collect::<Vec<_>>()
-    );
+    let references = Reading::ALL.map(|reading| {
+        let (dir, _, out) = run(root.path(), &intact, true, reading);
+        common::assert_ok(&out);
+        assert_eq!(files_under(&dir.join("out")), ["x.parquet"]);
+        let reference = read_parquet(&dir.join("out/x.parquet"));
+        let mut ids = int64_values(&reference, "id");
+        if reading != Reading::InOrder {
+            assert_ne!(ids, (0..ROWS as i64).collect::<Vec<_>>(), "not shuffled");
+            ids.sort_unstable();
+        }
+        assert_eq!(ids, (0..ROWS as i64).collect::<Vec<_>>(), "{reading:?}");
+        reference
+    });
 
     let all = variants(&original, &layout);
     let must_fail = all.iter().filter(|v| v.must_fail).count();
@@ -532,19 +579,25 @@ fn corrupt_parquet_is_a_clean_error_naming_the_file() {
     let mut problems = Vec::new();
     let mut table = Vec::new();
     let mut caught = 0;
-    // Every other copy is read with `pread`, the others mapped into memory: both ways of
-    // reading a local file meet each kind of damage (the variants come in kinds of several).
+    // Every other copy is read with `pread`, the others mapped into memory, and every third
+    // in order, through a global shuffle's spans or through its pages: each way of reading a
+    // local file meets each kind of damage (the variants come in kinds of several).
     for (i, v) in all.iter().enumerate() {
         let class = if v.must_fail { "must fail" } else { "may read" };
         let memory_map = i % 2 == 0;
-        let how = if memory_map { "mapped" } else { "pread" };
-        match judge(root.path(), v, memory_map, &reference) {
+        let reading = Reading::ALL[i % 3];
+        let how = format!(
+            "{}, {}",
+            if memory_map { "mapped" } else { "pread" },
+            reading.name()
+        );
+        match judge(root.path(), v, memory_map, reading, &references[i % 3]) {
             Ok(outcome) => {
                 if !v.must_fail && outcome == "error" {
                     caught += 1;
                 }
                 table.push(format!(
-                    "  {:<36} {class:<9}  {how:<6}  {outcome:<17}  {}",
+                    "  {:<36} {class:<9}  {how:<20}  {outcome:<17}  {}",
                     v.name, v.what
                 ));
             }

@@ -384,6 +384,46 @@ fn list_and_binary_rows_keep_their_values_in_both_ways_of_reading() {
     }
 }
 
+/// Damaged pages read by a global shuffle's blocks of few rows (only the pages holding them,
+/// by arrow-rs's reader) stop the run with an error naming the file and the row group, not a
+/// panic; the batches before it are whole.
+#[test]
+fn a_damaged_page_read_by_its_rows_alone_is_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_with(dir.path(), &[vec![4000]], 2, false);
+    let path = dir.path().join("part-000.parquet");
+    let mut bytes = std::fs::read(&path).unwrap();
+    // 512 bytes zeroed in the middle of the data: a few dozen page headers among them.
+    let mid = bytes.len() / 3;
+    bytes[mid..mid + 512].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    // ~20 rows a block: each touches ~20 of the row group's 2,000 pages per column.
+    let y = format!(
+        "source: {{type: parquet, path: '{}/*.parquet'}}\n\
+         stages:\n\
+         - {{type: shuffle, mode: global, max_memory: 2 KiB, seed: 5, batch_rows: 8}}\n\
+         runtime: {{threads: 2, queue_bytes: 4 KiB}}\n",
+        dir.path().display()
+    );
+    let (delivered, error) = rt().block_on(async {
+        let mut s = Pipeline::from_yaml(&y).unwrap().stream();
+        let mut delivered = 0;
+        while let Some(b) = s.next().await {
+            match b {
+                Ok(b) => delivered += b.num_rows(),
+                Err(e) => return (delivered, Some(e.to_string())),
+            }
+        }
+        (delivered, None)
+    });
+    let error = error.unwrap_or_else(|| panic!("{delivered} rows read without an error"));
+    assert!(
+        error.contains("part-000.parquet") && error.contains("row group 0"),
+        "{error}"
+    );
+    assert!(delivered < 4000 && delivered % 8 == 0, "{delivered} rows");
+}
+
 /// What a global shuffle cannot do is refused with the reason, before reading anything.
 #[test]
 fn settings_a_global_shuffle_cannot_honour_are_refused() {

@@ -27,13 +27,18 @@ fn write_dataset(dir: &Path, groups: &[Vec<usize>], page_rows: usize) -> u64 {
     write_with(dir, groups, page_rows, true)
 }
 
-/// [`write_dataset`], with dictionary encoding tried or not.
-fn write_with(dir: &Path, groups: &[Vec<usize>], page_rows: usize, dictionary: bool) -> u64 {
-    let props = WriterProperties::builder()
+/// Writer settings for pages of at most `page_rows` rows, dictionary encoding tried or not.
+fn page_props(page_rows: usize, dictionary: bool) -> WriterProperties {
+    WriterProperties::builder()
         .set_dictionary_enabled(dictionary)
         .set_write_batch_size(page_rows)
         .set_data_page_row_count_limit(page_rows)
-        .build();
+        .build()
+}
+
+/// [`write_dataset`], with dictionary encoding tried or not.
+fn write_with(dir: &Path, groups: &[Vec<usize>], page_rows: usize, dictionary: bool) -> u64 {
+    let props = page_props(page_rows, dictionary);
     let mut id = 0i64;
     for (f, sizes) in groups.iter().enumerate() {
         let file = std::fs::File::create(dir.join(format!("part-{f:03}.parquet"))).unwrap();
@@ -302,11 +307,7 @@ fn list_and_binary_rows_keep_their_values_in_both_ways_of_reading() {
     // (rows per page, max_memory): ~a third of each row group per block; 5 rows per block.
     for (page_rows, max_memory) in [(500, "24 KiB"), (2, "500")] {
         let dir = tempfile::tempdir().unwrap();
-        let props = WriterProperties::builder()
-            .set_dictionary_enabled(false)
-            .set_write_batch_size(page_rows)
-            .set_data_page_row_count_limit(page_rows)
-            .build();
+        let props = page_props(page_rows, false);
         let mut id = 0i64;
         for f in 0..2 {
             let path = dir.path().join(format!("part-{f:03}.parquet"));
